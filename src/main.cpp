@@ -1,0 +1,3 @@
+// runlm entry point (subcommand dispatch is being written).
+#include <cstdio>
+int main() { std::puts("runlm"); return 0; }
