@@ -28,4 +28,8 @@ std::string chat_template_apply(const std::string& name, const std::vector<ChatM
                                 bool add_generation_prompt, const std::string& bos = "<s>",
                                 const std::string& eos = "</s>");
 
+// The text that ends an assistant turn in this template ("</s>",
+// "<|im_end|>", "<end_of_turn>"): generation stops there.
+std::string chat_template_end_marker(const std::string& name);
+
 }  // namespace runlm

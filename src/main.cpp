@@ -1,3 +1,53 @@
-// runlm entry point (subcommand dispatch is being written).
+// runlm: one binary, one subcommand per job. Errors from any subcommand end
+// here as "error: ..." on stderr and exit code 1; never an abort.
 #include <cstdio>
-int main() { std::puts("runlm"); return 0; }
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "commands.h"
+#include "common.h"
+
+namespace {
+
+struct Subcommand {
+  const char* name;
+  int (*run)(int, char**);
+  const char* help;
+};
+
+constexpr Subcommand kSubcommands[] = {
+    {"generate", runlm::cmd_generate, "complete a prompt (-m MODEL -p TEXT | -f FILE -n N)"},
+    {"chat", runlm::cmd_chat, "interactive chat with a chat template"},
+    {"convert", runlm::cmd_convert, "llama2.c .bin or Hugging Face directory -> GGUF"},
+    {"quantize", runlm::cmd_quantize, "re-encode a GGUF's weights (q8_0, q4_0, q4_k, q6_k, q4_k_m, f16...)"},
+};
+
+void usage() {
+  std::fprintf(stderr, "usage: runlm SUBCOMMAND [options]   (runlm SUBCOMMAND --help for its options)\n\n");
+  for (const auto& s : kSubcommands) std::fprintf(stderr, "  %-11s %s\n", s.name, s.help);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help")) {
+    usage();
+    return argc < 2 ? 1 : 0;
+  }
+  for (const auto& s : kSubcommands) {
+    if (std::strcmp(argv[1], s.name) != 0) continue;
+    const std::string prog = std::string("runlm ") + s.name;
+    argv[1] = const_cast<char*>(prog.c_str());
+    try {
+      return s.run(argc - 1, argv + 1);
+    } catch (const std::exception& e) {
+      std::fflush(stdout);
+      std::fprintf(stderr, "error: %s\n", e.what());
+      return 1;
+    }
+  }
+  std::fprintf(stderr, "error: unknown subcommand '%s'\n\n", argv[1]);
+  usage();
+  return 1;
+}

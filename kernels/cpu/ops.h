@@ -1,0 +1,55 @@
+// CPU reference ops for the transformer forward pass: plain loops in fp32
+// (accumulation in fp32 or wider). The GPU kernels are tested against these.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "dtype.h"
+
+namespace runlm {
+
+class ThreadPool;
+
+// y = x * w / sqrt(mean(x^2) + eps), over n elements.
+void rmsnorm(float* y, const float* x, const float* w, int64_t n, float eps);
+
+// A weight matrix in any decodable type: rows rows of cols elements each
+// (GGUF ne0 = cols, ne1 = rows), row r at data + r * row_bytes.
+struct QMatrix {
+  DType type;
+  const uint8_t* data;
+  size_t row_bytes;
+  int64_t cols;
+  int64_t rows;
+};
+
+// Y[t, r] = dot(W[r, :], X[t, :]) for t < n_tokens, with X [n_tokens, cols]
+// and Y [n_tokens, rows]. Each weight row is decoded once per call and reused
+// for all tokens; rows are split across the pool's threads.
+void matmul(const QMatrix& w, const float* x, float* y, int64_t n_tokens, ThreadPool& pool);
+
+// Decodes row r of w (an embedding lookup).
+void get_row(const QMatrix& w, int64_t r, float* out);
+
+// Rotary embedding on adjacent pairs (x[2i], x[2i+1]) of each head, as
+// llama2.c and GGUF's llama architecture define it: the angle of pair i is
+// pos * freq_scale * theta^(-2i/head_dim).
+void rope(float* x, int n_heads, int head_dim, int pos, float theta, float freq_scale);
+
+// In place, numerically stable (max subtracted).
+void softmax(float* x, int64_t n);
+
+// gate = silu(gate) * up.
+void swiglu(float* gate, const float* up, int64_t n);
+
+// Attention of one query token at position `pos` over keys/values at
+// positions [first, pos] of a cache laid out [position][n_kv_heads * head_dim]
+// (row stride kv_stride floats). window > 0 limits keys to the last `window`
+// positions (pos - window + 1 .. pos). out is [n_heads * head_dim]; scratch
+// holds at least pos + 1 floats.
+void attention_one_token(float* out, const float* q, const float* k_cache, const float* v_cache,
+                         int64_t kv_stride, int pos, int n_heads, int n_kv_heads, int head_dim,
+                         int window, float scale, float* scratch);
+
+}  // namespace runlm

@@ -1,0 +1,56 @@
+// A chat conversation on one engine: renders the whole conversation with the
+// chat template, re-uses the KV cache for the longest common token prefix
+// with what was evaluated before (earlier turns are not recomputed), and
+// generates the assistant's reply.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "chat_template.h"
+#include "generation.h"
+
+namespace runlm {
+
+class Engine;
+class Sampler;
+class Tokenizer;
+
+class ChatSession {
+ public:
+  ChatSession(Engine& engine, const Tokenizer& tokenizer, Sampler& sampler, std::string template_name,
+              std::string system_prompt);
+
+  // Adds the user's message, streams the reply's text through on_text and
+  // records it in the conversation. interrupt stops the reply early (what was
+  // generated so far is kept).
+  GenerationResult reply(const std::string& user_text, int n_predict,
+                         const std::function<void(const std::string&)>& on_text,
+                         const std::atomic<bool>* interrupt = nullptr);
+  // Forgets the conversation (the system prompt stays).
+  void reset();
+  // Replaces the conversation with earlier messages (a saved chat); the next
+  // reply evaluates whatever of it is not in the cache.
+  void load_history(std::vector<ChatMessage> messages) { messages_ = std::move(messages); }
+
+  const std::vector<ChatMessage>& messages() const { return messages_; }
+  // Tokens of the conversation whose K/V are in the engine's cache.
+  const std::vector<int>& cached_tokens() const { return cached_; }
+
+ private:
+  std::vector<int> render_prompt() const;
+
+  Engine& engine_;
+  const Tokenizer& tok_;
+  Sampler& sampler_;
+  std::string template_;
+  std::string system_;
+  std::string end_marker_;  // text that ends an assistant turn
+  std::vector<int> stop_tokens_;
+  std::vector<ChatMessage> messages_;
+  std::vector<int> cached_;
+};
+
+}  // namespace runlm

@@ -1,0 +1,76 @@
+// A loaded model: its GGUF (mmap), hyperparameters, weight views and
+// tokenizer. Weights stay in their file type; backends read them as they are.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtype.h"
+#include "llama.h"
+
+namespace runlm {
+
+class GgufFile;
+class Tokenizer;
+
+// A 2-D (or 1-D) weight inside the mapped file. GGUF order: ne0 is the row
+// length (input features), ne1 the number of rows (output features).
+struct WeightView {
+  std::string name;
+  DType type = DType::F32;
+  int64_t ne0 = 0;
+  int64_t ne1 = 1;
+  const uint8_t* data = nullptr;
+  size_t row_bytes = 0;
+  size_t nbytes() const { return row_bytes * static_cast<size_t>(ne1); }
+  const uint8_t* row(int64_t i) const { return data + row_bytes * static_cast<size_t>(i); }
+};
+
+struct LayerWeights {
+  WeightView attn_norm;  // [dim]
+  WeightView wq;         // [dim] -> [n_heads * head_dim]
+  WeightView wk;         // [dim] -> [n_kv_heads * head_dim]
+  WeightView wv;         // [dim] -> [n_kv_heads * head_dim]
+  WeightView wo;         // [n_heads * head_dim] -> [dim]
+  WeightView ffn_norm;   // [dim]
+  WeightView w_gate;     // [dim] -> [hidden]
+  WeightView w_up;       // [dim] -> [hidden]
+  WeightView w_down;     // [hidden] -> [dim]
+};
+
+struct ModelWeights {
+  WeightView tok_embd;     // [n_vocab rows of dim]
+  WeightView output_norm;  // [dim]
+  WeightView output;       // [dim] -> [n_vocab]; == tok_embd when tied
+  std::vector<LayerWeights> layers;
+};
+
+class Model {
+ public:
+  // tokenizer_path: a sentencepiece .model to use instead of the GGUF vocab.
+  static std::unique_ptr<Model> load(const std::string& path, const std::string& tokenizer_path = "");
+  ~Model();
+
+  const ModelConfig& config() const { return config_; }
+  const ModelWeights& weights() const { return weights_; }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  const GgufFile& gguf() const { return *gguf_; }
+  // tokenizer.chat_template (Jinja source) or "" when the file has none.
+  const std::string& chat_template_source() const { return chat_template_; }
+  // Bytes of all weights and parameter count, for reports.
+  size_t weight_bytes() const;
+  int64_t n_params() const;
+  // "Q4_0", "F16", or "mixed" style summary of the 2-D weight types.
+  std::string weight_type_summary() const;
+
+ private:
+  Model();
+  std::unique_ptr<GgufFile> gguf_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  ModelConfig config_;
+  ModelWeights weights_;
+  std::string chat_template_;
+};
+
+}  // namespace runlm

@@ -1,0 +1,78 @@
+// Helpers shared by the tests: paths to the shared models, temporary files,
+// and running the runlm binary as a user would.
+#pragma once
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+namespace runlm::test {
+
+inline std::string shared_model(const std::string& name) {
+  return std::string(RUNLM_SOURCE_DIR) + "/../shared/models/" + name;
+}
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+inline std::vector<int> read_ids(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<int> ids;
+  int x;
+  while (in >> x) ids.push_back(x);
+  return ids;
+}
+
+// A unique path under the system temp dir, removed when the object dies.
+class TempPath {
+ public:
+  explicit TempPath(const std::string& suffix) {
+    static int counter = 0;
+    path_ = std::string(P_tmpdir) + "/runlm_test_" + std::to_string(getpid()) + "_" + std::to_string(counter++) + suffix;
+  }
+  ~TempPath() {
+    std::remove(path_.c_str());
+    std::remove((path_ + ".tmp").c_str());
+  }
+  const std::string& str() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+struct CommandResult {
+  int exit_code = -1;    // -1 when the process died from a signal
+  int signal = 0;
+  std::string out, err;
+};
+
+// Runs a shell command line, capturing stdout and stderr separately.
+inline CommandResult run_command(const std::string& cmdline, const std::string& stdin_text = "") {
+  TempPath out(".out"), err(".err"), in(".in");
+  {
+    std::ofstream f(in.str(), std::ios::binary);
+    f << stdin_text;
+  }
+  const std::string full = cmdline + " <" + in.str() + " >" + out.str() + " 2>" + err.str();
+  const int status = std::system(full.c_str());
+  CommandResult r;
+  if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
+  r.out = read_file(out.str());
+  r.err = read_file(err.str());
+  return r;
+}
+
+inline std::string runlm_binary() { return RUNLM_BINARY; }
+
+}  // namespace runlm::test
