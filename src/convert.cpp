@@ -1,0 +1,335 @@
+// llama2.c and Hugging Face checkpoints to GGUF (see convert.h). Both build
+// the tensor list from llama_tensor_specs() and map each GGUF tensor to its
+// source rows; the rows are converted in parallel while the writer streams
+// one tensor at a time, so memory stays at one tensor whatever the model.
+#include "convert.h"
+
+#include <sys/stat.h>
+
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common.h"
+#include "gguf.h"
+#include "hf_config.h"
+#include "mapped_file.h"
+#include "quantize.h"
+#include "safetensors.h"
+
+namespace runlm {
+
+namespace {
+
+constexpr int kLlama2cHeaderInts = 7;
+constexpr size_t kLlama2cHeaderBytes = kLlama2cHeaderInts * sizeof(int32_t);
+// llama2.c's newer "version 1+" export starts with this magic ("ak42").
+constexpr uint32_t kLlama2cV1Magic = 0x616b3432;
+constexpr float kLlama2cRopeTheta = 10000.0f;
+constexpr float kLlama2cRmsEps = 1e-5f;
+
+DType output_type(std::optional<DType> type, DType dflt) {
+  const DType t = type.value_or(dflt);
+  RUNLM_CHECK(t == DType::F32 || t == DType::F16 || t == DType::BF16,
+              "convert writes f32, f16 or bf16, not %s; run `runlm quantize` on the result for %s", dtype_name(t),
+              dtype_name(t));
+  return t;
+}
+
+std::string path_stem(const std::string& path) {
+  std::string s = path;
+  while (s.size() > 1 && s.back() == '/') s.pop_back();
+  const size_t slash = s.rfind('/');
+  if (slash != std::string::npos) s = s.substr(slash + 1);
+  const size_t dot = s.rfind('.');
+  if (dot != std::string::npos && dot > 0) s = s.substr(0, dot);
+  return s;
+}
+
+bool is_regular_file(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  RUNLM_CHECK(in, "%s: cannot open", path.c_str());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Running total of float counts for the llama2.c layout, overflow-checked.
+class SectionLayout {
+ public:
+  explicit SectionLayout(const std::string& path) : path_(path) {}
+  // Adds a section of a*b*c floats; returns its start (in floats).
+  uint64_t add(const char* what, uint64_t a, uint64_t b, uint64_t c = 1) {
+    uint64_t n = 0;
+    RUNLM_CHECK(!mul_overflows(a, b, &n) && !mul_overflows(n, c, &n) && !add_overflows(total_, n, &n),
+                "%s: size of %s overflows; the header is corrupt", path_.c_str(), what);
+    const uint64_t start = total_;
+    total_ = n;
+    return start;
+  }
+  uint64_t total() const { return total_; }
+
+ private:
+  const std::string& path_;
+  uint64_t total_ = 0;
+};
+
+// The tensors a writer produces from a spec list: each spec gets a row source
+// and is encoded to its chosen type (norms f32, the rest `type`).
+struct Emitter {
+  GgufWriter& w;
+  DType type;
+  ConvertResult& result;
+
+  void add(const LlamaTensorSpec& spec, RowSource rows) {
+    const QuantTarget& target = quant_target_from_name(dtype_name(type));
+    const DType t = choose_tensor_type(target, spec.name, spec.ne, 0, true).type;
+    const int64_t n_cols = spec.ne[0];
+    int64_t n_rows = 1;
+    for (size_t i = 1; i < spec.ne.size(); ++i) n_rows *= spec.ne[i];
+    w.add_tensor(spec.name, t, spec.ne, [t, n_cols, n_rows, rows = std::move(rows)](uint8_t* dst) {
+      encode_rows_parallel(t, n_cols, n_rows, rows, dst);
+    });
+    result.n_params += n_cols * n_rows;
+    ++result.n_tensors;
+  }
+};
+
+}  // namespace
+
+int64_t rope_unpermute_source_row(int64_t row, int64_t n_rows, int64_t n_head) {
+  const int64_t head_dim = n_rows / n_head;
+  const int64_t h = row / head_dim, i = row % head_dim;
+  return h * head_dim + (i % 2) * (head_dim / 2) + i / 2;
+}
+
+// ---- llama2.c ---------------------------------------------------------------
+
+ConvertResult convert_llama2c(const std::string& bin_path, const std::string& tokenizer_model,
+                              const std::string& out_path, std::optional<DType> type) {
+  ConvertResult result;
+  result.type = output_type(type, DType::F32);
+  RUNLM_CHECK(!tokenizer_model.empty(), "%s: a llama2.c checkpoint has no vocabulary; a tokenizer.model is required",
+              bin_path.c_str());
+  const MappedFile file(bin_path);
+  const char* p = bin_path.c_str();
+  RUNLM_CHECK(file.size() >= kLlama2cHeaderBytes, "%s: %zu bytes is too small for the llama2.c header", p, file.size());
+  int32_t h[kLlama2cHeaderInts];
+  std::memcpy(h, file.data(), sizeof(h));
+  RUNLM_CHECK(static_cast<uint32_t>(h[0]) != kLlama2cV1Magic,
+              "%s: llama2.c version-1 export (magic 'ak42') is not supported; export with the legacy format", p);
+  const int32_t dim = h[0], hidden = h[1], n_layers = h[2], n_heads = h[3], n_kv = h[4], vocab_raw = h[5],
+                seq_len = h[6];
+  RUNLM_CHECK(dim > 0 && hidden > 0 && n_layers > 0 && n_heads > 0 && n_kv > 0 && vocab_raw != 0 &&
+                  vocab_raw != INT32_MIN && seq_len > 0,
+              "%s: bad llama2.c header (dim=%d hidden_dim=%d n_layers=%d n_heads=%d n_kv_heads=%d vocab_size=%d "
+              "seq_len=%d)",
+              p, dim, hidden, n_layers, n_heads, n_kv, vocab_raw, seq_len);
+  RUNLM_CHECK(dim % n_heads == 0 && n_heads % n_kv == 0 && (dim / n_heads) % 2 == 0,
+              "%s: bad llama2.c header: dim=%d, n_heads=%d, n_kv_heads=%d do not give an even head size shared by "
+              "the kv heads",
+              p, dim, n_heads, n_kv);
+  const bool tied = vocab_raw > 0;
+  const uint64_t vocab = static_cast<uint64_t>(tied ? vocab_raw : -static_cast<int64_t>(vocab_raw));
+  const uint64_t head_size = static_cast<uint64_t>(dim / n_heads);
+  const uint64_t kv_dim = head_size * static_cast<uint64_t>(n_kv);
+  const uint64_t D = static_cast<uint64_t>(dim), H = static_cast<uint64_t>(hidden), L = static_cast<uint64_t>(n_layers);
+
+  SectionLayout lay(bin_path);
+  std::map<TensorRole, uint64_t> start;  // float offset of each array
+  start[TensorRole::TokenEmbd] = lay.add("token_embedding", vocab, D);
+  start[TensorRole::AttnNorm] = lay.add("rms_att", L, D);
+  start[TensorRole::AttnQ] = lay.add("wq", L, D, D);
+  start[TensorRole::AttnK] = lay.add("wk", L, kv_dim, D);
+  start[TensorRole::AttnV] = lay.add("wv", L, kv_dim, D);
+  start[TensorRole::AttnOut] = lay.add("wo", L, D, D);
+  start[TensorRole::FfnNorm] = lay.add("rms_ffn", L, D);
+  start[TensorRole::FfnGate] = lay.add("w1", L, H, D);
+  start[TensorRole::FfnDown] = lay.add("w2", L, D, H);
+  start[TensorRole::FfnUp] = lay.add("w3", L, H, D);
+  start[TensorRole::OutputNorm] = lay.add("rms_final", D, 1);
+  lay.add("freq_cis", static_cast<uint64_t>(seq_len), head_size);  // real + imag, head_size/2 each: unused
+  if (!tied) start[TensorRole::Output] = lay.add("wcls", vocab, D);
+  uint64_t expect = 0;
+  RUNLM_CHECK(!mul_overflows(lay.total(), sizeof(float), &expect) &&
+                  !add_overflows(expect, kLlama2cHeaderBytes, &expect),
+              "%s: header sizes overflow", p);
+  RUNLM_CHECK(file.size() == expect,
+              "%s: file is %zu bytes but the header (dim=%d hidden_dim=%d n_layers=%d n_heads=%d n_kv_heads=%d "
+              "vocab_size=%d seq_len=%d) implies %llu",
+              p, file.size(), dim, hidden, n_layers, n_heads, n_kv, vocab_raw, seq_len,
+              static_cast<unsigned long long>(expect));
+
+  LlamaHParams& hp = result.hparams;
+  hp.name = path_stem(bin_path);
+  hp.context_length = seq_len;
+  hp.dim = dim;
+  hp.hidden_dim = hidden;
+  hp.n_layers = n_layers;
+  hp.n_heads = n_heads;
+  hp.n_kv_heads = n_kv;
+  hp.head_dim = static_cast<int64_t>(head_size);
+  hp.vocab_size = static_cast<int64_t>(vocab);
+  hp.rms_eps = kLlama2cRmsEps;
+  hp.rope_theta = kLlama2cRopeTheta;
+  hp.tied_embeddings = tied;
+
+  GgufWriter w;
+  write_llama_hparams(w, hp, llama_ftype_for(result.type));
+  write_llama_tokenizer(w, tokenizer_model, hp.vocab_size);
+
+  // Header then floats: 28 bytes in, so every array is 4-byte aligned in the mapping.
+  const uint8_t* weights = file.data() + kLlama2cHeaderBytes;
+  Emitter emit{w, result.type, result};
+  for (const LlamaTensorSpec& spec : llama_tensor_specs(hp)) {
+    const int64_t n_cols = spec.ne[0];
+    int64_t per_layer = 1;
+    for (int64_t d : spec.ne) per_layer *= d;
+    const uint64_t first = start.at(spec.role) + (spec.layer >= 0 ? static_cast<uint64_t>(spec.layer * per_layer) : 0);
+    const uint8_t* base = weights + first * sizeof(float);
+    emit.add(spec, [base, n_cols](int64_t r, float* buf) {
+      std::memcpy(buf, base + static_cast<size_t>(r * n_cols) * sizeof(float), static_cast<size_t>(n_cols) * sizeof(float));
+    });
+  }
+  w.write(out_path, stderr_progress("convert"));
+  return result;
+}
+
+// ---- Hugging Face ---------------------------------------------------------
+
+namespace {
+
+// HF name of a GGUF tensor, and the head count whose rotate_half layout must
+// be undone (0: none).
+struct HfSource {
+  std::string name;
+  int64_t permute_heads = 0;
+};
+
+HfSource hf_source(const LlamaTensorSpec& s, const LlamaHParams& hp) {
+  const std::string layer = strfmt("model.layers.%d.", s.layer);
+  switch (s.role) {
+    case TensorRole::TokenEmbd: return {"model.embed_tokens.weight"};
+    case TensorRole::OutputNorm: return {"model.norm.weight"};
+    case TensorRole::Output: return {"lm_head.weight"};
+    case TensorRole::AttnNorm: return {layer + "input_layernorm.weight"};
+    case TensorRole::AttnQ: return {layer + "self_attn.q_proj.weight", hp.n_heads};
+    case TensorRole::AttnK: return {layer + "self_attn.k_proj.weight", hp.n_kv_heads};
+    case TensorRole::AttnV: return {layer + "self_attn.v_proj.weight"};
+    case TensorRole::AttnOut: return {layer + "self_attn.o_proj.weight"};
+    case TensorRole::FfnNorm: return {layer + "post_attention_layernorm.weight"};
+    case TensorRole::FfnGate: return {layer + "mlp.gate_proj.weight"};
+    case TensorRole::FfnUp: return {layer + "mlp.up_proj.weight"};
+    case TensorRole::FfnDown: return {layer + "mlp.down_proj.weight"};
+  }
+  fail("unknown tensor role for %s", s.name.c_str());
+}
+
+std::string shape_str(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+// tokenizer_config.json's chat_template: a string, or a list of
+// {name, template} of which the "default" one is taken.
+std::string read_chat_template(const std::string& dir) {
+  const std::string path = dir + "/tokenizer_config.json";
+  if (!is_regular_file(path)) return "";
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_text(path));
+  } catch (const nlohmann::json::exception& e) {
+    fail("%s: bad JSON: %s", path.c_str(), e.what());
+  }
+  if (!j.is_object() || !j.contains("chat_template")) return "";
+  const auto& ct = j["chat_template"];
+  if (ct.is_string()) return ct.get<std::string>();
+  if (ct.is_array())
+    for (const auto& e : ct)
+      if (e.is_object() && e.value("name", "") == "default" && e.contains("template") && e["template"].is_string())
+        return e["template"].get<std::string>();
+  return "";
+}
+
+}  // namespace
+
+ConvertResult convert_hf(const std::string& dir, const std::string& out_path, std::optional<DType> type,
+                         const std::string& tokenizer_model) {
+  const HfConfig cfg = read_hf_config(dir + "/config.json");
+  const auto st = SafetensorsModel::open_dir(dir);
+  const SafetensorsTensor& embed = st->get("model.embed_tokens.weight");
+
+  ConvertResult result;
+  result.type = output_type(type, embed.dtype);
+  LlamaHParams& hp = result.hparams;
+  hp.name = path_stem(dir);
+  hp.context_length = cfg.max_position_embeddings;
+  hp.dim = cfg.hidden_size;
+  hp.hidden_dim = cfg.intermediate_size;
+  hp.n_layers = cfg.num_hidden_layers;
+  hp.n_heads = cfg.num_attention_heads;
+  hp.n_kv_heads = cfg.num_key_value_heads;
+  hp.head_dim = cfg.head_dim;
+  hp.vocab_size = cfg.vocab_size;
+  hp.rms_eps = static_cast<float>(cfg.rms_norm_eps);
+  hp.rope_theta = static_cast<float>(cfg.rope_theta);
+  hp.rope_scaling_type = cfg.rope_scaling_type;
+  hp.rope_scaling_factor = static_cast<float>(cfg.rope_scaling_factor);
+  hp.rope_scaling_original_context = cfg.rope_scaling_original_context;
+  hp.sliding_window = cfg.sliding_window;
+  hp.tied_embeddings = cfg.tie_word_embeddings;
+  RUNLM_CHECK(hp.tied_embeddings || st->find("lm_head.weight"),
+              "%s: tie_word_embeddings is false but tensor 'lm_head.weight' is missing", dir.c_str());
+
+  const std::string tok_path = tokenizer_model.empty() ? dir + "/tokenizer.model" : tokenizer_model;
+  RUNLM_CHECK(is_regular_file(tok_path), "%s: tokenizer '%s' not found; pass --tokenizer PATH/tokenizer.model",
+              dir.c_str(), tok_path.c_str());
+
+  GgufWriter w;
+  write_llama_hparams(w, hp, llama_ftype_for(result.type));
+  write_llama_tokenizer(w, tok_path, hp.vocab_size, read_chat_template(dir), /*pad_to_vocab=*/true);
+
+  std::map<std::string, bool> used;
+  Emitter emit{w, result.type, result};
+  for (const LlamaTensorSpec& spec : llama_tensor_specs(hp)) {
+    const HfSource src = hf_source(spec, hp);
+    const SafetensorsTensor& t = st->get(src.name);
+    // safetensors shapes are row-major [rows, cols]; GGUF ne is [cols, rows].
+    const std::vector<int64_t> ne(t.shape.rbegin(), t.shape.rend());
+    RUNLM_CHECK(ne == spec.ne, "%s: tensor '%s' has shape %s, expected %s from config.json", t.file.c_str(),
+                src.name.c_str(), shape_str(t.shape).c_str(),
+                shape_str(std::vector<int64_t>(spec.ne.rbegin(), spec.ne.rend())).c_str());
+    used[src.name] = true;
+    const int64_t n_cols = spec.ne[0], n_rows = t.n_rows();
+    const int64_t heads = src.permute_heads;
+    RUNLM_CHECK(heads == 0 || n_rows % (2 * heads) == 0, "%s: tensor '%s': %lld rows do not split into %lld heads",
+                t.file.c_str(), src.name.c_str(), static_cast<long long>(n_rows), static_cast<long long>(heads));
+    const SafetensorsTensor* tp = &t;
+    emit.add(spec, [tp, n_cols, n_rows, heads](int64_t r, float* buf) {
+      const int64_t src_row = heads ? rope_unpermute_source_row(r, n_rows, heads) : r;
+      tp->read_f32(src_row * n_cols, n_cols, buf);
+    });
+  }
+  // Unconverted weights would silently change the model: refuse them, except
+  // buffers transformers recomputes anyway and an lm_head copy of a tied embedding.
+  for (const std::string& name : st->names()) {
+    if (used.count(name)) continue;
+    if (name.size() >= 19 && name.compare(name.size() - 19, 19, "rotary_emb.inv_freq") == 0) continue;
+    if (hp.tied_embeddings && name == "lm_head.weight") continue;
+    fail("%s: tensor '%s' is not part of a %s and cannot be converted", dir.c_str(), name.c_str(),
+         cfg.architecture.c_str());
+  }
+  w.write(out_path, stderr_progress("convert"));
+  return result;
+}
+
+}  // namespace runlm

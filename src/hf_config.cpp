@@ -1,0 +1,154 @@
+// Parses a Hugging Face config.json into HfConfig (see hf_config.h).
+#include "hf_config.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common.h"
+
+namespace runlm {
+
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kArchitectures[] = {"LlamaForCausalLM", "MistralForCausalLM"};
+// MistralConfig's default window, used when a Mistral config omits the key.
+constexpr int64_t kMistralDefaultWindow = 4096;
+
+const json* member(const json& j, const char* key) {
+  auto it = j.find(key);
+  return it == j.end() || it->is_null() ? nullptr : &*it;
+}
+
+int64_t positive(const json& j, const char* key, const std::string& src, std::optional<int64_t> dflt = {}) {
+  const json* v = member(j, key);
+  if (!v) {
+    RUNLM_CHECK(dflt, "%s: missing %s", src.c_str(), key);
+    return *dflt;
+  }
+  RUNLM_CHECK(v->is_number_integer() && v->get<int64_t>() > 0 && v->get<int64_t>() < (int64_t{1} << 31),
+              "%s: %s must be a positive integer, got %s", src.c_str(), key, v->dump().c_str());
+  return v->get<int64_t>();
+}
+
+double number(const json& j, const char* key, const std::string& src, double dflt) {
+  const json* v = member(j, key);
+  if (!v) return dflt;
+  RUNLM_CHECK(v->is_number(), "%s: %s must be a number, got %s", src.c_str(), key, v->dump().c_str());
+  return v->get<double>();
+}
+
+bool flag(const json& j, const char* key, const std::string& src, bool dflt) {
+  const json* v = member(j, key);
+  if (!v) return dflt;
+  RUNLM_CHECK(v->is_boolean(), "%s: %s must be true or false, got %s", src.c_str(), key, v->dump().c_str());
+  return v->get<bool>();
+}
+
+// rope_scaling (older) and rope_parameters (newer) share one shape: a type
+// under "rope_type" or "type", a "factor", and optionally the original
+// context length.
+void read_rope_scaling(const json& s, const char* key, const std::string& src, HfConfig& c) {
+  RUNLM_CHECK(s.is_object(), "%s: %s must be an object, got %s", src.c_str(), key, s.dump().c_str());
+  std::string type;
+  if (const json* t = member(s, "rope_type")) type = t->is_string() ? t->get<std::string>() : t->dump();
+  else if (const json* t2 = member(s, "type")) type = t2->is_string() ? t2->get<std::string>() : t2->dump();
+  if (type.empty() || type == "default") return;
+  RUNLM_CHECK(type == "linear", "%s: %s type '%s' is not supported (supported: default, linear)", src.c_str(), key,
+              type.c_str());
+  c.rope_scaling_type = "linear";
+  c.rope_scaling_factor = number(s, "factor", src, 0.0);
+  RUNLM_CHECK(c.rope_scaling_factor > 0, "%s: %s: linear scaling needs a positive factor", src.c_str(), key);
+  if (member(s, "original_max_position_embeddings"))
+    c.rope_scaling_original_context = positive(s, "original_max_position_embeddings", src);
+}
+
+}  // namespace
+
+HfConfig parse_hf_config(const std::string& text, const std::string& src) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    fail("%s: bad JSON: %s", src.c_str(), e.what());
+  }
+  RUNLM_CHECK(j.is_object(), "%s: not a JSON object", src.c_str());
+  HfConfig c;
+
+  const json* archs = member(j, "architectures");
+  RUNLM_CHECK(archs && archs->is_array(), "%s: missing architectures (supported: LlamaForCausalLM, MistralForCausalLM)",
+              src.c_str());
+  for (const json& a : *archs)
+    for (const char* ok : kArchitectures)
+      if (a.is_string() && a.get<std::string>() == ok && c.architecture.empty()) c.architecture = ok;
+  RUNLM_CHECK(!c.architecture.empty(), "%s: architectures %s not supported (supported: LlamaForCausalLM, MistralForCausalLM)",
+              src.c_str(), archs->dump().c_str());
+  const bool mistral = c.architecture == "MistralForCausalLM";
+  if (const json* mt = member(j, "model_type"); mt && mt->is_string()) c.model_type = mt->get<std::string>();
+
+  c.hidden_size = positive(j, "hidden_size", src);
+  c.intermediate_size = positive(j, "intermediate_size", src);
+  c.num_hidden_layers = positive(j, "num_hidden_layers", src);
+  c.num_attention_heads = positive(j, "num_attention_heads", src);
+  c.num_key_value_heads = positive(j, "num_key_value_heads", src, c.num_attention_heads);
+  c.vocab_size = positive(j, "vocab_size", src);
+  RUNLM_CHECK(c.num_attention_heads % c.num_key_value_heads == 0,
+              "%s: num_attention_heads %lld is not a multiple of num_key_value_heads %lld", src.c_str(),
+              static_cast<long long>(c.num_attention_heads), static_cast<long long>(c.num_key_value_heads));
+  if (member(j, "head_dim")) {
+    c.head_dim = positive(j, "head_dim", src);
+  } else {
+    RUNLM_CHECK(c.hidden_size % c.num_attention_heads == 0,
+                "%s: hidden_size %lld is not a multiple of num_attention_heads %lld and head_dim is not given",
+                src.c_str(), static_cast<long long>(c.hidden_size), static_cast<long long>(c.num_attention_heads));
+    c.head_dim = c.hidden_size / c.num_attention_heads;
+  }
+  // Adjacent-pair RoPE rotates pairs, so the head dimension must be even.
+  RUNLM_CHECK(c.head_dim % 2 == 0, "%s: head_dim %lld must be even", src.c_str(), static_cast<long long>(c.head_dim));
+  // transformers' defaults: LlamaConfig 2048 positions, MistralConfig 4096*32.
+  c.max_position_embeddings = positive(j, "max_position_embeddings", src, mistral ? 4096 * 32 : 2048);
+  c.rms_norm_eps = number(j, "rms_norm_eps", src, 1e-6);
+  RUNLM_CHECK(c.rms_norm_eps > 0, "%s: rms_norm_eps must be positive", src.c_str());
+  c.tie_word_embeddings = flag(j, "tie_word_embeddings", src, false);
+
+  // Rope theta: top level (older form) or inside rope_parameters (newer form).
+  c.rope_theta = number(j, "rope_theta", src, 10000.0);
+  if (const json* rp = member(j, "rope_parameters")) {
+    RUNLM_CHECK(rp->is_object(), "%s: rope_parameters must be an object", src.c_str());
+    c.rope_theta = number(*rp, "rope_theta", src, c.rope_theta);
+    read_rope_scaling(*rp, "rope_parameters", src, c);
+  }
+  if (const json* rs = member(j, "rope_scaling")) read_rope_scaling(*rs, "rope_scaling", src, c);
+  RUNLM_CHECK(c.rope_theta > 0, "%s: rope_theta must be positive", src.c_str());
+
+  if (mistral) {
+    auto it = j.find("sliding_window");
+    if (it == j.end()) c.sliding_window = kMistralDefaultWindow;
+    else if (!it->is_null()) c.sliding_window = positive(j, "sliding_window", src);
+  } else if (member(j, "sliding_window")) {
+    c.sliding_window = positive(j, "sliding_window", src);
+  }
+
+  // Features the llama graph does not have: refuse rather than drop them.
+  RUNLM_CHECK(!flag(j, "attention_bias", src, false), "%s: attention_bias=true is not supported", src.c_str());
+  RUNLM_CHECK(!flag(j, "mlp_bias", src, false), "%s: mlp_bias=true is not supported", src.c_str());
+  if (const json* act = member(j, "hidden_act")) {
+    RUNLM_CHECK(act->is_string() && act->get<std::string>() == "silu",
+                "%s: hidden_act %s is not supported (supported: silu)", src.c_str(), act->dump().c_str());
+  }
+  for (const char* key : {"torch_dtype", "dtype"})
+    if (const json* d = member(j, key); d && d->is_string()) c.torch_dtype = d->get<std::string>();
+  return c;
+}
+
+HfConfig read_hf_config(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  RUNLM_CHECK(in, "%s: cannot open", path.c_str());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_hf_config(ss.str(), path);
+}
+
+}  // namespace runlm

@@ -1,0 +1,40 @@
+// Hugging Face config.json for Llama-family checkpoints (LlamaForCausalLM,
+// MistralForCausalLM), in both the older form (top-level rope_theta and
+// rope_scaling) and the newer one (rope_parameters). Anything runlm cannot
+// run the same way (other architectures, non-linear rope scaling, biases,
+// other activations) is an Error naming it rather than a silent mismatch.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace runlm {
+
+struct HfConfig {
+  std::string architecture;  // the accepted entry of "architectures"
+  std::string model_type;    // "llama", "mistral"...
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;  // defaults to num_attention_heads
+  int64_t head_dim = 0;             // defaults to hidden_size / num_attention_heads
+  int64_t vocab_size = 0;
+  int64_t max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6;       // transformers' LlamaConfig default
+  double rope_theta = 10000.0;
+  std::string rope_scaling_type;    // "" (none) or "linear"
+  double rope_scaling_factor = 1.0;
+  int64_t rope_scaling_original_context = 0;  // 0 when the config does not say
+  std::optional<int64_t> sliding_window;       // Mistral; absent or null = full attention
+  bool tie_word_embeddings = false;
+  std::string torch_dtype;          // "bfloat16", "float16", "float32" or ""
+};
+
+// Parses config.json text; `source` names it in errors.
+HfConfig parse_hf_config(const std::string& json_text, const std::string& source);
+// Reads and parses the file at `path`.
+HfConfig read_hf_config(const std::string& path);
+
+}  // namespace runlm
