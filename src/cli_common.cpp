@@ -23,6 +23,7 @@ void add_model_options(cxxopts::Options& opts) {
       ("t,threads", "CPU threads (0 = all)", cxxopts::value<int>()->default_value("0"))
       ("b,batch-size", "prompt tokens evaluated per pass", cxxopts::value<int>()->default_value("512"))
       ("device", "auto, cpu or cuda", cxxopts::value<std::string>()->default_value("auto"))
+      ("attn", "prefill attention on the GPU: auto, naive, fa2 or fa3", cxxopts::value<std::string>()->default_value("auto"))
       ("swa", "sliding window: N tokens, or 'off' (default: the model's)",
        cxxopts::value<std::string>()->default_value(""))
       ("h,help", "show this help");
@@ -76,6 +77,7 @@ std::unique_ptr<Model> load_model_from_options(const cxxopts::ParseResult& args)
 EngineOptions engine_options_from(const cxxopts::ParseResult& args, const Model& model) {
   EngineOptions o;
   o.device = device_from_name(args["device"].as<std::string>());
+  o.attn = attn_backend_from_name(args["attn"].as<std::string>());
   const int ctx = args["ctx-size"].as<int>();
   RUNLM_CHECK(ctx >= 0, "-c must be >= 0, got %d", ctx);
   o.n_ctx = ctx > 0 ? ctx : std::min(model.config().ctx_train, 4096);

@@ -2,6 +2,8 @@
 // decoded from their file type row by row, fp32 KV cache. Reads top to
 // bottom like the Llama equations.
 #include <algorithm>
+#include <chrono>
+#include <cstring>
 #include <cmath>
 #include <vector>
 
@@ -43,6 +45,23 @@ class CpuEngine final : public Engine {
 
   const char* backend_name() const override { return "cpu"; }
   int n_ctx() const override { return n_ctx_; }
+  const char* kv_type_name() const override { return "f32"; }
+
+  double measure_copy_bandwidth() override {
+    // 256 MiB each way, split across the pool's threads like the matmuls.
+    const size_t n = size_t{256} << 20;
+    std::vector<char> a(n, 1), b(n, 2);
+    double best = 0;
+    for (int rep = 0; rep < 3; ++rep) {
+      const auto t0 = std::chrono::steady_clock::now();
+      pool_.parallel_for(static_cast<int64_t>(n), [&](int64_t lo, int64_t hi, int) {
+        std::memcpy(b.data() + lo, a.data() + lo, static_cast<size_t>(hi - lo));
+      });
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      best = std::max(best, 2.0 * static_cast<double>(n) / s);
+    }
+    return best;
+  }
 
   void forward(const int* tokens, int n, int pos, float* logits, bool all_logits) override {
     RUNLM_CHECK(n > 0, "forward: no tokens");

@@ -20,15 +20,23 @@ const char* device_name(Device d) {
   return "?";
 }
 
+#ifndef RUNLM_CUDA
+bool cuda_device_available() { return false; }
+std::unique_ptr<Engine> make_cuda_engine(const Model&, const EngineOptions&) {
+  fail("--device cuda: runlm was built without CUDA (no nvcc at configure time); use --device cpu");
+}
+#endif
+
 std::unique_ptr<Engine> make_engine(const Model& model, const EngineOptions& options) {
-  switch (options.device) {
-    case Device::Cuda:
-      fail("--device cuda: the CUDA engine is not available in this build yet; use --device cpu");
-    case Device::Auto:
-    case Device::Cpu:
-      return make_cpu_engine(model, options);
-  }
-  fail("unknown device");
+  Device device = options.device;
+  if (device == Device::Auto) device = cuda_device_available() ? Device::Cuda : Device::Cpu;
+  if (device == Device::Cuda) return make_cuda_engine(model, options);
+  // The CPU engine has one attention implementation; asking it for a GPU
+  // backend is an error, never a silent substitute.
+  RUNLM_CHECK(options.attn == AttnBackend::Auto,
+              "--attn %s runs on the GPU only; the CPU backend has its own attention (use --attn auto or --device cuda)",
+              attn_backend_name(options.attn));
+  return make_cpu_engine(model, options);
 }
 
 }  // namespace runlm

@@ -19,6 +19,8 @@ struct Subcommand {
 constexpr Subcommand kSubcommands[] = {
     {"generate", runlm::cmd_generate, "complete a prompt (-m MODEL -p TEXT | -f FILE -n N)"},
     {"chat", runlm::cmd_chat, "interactive chat with a chat template"},
+    {"bench", runlm::cmd_bench, "prefill and decode throughput, llama-bench style (-p 512 -n 128)"},
+    {"bench-attn", runlm::cmd_bench_attn, "prefill attention backends: TFLOP/s sweep (GPU)"},
     {"convert", runlm::cmd_convert, "llama2.c .bin or Hugging Face directory -> GGUF"},
     {"quantize", runlm::cmd_quantize, "re-encode a GGUF's weights (q8_0, q4_0, q4_k, q6_k, q4_k_m, f16...)"},
 };

@@ -1,0 +1,136 @@
+// attn_naive: the simple GPU reference. One CTA per (query row, head): it
+// materialises that row of S = scale * q K^T in shared memory (one warp per
+// key), takes a max-subtracted softmax over it and sums P V, all in fp32.
+// Version 1, no tiling: every CTA re-reads its sequence's K and V, so it is
+// memory-bound and slow on long sequences; it exists to be obviously right.
+#include <cfloat>
+
+#include "cuda/attn_kernels.h"
+#include "cuda/common.cuh"
+
+namespace runlm {
+
+namespace {
+
+constexpr int kNaiveThreads = 128;
+
+struct NaiveArgs {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* out;
+  float* lse;
+  const int32_t* cu_q;
+  const int32_t* cu_k;
+  int total_q, n_heads, n_kv_heads, head_dim, window_left;
+  bool causal;
+  float scale;
+};
+
+__device__ float block_reduce(float x, bool is_max, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int o = 16; o > 0; o >>= 1) {
+    const float y = __shfl_xor_sync(0xffffffffu, x, o);
+    x = is_max ? fmaxf(x, y) : x + y;
+  }
+  __syncthreads();  // scratch may still be read by a previous reduction
+  if (lane == 0) scratch[warp] = x;
+  __syncthreads();
+  x = scratch[0];
+  for (int w = 1; w < kNaiveThreads / 32; ++w) x = is_max ? fmaxf(x, scratch[w]) : x + scratch[w];
+  return x;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kNaiveThreads) attn_naive_kernel(NaiveArgs a) {
+  using Tr = ElemTraits<T>;
+  extern __shared__ float smem[];  // [head_dim] q row, then [visible keys] scores
+  __shared__ float scratch[kNaiveThreads / 32];
+  const int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int q0 = a.cu_q[b], sq = a.cu_q[b + 1] - q0;
+  if (i >= sq) return;
+  const int k0 = a.cu_k[b], sk = a.cu_k[b + 1] - k0;
+  const int d = a.head_dim;
+  const int kvh = h / (a.n_heads / a.n_kv_heads);
+  const int64_t row = q0 + i;
+  const T* q = static_cast<const T*>(a.q) + (row * a.n_heads + h) * d;
+  const T* kbase = static_cast<const T*>(a.k) + (int64_t(k0) * a.n_kv_heads + kvh) * d;
+  const T* vbase = static_cast<const T*>(a.v) + (int64_t(k0) * a.n_kv_heads + kvh) * d;
+  const int64_t kv_stride = int64_t(a.n_kv_heads) * d;
+  T* out = static_cast<T*>(a.out) + (row * a.n_heads + h) * d;
+
+  // Visible keys are one contiguous range [j_lo, j_hi) (see attention.h).
+  const int pos = sk - sq + i;
+  const int j_lo = a.window_left >= 0 ? max(0, pos - a.window_left) : 0;
+  const int j_hi = a.causal ? min(sk, pos + 1) : sk;
+  const int n = max(0, j_hi - j_lo);
+
+  float* qs = smem;
+  float* s = smem + d;
+  for (int c = threadIdx.x; c < d; c += kNaiveThreads) qs[c] = Tr::to_float(q[c]);
+  __syncthreads();
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int j = warp; j < n; j += kNaiveThreads / 32) {
+    const T* kr = kbase + int64_t(j_lo + j) * kv_stride;
+    float acc = 0.0f;
+    for (int c = lane; c < d; c += 32) acc += qs[c] * Tr::to_float(kr[c]);
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) s[j] = acc * a.scale;
+  }
+  __syncthreads();
+
+  if (n == 0) {  // no visible key: out = 0, lse = -inf
+    for (int c = threadIdx.x; c < d; c += kNaiveThreads) out[c] = Tr::from_float(0.0f);
+    if (a.lse && threadIdx.x == 0) a.lse[int64_t(h) * a.total_q + row] = -INFINITY;
+    return;
+  }
+  float mx = -FLT_MAX;
+  for (int j = threadIdx.x; j < n; j += kNaiveThreads) mx = fmaxf(mx, s[j]);
+  mx = block_reduce(mx, true, scratch);
+  float sum = 0.0f;
+  for (int j = threadIdx.x; j < n; j += kNaiveThreads) {
+    const float e = expf(s[j] - mx);
+    s[j] = e;
+    sum += e;
+  }
+  sum = block_reduce(sum, false, scratch);  // its barriers also publish s[]
+  const float inv = 1.0f / sum;
+  for (int c = threadIdx.x; c < d; c += kNaiveThreads) {
+    float acc = 0.0f;
+    for (int j = 0; j < n; ++j) acc += s[j] * Tr::to_float(vbase[int64_t(j_lo + j) * kv_stride + c]);
+    out[c] = Tr::from_float(acc * inv);
+  }
+  if (a.lse && threadIdx.x == 0) a.lse[int64_t(h) * a.total_q + row] = mx + logf(sum);
+}
+
+template <typename T>
+void launch_typed(const AttnParams& p) {
+  const size_t smem = sizeof(float) * (size_t(p.head_dim) + size_t(p.max_seqlen_k));
+  int dev = 0, max_smem = 0;
+  cudaCheck(cudaGetDevice(&dev));
+  cudaCheck(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  const int max_keys = (max_smem - int(sizeof(float)) * (kNaiveThreads / 32)) / int(sizeof(float)) - p.head_dim;
+  RUNLM_CHECK(p.max_seqlen_k <= max_keys, "naive: max_seqlen_k=%d unsupported; supported: max_seqlen_k <= %d",
+              p.max_seqlen_k, max_keys);
+  RUNLM_CHECK(p.n_heads <= 65535 && p.batch <= 65535,
+              "naive: n_heads=%d batch=%d unsupported; supported: <= 65535 each", p.n_heads, p.batch);
+  if (p.max_seqlen_q == 0) return;
+  cudaCheck(cudaFuncSetAttribute(attn_naive_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  NaiveArgs a{p.q, p.k, p.v, p.out, p.lse, p.cu_seqlens_q, p.cu_seqlens_k, p.total_q, p.n_heads, p.n_kv_heads,
+              p.head_dim, p.window_left, p.causal, p.scale};
+  dim3 grid(p.max_seqlen_q, p.n_heads, p.batch);
+  attn_naive_kernel<T><<<grid, kNaiveThreads, smem, static_cast<cudaStream_t>(p.stream)>>>(a);
+  cudaCheckLaunch();
+}
+
+}  // namespace
+
+void attn_naive_launch(const AttnParams& p) {
+  if (p.dtype == DType::BF16)
+    launch_typed<__nv_bfloat16>(p);
+  else
+    launch_typed<__half>(p);
+}
+
+}  // namespace runlm

@@ -1,0 +1,155 @@
+// Decode attention over the contiguous f16 KV cache (the simple kernel of
+// issue 4; the paged flash-decoding kernel replaces it later).
+//
+// Version 1 (this): one block of 8 warps per (query token, head). Warp w
+// takes keys first + 4w.., four keys per step, so each lane has 4 K and 4 V
+// loads in flight before the first use; lane l holds head elements
+// l, l + 32, ... (kPerLane of them). Each warp keeps an online softmax
+// (running max m, sum l, output o) in fp32; the 8 partial states are merged
+// through shared memory at the end. The position is read on the device
+// (*pos0 + token), so a captured graph replays at any position; a position
+// outside [0, max_ctx) writes NaN rather than reading past the cache.
+#include <cfloat>
+
+#include "cuda/common.cuh"
+#include "cuda/gpu_ops.h"
+
+namespace runlm::gpu {
+
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kKeysPerStep = 4;
+constexpr int kMaxHeadDim = 256;
+
+template <int kPerLane>
+__global__ void __launch_bounds__(kWarps * 32)
+    decode_attn_kernel(const float* __restrict__ q, const __half* __restrict__ k_cache,
+                       const __half* __restrict__ v_cache, const int* __restrict__ pos0, int n_heads,
+                       int n_kv_heads, int head_dim, int window, float scale, int max_ctx, float* __restrict__ out) {
+  __shared__ float s_m[kWarps], s_l[kWarps];
+  __shared__ float s_o[kWarps][kMaxHeadDim];
+  const int t = blockIdx.x, h = blockIdx.y;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int p = *pos0 + t;
+  float* o_row = out + (int64_t(t) * n_heads + h) * head_dim;
+  if (p < 0 || p >= max_ctx) {
+    for (int e = threadIdx.x; e < head_dim; e += blockDim.x) o_row[e] = NAN;
+    return;
+  }
+  const int first = window > 0 ? max(0, p - window + 1) : 0;
+  const int kvh = h / (n_heads / n_kv_heads);
+  const int64_t kv_stride = int64_t(n_kv_heads) * head_dim;
+  const __half* kb = k_cache + int64_t(kvh) * head_dim;
+  const __half* vb = v_cache + int64_t(kvh) * head_dim;
+
+  float qv[kPerLane];
+  const float* q_row = q + (int64_t(t) * n_heads + h) * head_dim;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int e = lane + 32 * j;
+    qv[j] = e < head_dim ? q_row[e] * scale : 0.0f;  // the scale folded into q once
+  }
+  float m = -INFINITY, l = 0.0f, o[kPerLane];
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) o[j] = 0.0f;
+
+  for (int base = first + warp * kKeysPerStep; base <= p; base += kWarps * kKeysPerStep) {
+    float kx[kKeysPerStep][kPerLane], vx[kKeysPerStep][kPerLane];
+#pragma unroll
+    for (int i = 0; i < kKeysPerStep; ++i) {
+      const int key = min(base + i, p);  // past p: a valid row, masked below
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j) {
+        const int e = lane + 32 * j;
+        kx[i][j] = e < head_dim ? __half2float(kb[key * kv_stride + e]) : 0.0f;
+        vx[i][j] = e < head_dim ? __half2float(vb[key * kv_stride + e]) : 0.0f;
+      }
+    }
+    float s[kKeysPerStep];
+#pragma unroll
+    for (int i = 0; i < kKeysPerStep; ++i) {
+      float acc = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j) acc = fmaf(qv[j], kx[i][j], acc);
+      s[i] = acc;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+#pragma unroll
+      for (int i = 0; i < kKeysPerStep; ++i) s[i] += __shfl_xor_sync(0xffffffffu, s[i], off);
+    float step_max = m;
+#pragma unroll
+    for (int i = 0; i < kKeysPerStep; ++i) {
+      if (base + i > p) s[i] = -INFINITY;
+      step_max = fmaxf(step_max, s[i]);
+    }
+    const float corr = expf(m - step_max);  // m = -inf on the first step: 0
+    l *= corr;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) o[j] *= corr;
+#pragma unroll
+    for (int i = 0; i < kKeysPerStep; ++i) {
+      const float pr = expf(s[i] - step_max);  // masked keys: exp(-inf) = 0
+      l += pr;
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j) o[j] = fmaf(pr, vx[i][j], o[j]);
+    }
+    m = step_max;
+  }
+
+  // Merge the warps' states: M = max m_w, out = sum o_w e^(m_w - M) / sum l_w e^(m_w - M).
+  if (lane == 0) {
+    s_m[warp] = m;
+    s_l[warp] = l;
+  }
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int e = lane + 32 * j;
+    if (e < head_dim) s_o[warp][e] = o[j];
+  }
+  __syncthreads();  // every warp's state is in shared memory before the merge
+  float mx = -INFINITY;
+  for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_m[w]);
+  float denom = 0.0f, f[kWarps];
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    f[w] = s_m[w] == -INFINITY ? 0.0f : expf(s_m[w] - mx);  // a warp with no keys adds nothing
+    denom += s_l[w] * f[w];
+  }
+  const float inv = 1.0f / denom;
+  for (int e = threadIdx.x; e < head_dim; e += blockDim.x) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) acc = fmaf(s_o[w][e], f[w], acc);
+    o_row[e] = acc * inv;
+  }
+}
+
+}  // namespace
+
+void decode_attention(const float* q, const uint16_t* k_cache, const uint16_t* v_cache, int n, const int* pos0,
+                      int n_heads, int n_kv_heads, int head_dim, int window, float scale, int max_ctx,
+                      float* out, Stream stream) {
+  if (n <= 0) return;
+  RUNLM_CHECK(n <= 16, "decode_attention: n=%d query tokens unsupported; supported: 1..16", n);
+  RUNLM_CHECK(n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0,
+              "decode_attention: n_heads=%d not a multiple of n_kv_heads=%d", n_heads, n_kv_heads);
+  RUNLM_CHECK(head_dim > 0 && head_dim <= kMaxHeadDim, "decode_attention: head_dim=%d unsupported; supported: 1..%d",
+              head_dim, kMaxHeadDim);
+  const dim3 grid(n, n_heads);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const auto* kc = reinterpret_cast<const __half*>(k_cache);
+  const auto* vc = reinterpret_cast<const __half*>(v_cache);
+#define RUNLM_ATTN_LAUNCH(P)                                                                                  \
+  decode_attn_kernel<P><<<grid, kWarps * 32, 0, s>>>(q, kc, vc, pos0, n_heads, n_kv_heads, head_dim, window, \
+                                                      scale, max_ctx, out)
+  if (head_dim <= 32) RUNLM_ATTN_LAUNCH(1);
+  else if (head_dim <= 64) RUNLM_ATTN_LAUNCH(2);
+  else if (head_dim <= 128) RUNLM_ATTN_LAUNCH(4);
+  else RUNLM_ATTN_LAUNCH(8);
+#undef RUNLM_ATTN_LAUNCH
+  cudaCheckLaunch();
+}
+
+}  // namespace runlm::gpu

@@ -1,0 +1,177 @@
+// attn_fa3: FlashAttention-3 style forward for sm_90a (H100/H200).
+// Version 1: warp-specialised persistent kernel. Warpgroup 0 produces: one
+// thread streams Q and the K/V tiles by TMA into a 2-stage shared-memory
+// ring guarded by mbarriers, then gives its registers away (setmaxnreg).
+// Warpgroups 1 and 2 consume, 64 query rows each: S = Q K^T and O += P V on
+// wgmma (A = Q from shared memory, then P from registers), online softmax in
+// registers, deferred normalisation, direct stores. A static persistent
+// scheduler hands out query blocks heaviest-first.
+// Not yet: ping-pong between the consumer warpgroups (named barriers so one
+// group's softmax overlaps the other's GEMMs) and intra-warpgroup overlap of
+// the next QK^T with this tile's softmax.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <cstdint>
+
+#include "cuda/attn_kernels.h"
+#include "cuda/common.cuh"
+#include "cuda/fa3/epilogue.cuh"
+#include "cuda/fa3/kernel_traits.cuh"
+#include "cuda/fa3/mainloop.cuh"
+#include "cuda/fa3/sm90.cuh"
+#include "cuda/fa3/softmax.cuh"
+#include "cuda/fa3/tile_scheduler.cuh"
+
+namespace runlm {
+
+namespace {
+
+using namespace fa3;
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads, 1)
+    attn_fa3_fwd(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
+                 const __grid_constant__ CUtensorMap tmV, const Args a) {
+#if RUNLM_FA3_DEVICE
+  using L = Layout<D>;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
+  if (threadIdx.x == 0) {
+    mbar_init(L::q_full(base), 1);
+    mbar_init(L::q_empty(base), kConsumerThreads);
+    for (int s = 0; s < L::kStages; ++s) {
+      mbar_init(L::k_full(base, s), 1);
+      mbar_init(L::k_empty(base, s), kConsumerThreads);
+      mbar_init(L::v_full(base, s), 1);
+      mbar_init(L::v_empty(base, s), kConsumerThreads);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();  // barriers initialised before anyone waits on them
+
+  const StaticTileScheduler sched{a.n_m_blocks, a.n_heads, a.batch};
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    regs_dealloc<kProducerRegs>();
+    if (threadIdx.x == 0) {
+      tma_prefetch_desc(&tmQ);
+      tma_prefetch_desc(&tmK);
+      tma_prefetch_desc(&tmV);
+      PipeState pipe;
+      int q_iter = 0;
+      for (int t = sched.get_initial_work(); sched.valid(t); t = sched.get_next_work(t)) {
+        const WorkTile w = sched.tile(t);
+        const TileRange r = tile_range<L::BM, L::BN>(a, w.m_block, w.batch);
+        if (!r.valid || r.t_lo >= r.t_hi) continue;  // consumers skip the same blocks
+        producer_load_block<D>(base, &tmQ, &tmK, &tmV, r, w.head, w.head / a.group, q_iter, pipe);
+        ++q_iter;
+      }
+    }
+  } else {
+    regs_alloc<kConsumerRegs>();
+    const int wgc = wg - 1;
+    PipeState pipe;
+    int q_iter = 0;
+    for (int t = sched.get_initial_work(); sched.valid(t); t = sched.get_next_work(t)) {
+      const WorkTile w = sched.tile(t);
+      const TileRange r = tile_range<L::BM, L::BN>(a, w.m_block, w.batch);
+      if (!r.valid) continue;
+      float o[D / 2];
+#pragma unroll
+      for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+      OnlineSoftmax<L::BN> sm;
+      sm.init();
+      if (r.t_lo < r.t_hi) {
+        consumer_mma_block<T, D>(base, a, r, wgc, q_iter, pipe, o, sm);
+        ++q_iter;
+      }
+      epilogue_store<T, D, L::BN>(a, r, w.head, wgc, o, sm);
+    }
+  }
+#endif
+}
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point, so that
+// runlm does not call into libcuda directly (a CPU-only machine can still
+// load a CUDA build and run its CPU tests).
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    cudaCheck(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q));
+    RUNLM_CHECK(f && q == cudaDriverEntryPointSuccess, "fa3: the CUDA driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// A rank-3 tensor map over [rows, heads, D] (innermost last in memory) with
+// 64-element x 1-head x box_rows boxes and the 128-byte swizzle.
+CUtensorMap make_tmap(const void* ptr, DType dt, int rows, int heads, int d, int box_rows, const char* what) {
+  RUNLM_CHECK(reinterpret_cast<uintptr_t>(ptr) % 16 == 0, "fa3: %s must be 16-byte aligned", what);
+  CUtensorMap m;
+  const cuuint64_t dims[3] = {cuuint64_t(d), cuuint64_t(heads), cuuint64_t(rows > 0 ? rows : 1)};
+  const cuuint64_t strides[2] = {cuuint64_t(d) * 2, cuuint64_t(heads) * d * 2};  // bytes, dims 1 and 2
+  const cuuint32_t box[3] = {64, 1, cuuint32_t(box_rows)};
+  const cuuint32_t estr[3] = {1, 1, 1};
+  const CUresult e = encode_tiled_fn()(
+      &m, dt == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
+      const_cast<void*>(ptr), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  RUNLM_CHECK(e == CUDA_SUCCESS, "fa3: cuTensorMapEncodeTiled(%s) failed: CUresult %d", what, int(e));
+  return m;
+}
+
+template <typename T, int D>
+void launch_fa3(const AttnParams& p) {
+  using L = Layout<D>;
+  if (p.max_seqlen_q == 0) return;
+  const CUtensorMap tq = make_tmap(p.q, p.dtype, p.total_q, p.n_heads, D, L::BM, "q");
+  const CUtensorMap tk = make_tmap(p.k, p.dtype, p.total_k, p.n_kv_heads, D, L::BN, "k");
+  const CUtensorMap tv = make_tmap(p.v, p.dtype, p.total_k, p.n_kv_heads, D, L::BN, "v");
+  Args a;
+  a.out = p.out;
+  a.lse = p.lse;
+  a.cu_q = p.cu_seqlens_q;
+  a.cu_k = p.cu_seqlens_k;
+  a.total_q = p.total_q;
+  a.n_heads = p.n_heads;
+  a.group = p.n_heads / p.n_kv_heads;
+  a.window_left = p.window_left;
+  a.causal = p.causal;
+  a.scale_log2 = p.scale * kLog2e;
+  a.n_m_blocks = ceil_div(p.max_seqlen_q, L::BM);
+  a.batch = p.batch;
+  const int64_t tiles = int64_t(a.n_m_blocks) * p.n_heads * p.batch;
+  RUNLM_CHECK(tiles < (int64_t(1) << 31), "fa3: %lld work tiles unsupported; supported: < 2^31",
+              static_cast<long long>(tiles));
+  int dev = 0, sms = 0;
+  cudaCheck(cudaGetDevice(&dev));
+  cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int grid = int(tiles < sms ? tiles : sms);
+  cudaCheck(cudaFuncSetAttribute(attn_fa3_fwd<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(L::kAlloc)));
+  attn_fa3_fwd<T, D><<<grid, kThreads, L::kAlloc, static_cast<cudaStream_t>(p.stream)>>>(tq, tk, tv, a);
+  cudaCheckLaunch();
+}
+
+template <typename T>
+void launch_fa3_typed(const AttnParams& p) {
+  switch (p.head_dim) {
+    case 64: return launch_fa3<T, 64>(p);
+    case 128: return launch_fa3<T, 128>(p);
+    case 256: return launch_fa3<T, 256>(p);
+    default: fail("fa3: head_dim=%d unsupported; supported: head_dim {64,128,256}", p.head_dim);
+  }
+}
+
+}  // namespace
+
+void attn_fa3_launch(const AttnParams& p) {
+  if (p.dtype == DType::BF16)
+    launch_fa3_typed<__nv_bfloat16>(p);
+  else
+    launch_fa3_typed<__half>(p);
+}
+
+}  // namespace runlm

@@ -1,0 +1,219 @@
+// fa3 main loop: the producer's TMA loads and the consumers' wgmma GEMMs and
+// softmax over the K/V tiles of one query block.
+//
+// Pipeline: kStages slots, each with a K and a V buffer and four mbarriers.
+// *_full completes when the TMA bytes have landed (expect_tx by the producer,
+// complete_tx by the copy engine); *_empty completes when all 256 consumer
+// threads have arrived, i.e. their wgmma reads of the buffer are finished
+// (each consumer waits for its wgmma group before arriving). K and V have
+// separate barriers so QK^T starts before V has landed and K's slot is
+// released while the softmax runs. Slot and phase come from one running
+// tile counter that producer and consumers advance identically.
+#pragma once
+
+#include "cuda/fa3/kernel_traits.cuh"
+#include "cuda/fa3/sm90.cuh"
+#include "cuda/fa3/softmax.cuh"
+#include "cuda/fa3/wgmma.cuh"
+
+namespace runlm {
+namespace fa3 {
+
+struct PipeState {
+  int count = 0;  // K/V tiles handed through the ring so far
+  template <int kStages>
+  __device__ __forceinline__ int slot() const {
+    return count % kStages;
+  }
+  template <int kStages>
+  __device__ __forceinline__ uint32_t phase() const {
+    return (count / kStages) & 1;
+  }
+};
+
+// Producer (one thread): Q once per query block, then K and V tile by tile.
+template <int D>
+__device__ __forceinline__ void producer_load_block(uint32_t base, const void* tmQ, const void* tmK, const void* tmV,
+                                                    const TileRange& r, int head, int kv_head, int q_iter,
+                                                    PipeState& pipe) {
+  using L = Layout<D>;
+  constexpr int kBlocks = D / 64;  // 64-element column blocks (one 128-byte swizzle row each)
+  // The previous block's Q is free once every consumer has finished its last QK^T.
+  mbar_wait(L::q_empty(base), (q_iter & 1) ^ 1);
+  mbar_arrive_expect_tx(L::q_full(base), L::kQBytes);
+#pragma unroll
+  for (int c = 0; c < kBlocks; ++c)
+    tma_load_3d(base + L::kQ + c * L::BM * 128, tmQ, L::q_full(base), c * 64, head, r.q_start + r.m0);
+  for (int t = r.t_lo; t < r.t_hi; ++t, ++pipe.count) {
+    const int s = pipe.slot<L::kStages>();
+    const uint32_t ph = pipe.phase<L::kStages>();
+    const int row = r.k_start + t * L::BN;
+    mbar_wait(L::k_empty(base, s), ph ^ 1);
+    mbar_arrive_expect_tx(L::k_full(base, s), L::kKVBytes);
+#pragma unroll
+    for (int c = 0; c < kBlocks; ++c)
+      tma_load_3d(base + L::kK + s * L::kKVBytes + c * L::BN * 128, tmK, L::k_full(base, s), c * 64, kv_head, row);
+    mbar_wait(L::v_empty(base, s), ph ^ 1);
+    mbar_arrive_expect_tx(L::v_full(base, s), L::kKVBytes);
+#pragma unroll
+    for (int c = 0; c < kBlocks; ++c)
+      tma_load_3d(base + L::kV + s * L::kKVBytes + c * L::BN * 128, tmV, L::v_full(base, s), c * 64, kv_head, row);
+  }
+}
+
+// Masks scores outside the causal diagonal, the window or the sequence.
+// row0: this thread's first row within the sequence (second is row0 + 8).
+template <int BN>
+__device__ __forceinline__ void apply_mask(float (&s)[BN / 2], const Args& a, const TileRange& r, int n0, int row0,
+                                           int t4) {
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int pos = row0 + 8 * hr + r.offset;
+#pragma unroll
+    for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int j = n0 + 8 * nt + 2 * t4 + c;
+        const bool vis = j < r.sk && (!a.causal || j <= pos) && (a.window_left < 0 || j >= pos - a.window_left);
+        if (!vis) s[4 * nt + 2 * hr + c] = -INFINITY;
+      }
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void fence_regs_u32(uint32_t (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
+
+// Consumer warpgroup wgc (0 or 1): 64 rows of the block. Accumulates the
+// unnormalised O in o and the softmax state in sm.
+//
+// Intra-warpgroup overlap (FA3 section 3.2): tile t's S = Q K_t^T is issued
+// together with tile t-1's O += P V_{t-1}; the softmax of S_t then runs on
+// the CUDA cores while the tensor cores finish P V_{t-1}. O is rescaled only
+// after that GEMM has completed. P's registers are read by the asynchronous
+// wgmma, so they are pinned (fence_regs_u32) until its wait.
+template <typename T, int D>
+__device__ __forceinline__ void consumer_mma_block(uint32_t base, const Args& a, const TileRange& r, int wgc, int q_iter,
+                                                   PipeState& pipe, float (&o)[D / 2], OnlineSoftmax<Traits<D>::BN>& sm) {
+  using L = Layout<D>;
+  constexpr int BN = L::BN, BM = L::BM;
+  constexpr bool kBf16 = ElemTraits<T>::kIsBf16;
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t4 = lane % 4;
+  const int m0w = r.m0 + wgc * 64;        // this warpgroup's first row
+  const int row0 = m0w + warp * 16 + g;   // this thread's first row (second: + 8)
+
+  // Descriptors: Q (A, K-major) for this warpgroup's 64 rows; K (B, K-major);
+  // V (B, N-major: LBO = bytes between 64-dim column blocks).
+  const uint64_t dq = make_desc(base + L::kQ + wgc * 64 * 128, 16, 1024);
+  float sacc[BN / 2];
+  uint32_t p[BN / 16][4];
+
+  auto issue_qk = [&](int s) {
+    const uint64_t dk = make_desc(base + L::kK + s * L::kKVBytes, 16, 1024);
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) sacc[i] = 0.0f;
+    fence_regs(sacc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      // k-step kk: column block kk/4, 32 bytes per 16 elements inside it.
+      const uint32_t offq = ((kk / 4) * BM * 128 + (kk % 4) * 32) >> 4;
+      const uint32_t offk = ((kk / 4) * BN * 128 + (kk % 4) * 32) >> 4;
+      Wgmma<BN, kBf16>::ss(sacc, dq + offq, dk + offk, 1);
+    }
+    wgmma_commit();
+  };
+  auto issue_pv = [&](int s) {
+    const uint64_t dv = make_desc(base + L::kV + s * L::kKVBytes, BN * 128, 1024);
+    fence_regs(o);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) Wgmma<D, kBf16>::rs(o, p[kk], dv + ((kk * 16 * 128) >> 4), 1);
+    wgmma_commit();
+  };
+  // Mask (only tiles that straddle the sequence end, the diagonal or the
+  // window edge for this warpgroup's rows), softmax; returns O's factors.
+  auto softmax_tile = [&](int t, float (&corr)[2]) {
+    const int n0 = t * BN;
+    const bool need_mask = n0 + BN > r.sk || (a.causal && n0 + BN - 1 > m0w + r.offset) ||
+                           (a.window_left >= 0 && n0 < m0w + 63 + r.offset - a.window_left);
+    if (need_mask) apply_mask<BN>(sacc, a, r, n0, row0, t4);
+    sm.step(sacc, a.scale_log2, corr);
+  };
+  // The accumulator layout of two adjacent n8 column groups is the A
+  // register layout of one k16 step of P V.
+  auto pack_p = [&]() {
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      p[kk][0] = ElemTraits<T>::pack2(sacc[8 * kk + 0], sacc[8 * kk + 1]);
+      p[kk][1] = ElemTraits<T>::pack2(sacc[8 * kk + 2], sacc[8 * kk + 3]);
+      p[kk][2] = ElemTraits<T>::pack2(sacc[8 * kk + 4], sacc[8 * kk + 5]);
+      p[kk][3] = ElemTraits<T>::pack2(sacc[8 * kk + 6], sacc[8 * kk + 7]);
+    }
+  };
+  auto rescale_o = [&](const float (&corr)[2]) {
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      o[4 * dt + 0] *= corr[0];
+      o[4 * dt + 1] *= corr[0];
+      o[4 * dt + 2] *= corr[1];
+      o[4 * dt + 3] *= corr[1];
+    }
+  };
+
+  mbar_wait(L::q_full(base), q_iter & 1);
+
+  // Prologue: S and P of the first tile (O is still zero: no rescale needed).
+  int prev = pipe.slot<L::kStages>();
+  uint32_t prev_ph = pipe.phase<L::kStages>();
+  mbar_wait(L::k_full(base, prev), prev_ph);
+  issue_qk(prev);
+  wgmma_wait<0>();
+  fence_regs(sacc);
+  mbar_arrive(L::k_empty(base, prev));  // this thread's wgmma reads of K are done
+  {
+    float corr[2];
+    softmax_tile(r.t_lo, corr);
+  }
+  pack_p();
+  ++pipe.count;
+
+  for (int t = r.t_lo + 1; t < r.t_hi; ++t, ++pipe.count) {
+    const int s = pipe.slot<L::kStages>();
+    const uint32_t ph = pipe.phase<L::kStages>();
+    mbar_wait(L::k_full(base, s), ph);
+    issue_qk(s);                           // S_t = Q K_t^T
+    mbar_wait(L::v_full(base, prev), prev_ph);
+    issue_pv(prev);                        // O += P_{t-1} V_{t-1}
+    wgmma_wait<1>();                       // groups retire in order: S_t is ready
+    fence_regs(sacc);
+    mbar_arrive(L::k_empty(base, s));
+    float corr[2];
+    softmax_tile(t, corr);                 // overlaps the P V GEMM
+    wgmma_wait<0>();
+    fence_regs(o);
+    fence_regs_u32(p);                     // P was read by that GEMM until here
+    mbar_arrive(L::v_empty(base, prev));
+    rescale_o(corr);
+    pack_p();
+    prev = s;
+    prev_ph = ph;
+  }
+
+  // Epilogue of the loop: the last tile's P V.
+  mbar_wait(L::v_full(base, prev), prev_ph);
+  issue_pv(prev);
+  wgmma_wait<0>();
+  fence_regs(o);
+  fence_regs_u32(p);
+  mbar_arrive(L::v_empty(base, prev));
+  mbar_arrive(L::q_empty(base));  // done with this block's Q
+}
+
+}  // namespace fa3
+}  // namespace runlm

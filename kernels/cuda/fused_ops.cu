@@ -1,0 +1,217 @@
+// Small fused ops of the forward pass: embedding lookup (any weight type),
+// RMSNorm (f32 and/or f16 out), RoPE fused with the f16 KV-cache store,
+// SwiGLU, f32 -> f16 and the residual add. Each is one pass over its data;
+// all are memory-bound and simple (version 1), checked against kernels/cpu.
+#include <cmath>
+#include <vector>
+
+#include "cuda/common.cuh"
+#include "cuda/gpu_codec.cuh"
+#include "cuda/gpu_ops.h"
+
+namespace runlm::gpu {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned blocks_for(int64_t n, int per_thread = 1) {
+  const int64_t b = (n + int64_t(kThreads) * per_thread - 1) / (int64_t(kThreads) * per_thread);
+  return static_cast<unsigned>(b < 1 ? 1 : b);
+}
+
+// ---- embed_rows ---------------------------------------------------------
+
+// One thread per (token, unit). A token id outside the table writes NaN: the
+// engine validates ids on the host; NaN makes a slip visible, not silent.
+template <DType kT>
+__global__ void embed_kernel(WView w, const int* __restrict__ tokens, int n, float* __restrict__ out) {
+  using C = Codec<kT>;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(n) * w.units) return;
+  const int t = static_cast<int>(i / w.units);
+  const int u = static_cast<int>(i % w.units);
+  const int tok = tokens[t];
+  float* o = out + int64_t(t) * w.cols;
+  if (tok < 0 || tok >= w.rows) {
+    for (int g = 0; g < C::kUnit / 4; ++g)
+      *reinterpret_cast<float4*>(o + C::x_off(u, g)) = make_float4(NAN, NAN, NAN, NAN);
+    return;
+  }
+  const typename C::Raw raw = C::load(w, tok, u);
+  const float sc = C::scale(raw);
+#pragma unroll
+  for (int g = 0; g < C::kUnit / 4; ++g) {
+    const float4 v = C::decode(raw, g);
+    *reinterpret_cast<float4*>(o + C::x_off(u, g)) = make_float4(v.x * sc, v.y * sc, v.z * sc, v.w * sc);
+  }
+}
+
+// ---- rmsnorm ------------------------------------------------------------
+
+__device__ float block_sum(float v, float* scratch) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float s = 0.0f;
+  for (int i = 0; i < int(blockDim.x / 32); ++i) s += scratch[i];
+  return s;
+}
+
+// One block per row. Phase two rereads x, so out_f32 may alias x.
+__global__ void rmsnorm_kernel(const float* x, const float* __restrict__ w, float* out_f32, __half* out_f16,
+                               int n_cols, float eps) {
+  __shared__ float scratch[kThreads / 32];
+  const float* xr = x + int64_t(blockIdx.x) * n_cols;
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < n_cols; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
+  ss = block_sum(ss, scratch);
+  const float inv = rsqrtf(ss / static_cast<float>(n_cols) + eps);
+  for (int i = threadIdx.x; i < n_cols; i += blockDim.x) {
+    const float v = xr[i] * inv * w[i];
+    if (out_f32) out_f32[int64_t(blockIdx.x) * n_cols + i] = v;
+    if (out_f16) out_f16[int64_t(blockIdx.x) * n_cols + i] = __float2half_rn(v);
+  }
+}
+
+// ---- rope_and_store_kv ----------------------------------------------------
+
+constexpr int kMaxRopePairs = 128;  // head_dim <= 256
+
+// Per-pair frequencies freq_scale * theta^(-2i/head_dim), computed in double
+// on the host and passed by value, so a captured graph keeps them.
+struct RopeFreqs {
+  double f[kMaxRopePairs];
+};
+
+// One block per token. The angle pos * freq is formed and reduced modulo 2 pi
+// in double (at pos 32000 a float angle would be off by ~2e-3 rad), then
+// sin/cos of the reduced angle in float.
+__global__ void rope_store_kernel(float* q, const float* __restrict__ k, const float* __restrict__ v,
+                                  const int* __restrict__ pos, int n_heads, int n_kv_heads, int head_dim,
+                                  RopeFreqs freqs, __half* k_cache, __half* v_cache, __half* q_out) {
+  __shared__ float cs[kMaxRopePairs][2];
+  const int t = blockIdx.x;
+  const int p = pos[t];
+  const int pairs = head_dim / 2;
+  constexpr double kTwoPi = 6.283185307179586;
+  for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
+    const double angle = static_cast<double>(p) * freqs.f[i];
+    const double r = angle - kTwoPi * rint(angle / kTwoPi);
+    float s, c;
+    sincosf(static_cast<float>(r), &s, &c);
+    cs[i][0] = c;
+    cs[i][1] = s;
+  }
+  __syncthreads();  // cs is read by every thread below
+  const int64_t q_row = int64_t(t) * n_heads * head_dim;
+  for (int j = threadIdx.x; j < n_heads * pairs; j += blockDim.x) {
+    const int h = j / pairs, i = j % pairs;
+    float* e = q + q_row + h * head_dim + 2 * i;
+    const float a = e[0], b = e[1], c = cs[i][0], s = cs[i][1];
+    const float r0 = a * c - b * s, r1 = a * s + b * c;
+    e[0] = r0;
+    e[1] = r1;
+    if (q_out) *reinterpret_cast<__half2*>(q_out + q_row + h * head_dim + 2 * i) = __floats2half2_rn(r0, r1);
+  }
+  const int64_t kv_row = int64_t(t) * n_kv_heads * head_dim;
+  const int64_t cache_row = int64_t(p) * n_kv_heads * head_dim;
+  for (int j = threadIdx.x; j < n_kv_heads * pairs; j += blockDim.x) {
+    const int h = j / pairs, i = j % pairs;
+    const int64_t off = h * head_dim + 2 * i;
+    const float a = k[kv_row + off], b = k[kv_row + off + 1], c = cs[i][0], s = cs[i][1];
+    *reinterpret_cast<__half2*>(k_cache + cache_row + off) = __floats2half2_rn(a * c - b * s, a * s + b * c);
+    *reinterpret_cast<__half2*>(v_cache + cache_row + off) =
+        __floats2half2_rn(v[kv_row + off], v[kv_row + off + 1]);
+  }
+}
+
+// ---- elementwise ------------------------------------------------------------
+
+__global__ void swiglu_kernel(float* gate, const float* __restrict__ up, __half* out_f16, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float g = gate[i];
+    const float r = g / (1.0f + expf(-g)) * up[i];  // expf, not __expf: matches the CPU to ~1 ulp
+    gate[i] = r;
+    if (out_f16) out_f16[i] = __float2half_rn(r);
+  }
+}
+
+__global__ void to_f16_kernel(const float* __restrict__ x, __half* __restrict__ out, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = __float2half_rn(x[i]);
+}
+
+__global__ void add_kernel(float* x, const float* __restrict__ y, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] += y[i];
+}
+
+// Grid-stride kernels need no more blocks than fill the GPU several times.
+unsigned elementwise_blocks(int64_t n) {
+  constexpr int64_t kMaxBlocks = 4096;
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 1 ? 1 : (b > kMaxBlocks ? kMaxBlocks : b));
+}
+
+}  // namespace
+
+void embed_rows(const GpuMatrix& table, const int* tokens, int n, float* out, Stream stream) {
+  RUNLM_CHECK(table.data != nullptr, "embed_rows: table not uploaded");
+  if (n <= 0) return;
+  const WView v = make_view(table);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const unsigned blocks = blocks_for(int64_t(n) * v.units);
+  const bool ok = RUNLM_GPU_TYPE_SWITCH(table.type, KT, embed_kernel<KT><<<blocks, kThreads, 0, s>>>(v, tokens, n, out);
+                                        cudaCheckLaunch());
+  RUNLM_CHECK(ok, "embed_rows: type %s unsupported; supported: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k",
+              dtype_name(table.type));
+}
+
+void rmsnorm(const float* x, const float* w, float* out_f32, uint16_t* out_f16, int n_rows, int n_cols, float eps,
+             Stream stream) {
+  if (n_rows <= 0) return;
+  RUNLM_CHECK(n_cols > 0, "rmsnorm: n_cols=%d", n_cols);
+  rmsnorm_kernel<<<n_rows, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      x, w, out_f32, reinterpret_cast<__half*>(out_f16), n_cols, eps);
+  cudaCheckLaunch();
+}
+
+void rope_and_store_kv(float* q, const float* k, const float* v, const int* pos, int n, int n_heads,
+                       int n_kv_heads, int head_dim, float theta, float freq_scale, uint16_t* k_cache,
+                       uint16_t* v_cache, uint16_t* q_out, Stream stream) {
+  if (n <= 0) return;
+  RUNLM_CHECK(head_dim % 2 == 0 && head_dim / 2 <= kMaxRopePairs,
+              "rope_and_store_kv: head_dim=%d unsupported; supported: even, <= %d", head_dim, 2 * kMaxRopePairs);
+  RopeFreqs f{};
+  for (int i = 0; i < head_dim / 2; ++i)
+    f.f[i] = static_cast<double>(freq_scale) *
+             std::pow(static_cast<double>(theta), -static_cast<double>(2 * i) / head_dim);
+  rope_store_kernel<<<n, 128, 0, static_cast<cudaStream_t>(stream)>>>(
+      q, k, v, pos, n_heads, n_kv_heads, head_dim, f, reinterpret_cast<__half*>(k_cache),
+      reinterpret_cast<__half*>(v_cache), reinterpret_cast<__half*>(q_out));
+  cudaCheckLaunch();
+}
+
+void swiglu(float* gate, const float* up, uint16_t* out_f16, int64_t n, Stream stream) {
+  if (n <= 0) return;
+  swiglu_kernel<<<elementwise_blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      gate, up, reinterpret_cast<__half*>(out_f16), n);
+  cudaCheckLaunch();
+}
+
+void to_f16(const float* x, uint16_t* out, int64_t n, Stream stream) {
+  if (n <= 0) return;
+  to_f16_kernel<<<elementwise_blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      x, reinterpret_cast<__half*>(out), n);
+  cudaCheckLaunch();
+}
+
+void add_inplace(float* x, const float* y, int64_t n, Stream stream) {
+  if (n <= 0) return;
+  add_kernel<<<elementwise_blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, y, n);
+  cudaCheckLaunch();
+}
+
+}  // namespace runlm::gpu

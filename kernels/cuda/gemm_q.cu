@@ -1,0 +1,117 @@
+// Prefill GEMM: y[t, r] = W[r, :] . x[t, :] on tensor cores (f16 in, fp32
+// accumulation and output).
+//
+// Version 1 (this): quantized, f32 and bf16 weights are first dequantized to
+// an f16 copy in the caller's scratch (rows x cols x 2 bytes, one pass over
+// W), then cublasGemmEx runs f16 x f16 -> f32 with CUBLAS_COMPUTE_32F; f16
+// weights go to cuBLAS directly. The scratch pass costs one extra read of W
+// and a write+read of the f16 copy, which at 512 tokens is small next to the
+// matrix product. A fused kernel (dequantized tiles in shared memory, mma or
+// wgmma) would drop the scratch; not written yet.
+//
+// cuBLAS handle: one per device, created on first use with a preallocated
+// workspace (cublasSetWorkspace) so cuBLAS never allocates inside a CUDA
+// graph capture. The first gemm call on a device must therefore happen
+// outside a capture (the engine's warm-up does that).
+#include <cublas_v2.h>
+
+#include <mutex>
+
+#include "cuda/common.cuh"
+#include "cuda/gpu_codec.cuh"
+#include "cuda/gpu_ops.h"
+
+namespace runlm::gpu {
+
+namespace {
+
+constexpr int kMaxDevices = 16;
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;  // cuBLAS's recommendation for Hopper
+
+void cublas_check(cublasStatus_t s, const char* file, int line) {
+  if (s != CUBLAS_STATUS_SUCCESS) fail("cuBLAS error at %s:%d: %s", file, line, cublasGetStatusString(s));
+}
+#define cublasCheck(call) cublas_check((call), __FILE__, __LINE__)
+
+struct CublasState {
+  cublasHandle_t handle = nullptr;
+  void* workspace = nullptr;
+};
+
+cublasHandle_t cublas_for(cudaStream_t stream) {
+  static std::mutex mu;
+  static CublasState states[kMaxDevices];
+  int dev = 0;
+  cudaCheck(cudaGetDevice(&dev));
+  RUNLM_CHECK(dev >= 0 && dev < kMaxDevices, "gemm: device %d beyond %d", dev, kMaxDevices);
+  std::lock_guard<std::mutex> lock(mu);
+  CublasState& st = states[dev];
+  if (!st.handle) {
+    cublasCheck(cublasCreate(&st.handle));
+    cudaCheck(cudaMalloc(&st.workspace, kCublasWorkspaceBytes));
+    cublasCheck(cublasSetMathMode(st.handle, CUBLAS_DEFAULT_MATH));
+  }
+  cublasCheck(cublasSetStream(st.handle, stream));
+  cublasCheck(cublasSetWorkspace(st.handle, st.workspace, kCublasWorkspaceBytes));
+  return st.handle;
+}
+
+// One thread per (row, unit): decodes the unit's groups and stores them as
+// f16 (8 bytes per group) at row * cols + x_off.
+template <DType kT>
+__global__ void dequant_f16_kernel(WView w, __half* __restrict__ out) {
+  using C = Codec<kT>;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= w.rows * w.units) return;
+  const int64_t row = i / w.units;
+  const int u = static_cast<int>(i % w.units);
+  const typename C::Raw raw = C::load(w, row, u);
+  const float sc = C::scale(raw);
+#pragma unroll
+  for (int g = 0; g < C::kUnit / 4; ++g) {
+    const float4 v = C::decode(raw, g);
+    // Scale applied per element, as the CPU decoder does ((q - 8) * d).
+    const __half2 a = __floats2half2_rn(v.x * sc, v.y * sc), b = __floats2half2_rn(v.z * sc, v.w * sc);
+    uint2 packed;
+    packed.x = *reinterpret_cast<const uint32_t*>(&a);
+    packed.y = *reinterpret_cast<const uint32_t*>(&b);
+    *reinterpret_cast<uint2*>(out + row * w.cols + C::x_off(u, g)) = packed;
+  }
+}
+
+}  // namespace
+
+size_t gemm_scratch_bytes(const GpuMatrix& w) {
+  if (w.type == DType::F16) return 0;
+  return static_cast<size_t>(w.rows) * static_cast<size_t>(w.cols) * 2;
+}
+
+void gemm(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_tokens, void* scratch, Stream stream) {
+  RUNLM_CHECK(w.data != nullptr, "gemm: matrix not uploaded");
+  RUNLM_CHECK(n_tokens >= 1, "gemm: n_tokens=%d", n_tokens);
+  RUNLM_CHECK(w.rows <= INT32_MAX && w.cols <= INT32_MAX, "gemm: matrix too large");
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const WView v = make_view(w);
+  const void* a = v.q;
+  if (w.type != DType::F16) {
+    RUNLM_CHECK(scratch != nullptr, "gemm: %s weights need a scratch of %zu bytes", dtype_name(w.type),
+                gemm_scratch_bytes(w));
+    constexpr int kThreads = 256;
+    const int64_t n = w.rows * v.units;
+    const unsigned blocks = static_cast<unsigned>((n + kThreads - 1) / kThreads);
+    __half* out = static_cast<__half*>(scratch);
+    const bool ok = RUNLM_GPU_TYPE_SWITCH(w.type, KT, dequant_f16_kernel<KT><<<blocks, kThreads, 0, s>>>(v, out);
+                                          cudaCheckLaunch());
+    RUNLM_CHECK(ok, "gemm: weight type %s unsupported; supported: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k",
+                dtype_name(w.type));
+    a = scratch;
+  }
+  // Column-major view: W row-major [rows][cols] is a cols x rows matrix (lda
+  // = cols) used transposed; x [n][cols] is cols x n; y [n][rows] is rows x n.
+  const float alpha = 1.0f, beta = 0.0f;
+  const int m = static_cast<int>(w.rows), k = static_cast<int>(w.cols);
+  cublasCheck(cublasGemmEx(cublas_for(s), CUBLAS_OP_T, CUBLAS_OP_N, m, n_tokens, k, &alpha, a, CUDA_R_16F, k, x_f16,
+                           CUDA_R_16F, k, &beta, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace runlm::gpu

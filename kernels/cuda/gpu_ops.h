@@ -1,0 +1,90 @@
+// The GPU engine's operations (everything but attention, see
+// src/attention.h): weight upload in a GPU-friendly repacking of each GGUF
+// type, quantized matrix-vector products for decode (1-16 tokens, each
+// weight byte read once with 16-byte loads), the prefill GEMM, and fused
+// elementwise ops. Plain C++ header: callable from .cpp files; the kernels
+// live in kernels/cuda/*.cu. All launches are asynchronous on `stream` and
+// graph-capturable (no allocation, no synchronisation inside).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cpu/ops.h"  // QMatrix
+#include "dtype.h"
+
+namespace runlm::gpu {
+
+using Stream = void*;  // cudaStream_t
+
+// A weight matrix in device memory: rows x cols in its GGUF type, repacked
+// (scales apart from quants, rows 16-byte aligned) so kernels use 16-byte
+// loads. bytes is within a few percent of the GGUF size.
+struct GpuMatrix {
+  DType type = DType::F32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  void* data = nullptr;  // one device allocation holding every part
+  size_t bytes = 0;
+};
+
+// Types the GPU kernels support: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K.
+bool gemv_supports(DType t);
+// Copies and repacks a host matrix; throws runlm::Error naming the type when
+// unsupported, and on allocation failure with the bytes needed and free.
+GpuMatrix upload_matrix(const QMatrix& host);
+void free_matrix(GpuMatrix& m);
+
+// Decode: y[t, r] = sum_c W[r, c] * x[t, c] for t < n_tokens (1..16), x and y
+// f32 row-major ([n_tokens, cols], [n_tokens, rows]); fp32 accumulation.
+// Each weight byte is read once for all n_tokens.
+void gemv(const GpuMatrix& w, const float* x, float* y, int n_tokens, Stream stream);
+
+// Prefill: y[t, r] = W[r, :] . x[t, :] for any n_tokens, x f16 [n_tokens,
+// cols], y f32 [n_tokens, rows]; tensor cores, fp32 accumulation. `scratch`
+// is device memory of at least gemm_scratch_bytes(w) (a dequantized tile
+// buffer where the implementation needs one).
+size_t gemm_scratch_bytes(const GpuMatrix& w);
+void gemm(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_tokens, void* scratch, Stream stream);
+
+// Row of an embedding table (any supported type) for each token -> f32 [n, cols].
+void embed_rows(const GpuMatrix& table, const int* tokens, int n, float* out, Stream stream);
+
+// Half-precision activations (GEMM inputs, q, the KV cache, attention
+// output) are IEEE f16, as llama.cpp's CUDA backend keeps them.
+
+// out = x / rms(x) * w per row of n_cols; writes f32 (if out_f32) and f16
+// (if out_f16).
+void rmsnorm(const float* x, const float* w, float* out_f32, uint16_t* out_f16, int n_rows, int n_cols, float eps,
+             Stream stream);
+
+// Rotary embedding on adjacent pairs (as kernels/cpu/ops.h rope) of q
+// [n, n_heads, head_dim] and k [n, n_kv_heads, head_dim] at positions
+// pos[i], then K and V are written into the caches k_cache/v_cache
+// ([n_ctx, n_kv_heads, head_dim], f16) at row pos[i]. q is left rotated in
+// place (f32) and also written as f16 to q_out when q_out is non-null.
+void rope_and_store_kv(float* q, const float* k, const float* v, const int* pos, int n, int n_heads,
+                       int n_kv_heads, int head_dim, float theta, float freq_scale, uint16_t* k_cache,
+                       uint16_t* v_cache, uint16_t* q_out, Stream stream);
+
+// gate = silu(gate) * up, f32, and an f16 copy to out_f16 when non-null.
+void swiglu(float* gate, const float* up, uint16_t* out_f16, int64_t n, Stream stream);
+
+// f32 -> f16 conversion of n values.
+void to_f16(const float* x, uint16_t* out, int64_t n, Stream stream);
+
+// Decode attention over the contiguous f16 cache for n query tokens (1..16)
+// of one sequence: query i (q f32 [n, n_heads, head_dim], already rotated)
+// sits at position *pos0 + i (pos0 is a device pointer, so a captured CUDA
+// graph replays for any position) and attends to cache rows [max(0, p - window + 1)
+// (window > 0) or 0, p]. out f32 [n, n_heads, head_dim]. GQA: query head h
+// reads kv head h / (n_heads / n_kv_heads). The simple kernel of issue 4; the
+// paged flash-decoding kernel replaces it later.
+void decode_attention(const float* q, const uint16_t* k_cache, const uint16_t* v_cache, int n, const int* pos0,
+                      int n_heads, int n_kv_heads, int head_dim, int window, float scale, int max_ctx,
+                      float* out, Stream stream);
+
+// x += y (the residual add), f32.
+void add_inplace(float* x, const float* y, int64_t n, Stream stream);
+
+}  // namespace runlm::gpu

@@ -1,0 +1,167 @@
+// The attention backend table and the one dispatch point. Compiles without
+// CUDA too: there every GPU backend is an Error saying so.
+#include "attention.h"
+
+#include <cstdio>
+#include <mutex>
+
+#include "common.h"
+
+#ifdef RUNLM_CUDA
+#include <cuda_runtime.h>
+
+#include "cuda/attn_kernels.h"
+#endif
+
+namespace runlm {
+
+namespace {
+
+#ifdef RUNLM_CUDA
+constexpr AttnLaunchFn kNaiveLaunch = attn_naive_launch;
+constexpr AttnLaunchFn kFa2Launch = attn_fa2_launch;
+constexpr AttnLaunchFn kFa3Launch = attn_fa3_launch;
+#else
+constexpr AttnLaunchFn kNaiveLaunch = nullptr;
+constexpr AttnLaunchFn kFa2Launch = nullptr;
+constexpr AttnLaunchFn kFa3Launch = nullptr;
+#endif
+
+std::string join_ints(const std::vector<int>& v) {
+  std::string s = "{";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s + "}";
+}
+
+int current_device_sm() {
+#ifdef RUNLM_CUDA
+  int dev = 0, major = 0, minor = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (e != cudaSuccess) fail("attention: no usable CUDA device (%s)", cudaGetErrorString(e));
+  return major * 10 + minor;
+#else
+  return 0;
+#endif
+}
+
+// Parameter checks that hold for every backend: pointers, sizes, GQA.
+void validate(const AttnParams& p) {
+  RUNLM_CHECK(p.q && p.k && p.v && p.out, "attention: q, k, v and out must be set");
+  RUNLM_CHECK(p.cu_seqlens_q && p.cu_seqlens_k, "attention: cu_seqlens_q and cu_seqlens_k must be set");
+  RUNLM_CHECK(p.batch >= 1, "attention: batch=%d must be >= 1", p.batch);
+  RUNLM_CHECK(p.total_q >= 0 && p.total_k >= 0, "attention: total_q=%d total_k=%d must be >= 0", p.total_q,
+              p.total_k);
+  RUNLM_CHECK(p.max_seqlen_q >= 0 && p.max_seqlen_k >= 0, "attention: max_seqlen_q=%d max_seqlen_k=%d must be >= 0",
+              p.max_seqlen_q, p.max_seqlen_k);
+  RUNLM_CHECK(p.n_heads >= 1 && p.n_kv_heads >= 1 && p.n_heads % p.n_kv_heads == 0,
+              "attention: n_heads=%d must be a positive multiple of n_kv_heads=%d", p.n_heads, p.n_kv_heads);
+  RUNLM_CHECK(p.head_dim >= 1, "attention: head_dim=%d must be >= 1", p.head_dim);
+  RUNLM_CHECK(p.dtype == DType::BF16 || p.dtype == DType::F16, "attention: dtype %s unsupported; supported: bf16, f16",
+              dtype_name(p.dtype));
+  RUNLM_CHECK(p.window_left >= -1, "attention: window_left=%d must be -1 (none) or >= 0", p.window_left);
+  RUNLM_CHECK(p.scale == p.scale && p.scale > 0.0f, "attention: scale=%g must be > 0", p.scale);
+  // Offsets into the tensors are computed in 64 bits by the kernels, but
+  // row indices are int32 (cu_seqlens), as in FlashAttention.
+  RUNLM_CHECK(static_cast<int64_t>(p.total_q) * p.n_heads < (int64_t(1) << 31),
+              "attention: total_q*n_heads=%lld too large for int32 lse indexing",
+              static_cast<long long>(p.total_q) * p.n_heads);
+}
+
+}  // namespace
+
+const std::vector<AttnBackendInfo>& attn_backends() {
+  static const std::vector<AttnBackendInfo> kTable = {
+      // naive materialises one row of S in shared memory: any head_dim up to 256.
+      {AttnBackend::Naive, "naive", {}, 256, true, true, true, true, 80, 1000, kNaiveLaunch},
+      {AttnBackend::Fa2, "fa2", {64, 128, 256}, 256, true, true, true, true, 80, 1000, kFa2Launch},
+      // fa3 is built for sm_90a only (wgmma, setmaxnreg): that code runs on 9.0 alone.
+      {AttnBackend::Fa3, "fa3", {64, 128, 256}, 256, true, true, true, true, 90, 90, kFa3Launch},
+  };
+  return kTable;
+}
+
+const AttnBackendInfo& attn_backend_info(AttnBackend b) {
+  for (const AttnBackendInfo& row : attn_backends())
+    if (row.backend == b) return row;
+  fail("attention: backend %d has no table row (auto resolves first)", static_cast<int>(b));
+}
+
+AttnBackend attn_backend_from_name(const std::string& name) {
+  if (name == "auto") return AttnBackend::Auto;
+  std::string names;
+  for (const AttnBackendInfo& row : attn_backends()) {
+    if (name == row.name) return row.backend;
+    names += std::string(row.name) + "|";
+  }
+  fail("--attn %s unknown; supported: %sauto", name.c_str(), names.c_str());
+}
+
+const char* attn_backend_name(AttnBackend b) {
+  if (b == AttnBackend::Auto) return "auto";
+  return attn_backend_info(b).name;
+}
+
+std::string attn_unsupported_reason(AttnBackend b, const AttnParams& p, int sm) {
+  const AttnBackendInfo& r = attn_backend_info(b);
+  if (!r.launch) return strfmt("%s: runlm was built without CUDA; supported: none (rebuild with -DRUNLM_CUDA=ON)", r.name);
+  if (!r.head_dims.empty()) {
+    bool ok = false;
+    for (int d : r.head_dims) ok |= d == p.head_dim;
+    if (!ok)
+      return strfmt("%s: head_dim=%d unsupported; supported: head_dim %s", r.name, p.head_dim,
+                    join_ints(r.head_dims).c_str());
+  } else if (p.head_dim > r.max_head_dim) {
+    return strfmt("%s: head_dim=%d unsupported; supported: head_dim 1..%d", r.name, p.head_dim, r.max_head_dim);
+  }
+  if ((p.dtype == DType::BF16 && !r.bf16) || (p.dtype == DType::F16 && !r.fp16))
+    return strfmt("%s: dtype=%s unsupported", r.name, dtype_name(p.dtype));
+  if (p.causal && !r.causal) return strfmt("%s: causal unsupported", r.name);
+  if (p.window_left >= 0 && !r.window) return strfmt("%s: window unsupported", r.name);
+  if (sm < r.min_sm || sm > r.max_sm) {
+    if (r.min_sm == r.max_sm)
+      return strfmt("%s: sm_%d unsupported; supported: sm_%d", r.name, sm, r.min_sm);
+    return strfmt("%s: sm_%d unsupported; supported: sm_%d and newer", r.name, sm, r.min_sm);
+  }
+  return {};
+}
+
+AttnBackend attn_resolve(AttnBackend b, const AttnParams& p) {
+#ifndef RUNLM_CUDA
+  if (b == AttnBackend::Auto) fail("attention: auto: runlm was built without CUDA; no GPU backend available");
+#endif
+  const int sm = current_device_sm();
+  if (b != AttnBackend::Auto) {
+    std::string why = attn_unsupported_reason(b, p, sm);
+    if (!why.empty()) throw Error(why);
+    return b;
+  }
+  // Auto: the fastest backend that supports the request; the table lists the
+  // fastest last.
+  std::string whys;
+  const auto& table = attn_backends();
+  for (auto it = table.rbegin(); it != table.rend(); ++it) {
+    std::string why = attn_unsupported_reason(it->backend, p, sm);
+    if (why.empty()) return it->backend;
+    whys += (whys.empty() ? "" : "; ") + why;
+  }
+  fail("attention: auto: no backend supports this request (%s)", whys.c_str());
+}
+
+void attention_dispatch(AttnBackend b, const AttnParams& p) {
+  validate(p);
+  const AttnBackend chosen = attn_resolve(b, p);
+  if (b == AttnBackend::Auto) {
+    // Log once per process; the forward pass calls this for every layer.
+    static std::once_flag logged;
+    std::call_once(logged, [&] {
+      std::fprintf(stderr, "attention: auto selected %s (head_dim=%d, %s)\n", attn_backend_name(chosen), p.head_dim,
+                   dtype_name(p.dtype));
+    });
+  }
+  if (p.total_q == 0) return;  // nothing to write
+  attn_backend_info(chosen).launch(p);
+}
+
+}  // namespace runlm

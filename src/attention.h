@@ -1,0 +1,88 @@
+// Prefill attention: the backend enum, one table row per backend, and
+// attention_dispatch(), the only code that chooses and launches a backend.
+// Every GPU caller (the forward pass, bench-attn, the tests) goes through it.
+//
+// Semantics shared by every backend and by the CPU reference
+// (kernels/cpu/attention_ref.h):
+//   - varlen batch: sequence b owns query rows cu_seqlens_q[b]..cu_seqlens_q[b+1]
+//     and key rows cu_seqlens_k[b]..cu_seqlens_k[b+1].
+//   - GQA/MQA: query head h reads kv head h / (n_heads / n_kv_heads).
+//   - causal is bottom-right aligned: query i of a sequence sits at absolute
+//     position p = seqlen_k - seqlen_q + i and sees keys at positions <= p, so
+//     chunked prefill and later chat turns reuse the keys already cached.
+//   - window_left = W >= 0 hides keys at positions < p - W (a window of N
+//     tokens is window_left = N-1); -1 means no window.
+//   - a query row that sees no key at all gets out = 0 and lse = -inf.
+//   - lse (optional) is the natural-log sum of exp(scale * q.k) per row.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dtype.h"
+
+namespace runlm {
+
+enum class AttnBackend { Naive, Fa2, Fa3, Auto };
+
+struct AttnParams {
+  const void* q = nullptr;      // [total_q, n_heads, head_dim]     bf16 or f16, contiguous, device
+  const void* k = nullptr;      // [total_k, n_kv_heads, head_dim]  same dtype
+  const void* v = nullptr;      // [total_k, n_kv_heads, head_dim]  same dtype
+  void* out = nullptr;          // [total_q, n_heads, head_dim]     same dtype
+  float* lse = nullptr;         // [n_heads, total_q] f32, optional (nullptr = not written)
+  const int32_t* cu_seqlens_q = nullptr;  // [batch + 1] device, prefix sums of query lengths
+  const int32_t* cu_seqlens_k = nullptr;  // [batch + 1] device, prefix sums of key lengths
+  int batch = 0;
+  int total_q = 0;              // cu_seqlens_q[batch]
+  int total_k = 0;              // cu_seqlens_k[batch]
+  int max_seqlen_q = 0;         // upper bound on any sequence's query length
+  int max_seqlen_k = 0;         // upper bound on any sequence's key length
+  int n_heads = 0;
+  int n_kv_heads = 0;           // n_heads % n_kv_heads == 0
+  int head_dim = 0;
+  DType dtype = DType::BF16;    // BF16 or F16
+  bool causal = false;
+  int window_left = -1;         // -1 = no window
+  float scale = 0.0f;           // softmax scale, usually 1/sqrt(head_dim)
+  void* stream = nullptr;       // cudaStream_t
+};
+
+using AttnLaunchFn = void (*)(const AttnParams&);
+
+struct AttnBackendInfo {
+  AttnBackend backend;
+  const char* name;              // as --attn spells it
+  std::vector<int> head_dims;    // empty = any head_dim in 1..max_head_dim
+  int max_head_dim;
+  bool bf16, fp16;
+  bool causal, window;
+  int min_sm;                    // compute capability * 10, e.g. 80, 90
+  int max_sm;                    // highest compute capability it runs on (sm_90a code runs on 9.0 only)
+  AttnLaunchFn launch;           // nullptr when built without CUDA
+};
+
+// The table, one row per concrete backend (Auto excluded), fastest last.
+const std::vector<AttnBackendInfo>& attn_backends();
+const AttnBackendInfo& attn_backend_info(AttnBackend b);
+
+// "naive" | "fa2" | "fa3" | "auto"; throws Error listing the accepted names.
+AttnBackend attn_backend_from_name(const std::string& name);
+const char* attn_backend_name(AttnBackend b);
+
+// Empty when backend b can run p on a device of compute capability sm;
+// otherwise why not, in the form
+// "fa3: head_dim=96 unsupported; supported: head_dim {64,128,256}".
+std::string attn_unsupported_reason(AttnBackend b, const AttnParams& p, int sm);
+
+// The concrete backend that Auto (or b itself) resolves to for p on the
+// current device; throws Error when none can run it.
+AttnBackend attn_resolve(AttnBackend b, const AttnParams& p);
+
+// Validates p, resolves the backend (Auto logs its choice once on stderr) and
+// launches it on p.stream. Throws Error for invalid parameters, an unsupported
+// combination (never a silent fallback) or a build without CUDA.
+void attention_dispatch(AttnBackend b, const AttnParams& p);
+
+}  // namespace runlm

@@ -1,0 +1,560 @@
+// Tests for prefill attention: the CPU reference against an independent dense
+// formula and the mask semantics (always run), the backend table and dispatch
+// errors, and every GPU backend against the reference over the feature grid
+// (skipped without a CUDA device or in a CPU-only build).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "attention.h"
+#include "commands.h"
+#include "common.h"
+#include "cpu/attention_ref.h"
+#include "dtype.h"
+
+#ifdef RUNLM_CUDA
+#include <cuda_runtime.h>
+#endif
+
+using namespace runlm;
+
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+struct Problem {
+  std::vector<int32_t> cu_q, cu_k;
+  int n_heads = 1, n_kv_heads = 1, head_dim = 4;
+  bool causal = false;
+  int window_left = -1;
+  std::vector<float> q, k, v;
+  int total_q() const { return cu_q.back(); }
+  int total_k() const { return cu_k.back(); }
+  int batch() const { return int(cu_q.size()) - 1; }
+  float scale() const { return 1.0f / std::sqrt(float(head_dim)); }
+};
+
+std::vector<int32_t> prefix(const std::vector<int>& lens) {
+  std::vector<int32_t> cu{0};
+  for (int l : lens) cu.push_back(cu.back() + l);
+  return cu;
+}
+
+// Random inputs, rounded to dtype (bf16/f16) when given, so the reference and
+// the kernels see the same values.
+Problem make_problem(const std::vector<int>& lq, const std::vector<int>& lk, int nh, int nkv, int hd, bool causal,
+                     int window_left, uint32_t seed, const DType* round_to = nullptr) {
+  Problem p;
+  p.cu_q = prefix(lq);
+  p.cu_k = prefix(lk);
+  p.n_heads = nh;
+  p.n_kv_heads = nkv;
+  p.head_dim = hd;
+  p.causal = causal;
+  p.window_left = window_left;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  auto fill = [&](std::vector<float>& x, size_t n) {
+    x.resize(n);
+    for (float& e : x) {
+      e = dist(rng);
+      if (round_to && *round_to == DType::BF16) e = bf16_to_fp32(fp32_to_bf16(e));
+      if (round_to && *round_to == DType::F16) e = fp16_to_fp32(fp32_to_fp16(e));
+    }
+  };
+  fill(p.q, size_t(p.total_q()) * nh * hd);
+  fill(p.k, size_t(p.total_k()) * nkv * hd);
+  fill(p.v, size_t(p.total_k()) * nkv * hd);
+  return p;
+}
+
+void run_ref(const Problem& p, std::vector<float>& out, std::vector<float>& lse) {
+  out.assign(p.q.size(), std::nanf(""));
+  lse.assign(size_t(p.total_q()) * p.n_heads, std::nanf(""));
+  AttnRefParams r;
+  r.q = p.q.data();
+  r.k = p.k.data();
+  r.v = p.v.data();
+  r.out = out.data();
+  r.lse = lse.data();
+  r.cu_seqlens_q = p.cu_q.data();
+  r.cu_seqlens_k = p.cu_k.data();
+  r.batch = p.batch();
+  r.n_heads = p.n_heads;
+  r.n_kv_heads = p.n_kv_heads;
+  r.head_dim = p.head_dim;
+  r.causal = p.causal;
+  r.window_left = p.window_left;
+  r.scale = p.scale();
+  attention_ref(r);
+}
+
+// An independent statement of the semantics: dense score matrix over the
+// whole sequence, mask written from the key's distance to the last key, exp
+// without max subtraction (fine for the small scores used here).
+void dense_formula(const Problem& p, std::vector<double>& out, std::vector<double>& lse) {
+  out.assign(p.q.size(), 0.0);
+  lse.assign(size_t(p.total_q()) * p.n_heads, 0.0);
+  const int d = p.head_dim;
+  for (int b = 0; b < p.batch(); ++b) {
+    const int sq = p.cu_q[b + 1] - p.cu_q[b], sk = p.cu_k[b + 1] - p.cu_k[b];
+    for (int h = 0; h < p.n_heads; ++h) {
+      const int g = h * p.n_kv_heads / p.n_heads;  // kv head of query head h
+      for (int i = 0; i < sq; ++i) {
+        const int qi = p.cu_q[b] + i;
+        double z = 0;
+        std::vector<double> o(d, 0.0);
+        for (int j = 0; j < sk; ++j) {
+          // Query i is (sq-1-i) rows before the last query, which sits with
+          // the last key: it may see keys up to (sq-1-i) before the last key.
+          const int behind_last_q = sq - 1 - i, behind_last_k = sk - 1 - j;
+          if (p.causal && behind_last_k < behind_last_q) continue;
+          if (p.window_left >= 0 && behind_last_k - behind_last_q > p.window_left) continue;
+          double s = 0;
+          for (int c = 0; c < d; ++c)
+            s += double(p.q[(size_t(qi) * p.n_heads + h) * d + c]) *
+                 p.k[(size_t(p.cu_k[b] + j) * p.n_kv_heads + g) * d + c];
+          const double w = std::exp(s * p.scale());
+          z += w;
+          for (int c = 0; c < d; ++c) o[c] += w * p.v[(size_t(p.cu_k[b] + j) * p.n_kv_heads + g) * d + c];
+        }
+        for (int c = 0; c < d; ++c) out[(size_t(qi) * p.n_heads + h) * d + c] = z > 0 ? o[c] / z : 0.0;
+        lse[size_t(h) * p.total_q() + qi] = z > 0 ? std::log(z) : -INFINITY;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- CPU reference
+
+TEST(AttentionRef, MatchesDenseFormula) {
+  struct C {
+    std::vector<int> lq, lk;
+    int nh, nkv, hd;
+    bool causal;
+    int wl;
+  };
+  const std::vector<C> cases = {
+      {{5}, {5}, 1, 1, 4, false, -1},        {{3, 6, 1}, {3, 6, 1}, 2, 1, 8, true, -1},
+      {{2, 4}, {7, 9}, 4, 2, 6, true, -1},   {{6}, {11}, 2, 2, 5, true, 2},
+      {{7, 3}, {7, 8}, 3, 1, 4, false, 1},   {{5}, {3}, 1, 1, 4, true, -1},  // first rows see no key
+      {{4, 0, 3}, {4, 2, 5}, 2, 2, 3, false, -1},
+  };
+  uint32_t seed = 1;
+  for (const C& c : cases) {
+    Problem p = make_problem(c.lq, c.lk, c.nh, c.nkv, c.hd, c.causal, c.wl, seed++);
+    std::vector<float> out, lse;
+    run_ref(p, out, lse);
+    std::vector<double> eo, el;
+    dense_formula(p, eo, el);
+    for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], eo[i], 1e-5) << "case " << seed - 1 << " elem " << i;
+    for (size_t i = 0; i < lse.size(); ++i) {
+      if (std::isinf(el[i])) {
+        EXPECT_EQ(lse[i], -kInf) << "case " << seed - 1 << " lse " << i;
+      } else {
+        ASSERT_NEAR(lse[i], el[i], 1e-5) << "case " << seed - 1 << " lse " << i;
+      }
+    }
+  }
+}
+
+TEST(AttentionRef, CausalIsBottomRightAligned) {
+  // One query after 5 cached keys sees all of them: causal changes nothing.
+  Problem p = make_problem({1}, {5}, 1, 1, 8, true, -1, 11);
+  std::vector<float> a, la, b, lb;
+  run_ref(p, a, la);
+  p.causal = false;
+  run_ref(p, b, lb);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(la, lb);
+  // With sq == sk the first query sees only key 0: out is exactly v[0].
+  Problem s = make_problem({4}, {4}, 1, 1, 8, true, -1, 12);
+  run_ref(s, a, la);
+  for (int c = 0; c < 8; ++c) EXPECT_FLOAT_EQ(a[c], s.v[c]);
+}
+
+TEST(AttentionRef, WindowZeroSeesOnlyItself) {
+  // window_left = 0 with causal: query i (position sk-sq+i) sees its own key only.
+  Problem p = make_problem({3}, {6}, 2, 1, 4, true, 0, 13);
+  std::vector<float> out, lse;
+  run_ref(p, out, lse);
+  for (int i = 0; i < 3; ++i)
+    for (int h = 0; h < 2; ++h)
+      for (int c = 0; c < 4; ++c) EXPECT_FLOAT_EQ(out[(i * 2 + h) * 4 + c], p.v[(3 + i) * 4 + c]) << i << " " << h;
+}
+
+TEST(AttentionRef, InvisibleKeysDoNotMatter) {
+  // Changing keys/values outside the causal window leaves the output as is;
+  // changing a visible one does not.
+  Problem p = make_problem({8}, {8}, 1, 1, 4, true, 2, 14);
+  std::vector<float> a, la, b, lb;
+  run_ref(p, a, la);
+  Problem p2 = p;
+  for (int c = 0; c < 4; ++c) p2.v[7 * 4 + c] += 5.0f;  // key 7: visible only to row 7
+  for (int c = 0; c < 4; ++c) p2.v[0 * 4 + c] -= 3.0f;  // key 0: visible to rows 0..2
+  run_ref(p2, b, lb);
+  for (int i = 0; i < 8; ++i) {
+    const bool changed = i == 7 || i <= 2;
+    float diff = 0;
+    for (int c = 0; c < 4; ++c) diff += std::fabs(a[i * 4 + c] - b[i * 4 + c]);
+    if (changed)
+      EXPECT_GT(diff, 1e-3f) << "row " << i;
+    else
+      EXPECT_EQ(diff, 0.0f) << "row " << i;
+  }
+}
+
+TEST(AttentionRef, GqaHeadsShareKv) {
+  Problem p = make_problem({5}, {5}, 4, 2, 4, false, -1, 15);
+  // Give heads 0 and 1 (both on kv head 0) the same queries.
+  for (int i = 0; i < 5; ++i)
+    for (int c = 0; c < 4; ++c) p.q[(i * 4 + 1) * 4 + c] = p.q[(i * 4 + 0) * 4 + c];
+  std::vector<float> out, lse;
+  run_ref(p, out, lse);
+  for (int i = 0; i < 5; ++i)
+    for (int c = 0; c < 4; ++c) EXPECT_EQ(out[(i * 4 + 1) * 4 + c], out[(i * 4 + 0) * 4 + c]);
+  // Head 2 reads kv head 1: giving it head 0's queries changes its output.
+  for (int i = 0; i < 5; ++i)
+    for (int c = 0; c < 4; ++c) p.q[(i * 4 + 2) * 4 + c] = p.q[(i * 4 + 0) * 4 + c];
+  run_ref(p, out, lse);
+  EXPECT_NE(out[2 * 4], out[0]);
+}
+
+TEST(AttentionRef, RejectsBadParams) {
+  Problem p = make_problem({2}, {2}, 3, 2, 4, false, -1, 16);
+  std::vector<float> out, lse;
+  EXPECT_THROW(run_ref(p, out, lse), Error);  // 3 % 2 != 0
+}
+
+// ---------------------------------------------------------------- table and dispatch
+
+TEST(AttentionDispatch, NamesRoundTrip) {
+  for (const char* n : {"naive", "fa2", "fa3", "auto"})
+    EXPECT_STREQ(attn_backend_name(attn_backend_from_name(n)), n);
+  try {
+    attn_backend_from_name("fa4");
+    FAIL() << "fa4 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fa4"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("naive|fa2|fa3|auto"), std::string::npos) << e.what();
+  }
+}
+
+TEST(AttentionDispatch, UnsupportedReasons) {
+  AttnParams p;
+  p.head_dim = 96;
+  p.dtype = DType::BF16;
+#ifdef RUNLM_CUDA
+  EXPECT_EQ(attn_unsupported_reason(AttnBackend::Fa3, p, 90), "fa3: head_dim=96 unsupported; supported: head_dim {64,128,256}");
+  EXPECT_EQ(attn_unsupported_reason(AttnBackend::Naive, p, 90), "");
+  p.head_dim = 128;
+  EXPECT_EQ(attn_unsupported_reason(AttnBackend::Fa3, p, 90), "");
+  EXPECT_EQ(attn_unsupported_reason(AttnBackend::Fa3, p, 80), "fa3: sm_80 unsupported; supported: sm_90");
+  EXPECT_EQ(attn_unsupported_reason(AttnBackend::Fa2, p, 75), "fa2: sm_75 unsupported; supported: sm_80 and newer");
+  p.head_dim = 8;  // stories260K
+  EXPECT_EQ(attn_unsupported_reason(AttnBackend::Fa2, p, 90), "fa2: head_dim=8 unsupported; supported: head_dim {64,128,256}");
+  p.head_dim = 512;
+  EXPECT_EQ(attn_unsupported_reason(AttnBackend::Naive, p, 90), "naive: head_dim=512 unsupported; supported: head_dim 1..256");
+#else
+  for (AttnBackend b : {AttnBackend::Naive, AttnBackend::Fa2, AttnBackend::Fa3})
+    EXPECT_NE(attn_unsupported_reason(b, p, 0).find("built without CUDA"), std::string::npos);
+#endif
+}
+
+TEST(AttentionDispatch, InvalidParamsThrow) {
+  AttnParams p;  // null pointers
+  EXPECT_THROW(attention_dispatch(AttnBackend::Auto, p), Error);
+  int dummy[4] = {};
+  p.q = p.k = p.v = dummy;
+  p.out = dummy;
+  p.cu_seqlens_q = p.cu_seqlens_k = dummy;
+  p.batch = 1;
+  p.n_heads = 6;
+  p.n_kv_heads = 4;  // not a divisor
+  p.head_dim = 64;
+  p.scale = 0.125f;
+  try {
+    attention_dispatch(AttnBackend::Naive, p);
+    FAIL() << "n_heads=6 n_kv_heads=4 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("n_kv_heads=4"), std::string::npos) << e.what();
+  }
+#ifndef RUNLM_CUDA
+  p.n_kv_heads = 2;
+  try {
+    attention_dispatch(AttnBackend::Fa2, p);
+    FAIL() << "CPU-only build launched fa2";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("without CUDA"), std::string::npos) << e.what();
+  }
+#endif
+}
+
+// ---------------------------------------------------------------- GPU backends
+
+#ifdef RUNLM_CUDA
+namespace {
+
+bool have_cuda_device(std::string* why) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    *why = std::string("no CUDA device: ") + cudaGetErrorString(e);
+    return false;
+  }
+  if (n == 0) {
+    *why = "no CUDA device";
+    return false;
+  }
+  return true;
+}
+
+void ck(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+struct DevBuf {
+  void* p = nullptr;
+  size_t n = 0;
+  explicit DevBuf(size_t bytes) : n(bytes) { ck(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc"); }
+  ~DevBuf() { cudaFree(p); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+};
+
+std::vector<uint16_t> to_half_bits(const std::vector<float>& x, DType t) {
+  std::vector<uint16_t> r(x.size());
+  for (size_t i = 0; i < x.size(); ++i) r[i] = t == DType::BF16 ? fp32_to_bf16(x[i]) : fp32_to_fp16(x[i]);
+  return r;
+}
+
+float from_half_bits(uint16_t h, DType t) { return t == DType::BF16 ? bf16_to_fp32(h) : fp16_to_fp32(h); }
+
+struct GpuCase {
+  const char* name;
+  std::vector<int> lq, lk;
+  int n_heads, n_kv_heads;
+  bool causal;
+  int window_left;
+};
+
+// Lengths are not multiples of any tile (64/128); 0-length sequences, queries
+// at an offset into cached keys, windows wide enough to skip whole tiles, and
+// rows that see no key at all.
+const std::vector<GpuCase>& gpu_cases() {
+  static const std::vector<GpuCase> k = {
+      {"mha_varlen", {1, 77, 0, 200, 129}, {1, 77, 0, 200, 129}, 4, 4, false, -1},
+      {"gqa_causal", {130, 63, 257}, {130, 63, 257}, 8, 2, true, -1},
+      {"mqa_causal_offset", {50, 129, 1, 17}, {200, 129, 300, 17}, 4, 1, true, -1},
+      {"gqa_causal_window_offset", {300, 5}, {650, 400}, 4, 2, true, 100},
+      {"mha_window", {333}, {333}, 2, 2, false, 70},
+      {"mha_offset", {64, 10}, {300, 90}, 2, 2, false, -1},
+      {"causal_q_longer_than_k", {100, 30}, {60, 31}, 2, 1, true, -1},
+  };
+  return k;
+}
+
+struct RefResult {
+  Problem prob;
+  std::vector<float> out, lse;
+};
+
+// The reference for (dtype, head_dim, case) is shared by every backend.
+const RefResult& cached_ref(DType t, int hd, int ci) {
+  static std::map<std::tuple<int, int, int>, std::unique_ptr<RefResult>> cache;
+  auto key = std::make_tuple(int(t), hd, ci);
+  auto it = cache.find(key);
+  if (it != cache.end()) return *it->second;
+  const GpuCase& c = gpu_cases()[ci];
+  auto r = std::make_unique<RefResult>();
+  r->prob = make_problem(c.lq, c.lk, c.n_heads, c.n_kv_heads, hd, c.causal, c.window_left,
+                         1000u + 17u * ci + hd + (t == DType::BF16 ? 0u : 7u), &t);
+  run_ref(r->prob, r->out, r->lse);
+  return *cache.emplace(key, std::move(r)).first->second;
+}
+
+struct GpuRun {
+  std::vector<float> out, lse;
+};
+
+// Uploads p, poisons out and lse with NaN (0xFF bytes), dispatches, downloads.
+GpuRun run_gpu(AttnBackend b, const Problem& p, DType t) {
+  const auto q = to_half_bits(p.q, t), k = to_half_bits(p.k, t), v = to_half_bits(p.v, t);
+  DevBuf dq(q.size() * 2), dk(k.size() * 2), dv(v.size() * 2), dout(q.size() * 2);
+  DevBuf dlse(size_t(p.total_q()) * p.n_heads * 4), dcq(p.cu_q.size() * 4), dck(p.cu_k.size() * 4);
+  ck(cudaMemcpy(dq.p, q.data(), dq.n, cudaMemcpyHostToDevice), "upload q");
+  ck(cudaMemcpy(dk.p, k.data(), dk.n, cudaMemcpyHostToDevice), "upload k");
+  ck(cudaMemcpy(dv.p, v.data(), dv.n, cudaMemcpyHostToDevice), "upload v");
+  ck(cudaMemcpy(dcq.p, p.cu_q.data(), dcq.n, cudaMemcpyHostToDevice), "upload cu_q");
+  ck(cudaMemcpy(dck.p, p.cu_k.data(), dck.n, cudaMemcpyHostToDevice), "upload cu_k");
+  ck(cudaMemset(dout.p, 0xff, dout.n), "poison out");
+  ck(cudaMemset(dlse.p, 0xff, dlse.n), "poison lse");
+  AttnParams a;
+  a.q = dq.p;
+  a.k = dk.p;
+  a.v = dv.p;
+  a.out = dout.p;
+  a.lse = static_cast<float*>(dlse.p);
+  a.cu_seqlens_q = static_cast<const int32_t*>(dcq.p);
+  a.cu_seqlens_k = static_cast<const int32_t*>(dck.p);
+  a.batch = p.batch();
+  a.total_q = p.total_q();
+  a.total_k = p.total_k();
+  for (int i = 0; i < p.batch(); ++i) {
+    a.max_seqlen_q = std::max(a.max_seqlen_q, p.cu_q[i + 1] - p.cu_q[i]);
+    a.max_seqlen_k = std::max(a.max_seqlen_k, p.cu_k[i + 1] - p.cu_k[i]);
+  }
+  a.n_heads = p.n_heads;
+  a.n_kv_heads = p.n_kv_heads;
+  a.head_dim = p.head_dim;
+  a.dtype = t;
+  a.causal = p.causal;
+  a.window_left = p.window_left;
+  a.scale = p.scale();
+  attention_dispatch(b, a);
+  ck(cudaDeviceSynchronize(), "attention kernel");
+  std::vector<uint16_t> o(q.size());
+  GpuRun r;
+  r.lse.resize(size_t(p.total_q()) * p.n_heads);
+  ck(cudaMemcpy(o.data(), dout.p, dout.n, cudaMemcpyDeviceToHost), "download out");
+  ck(cudaMemcpy(r.lse.data(), dlse.p, dlse.n, cudaMemcpyDeviceToHost), "download lse");
+  r.out.resize(o.size());
+  for (size_t i = 0; i < o.size(); ++i) r.out[i] = from_half_bits(o[i], t);
+  return r;
+}
+
+int device_sm() {
+  int dev = 0, major = 0, minor = 0;
+  ck(cudaGetDevice(&dev), "cudaGetDevice");
+  ck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cc major");
+  ck(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), "cc minor");
+  return major * 10 + minor;
+}
+
+using GpuParam = std::tuple<AttnBackend, DType, int, int>;  // backend, dtype, head_dim, case
+
+class AttentionGpu : public ::testing::TestWithParam<GpuParam> {};
+
+TEST_P(AttentionGpu, MatchesReference) {
+  std::string why;
+  if (!have_cuda_device(&why)) GTEST_SKIP() << why;
+  const auto [backend, t, hd, ci] = GetParam();
+  const RefResult& ref = cached_ref(t, hd, ci);
+  AttnParams probe;
+  probe.head_dim = hd;
+  probe.dtype = t;
+  probe.causal = ref.prob.causal;
+  probe.window_left = ref.prob.window_left;
+  const std::string unsupported = attn_unsupported_reason(backend, probe, device_sm());
+  if (!unsupported.empty()) {
+    // Not runnable here (fa3 off sm_90): dispatch must refuse, naming why.
+    try {
+      run_gpu(backend, ref.prob, t);
+      FAIL() << "dispatch ran an unsupported combination: " << unsupported;
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()), unsupported);
+    }
+    return;
+  }
+  const GpuRun g = run_gpu(backend, ref.prob, t);
+  double num = 0, den = 0;
+  size_t nan = 0;
+  for (size_t i = 0; i < g.out.size(); ++i) {
+    if (!std::isfinite(g.out[i])) {
+      ++nan;
+      continue;
+    }
+    const double d = double(g.out[i]) - ref.out[i];
+    num += d * d;
+    den += double(ref.out[i]) * ref.out[i];
+  }
+  ASSERT_EQ(nan, 0u) << "elements left unwritten (poison) or non-finite";
+  const double rel = std::sqrt(num / std::max(den, 1e-30));
+  EXPECT_LT(rel, 1e-2) << "relative error";
+  size_t lse_bad = 0;
+  double lse_max = 0;
+  for (size_t i = 0; i < g.lse.size(); ++i) {
+    if (std::isinf(ref.lse[i])) {
+      lse_bad += !(std::isinf(g.lse[i]) && g.lse[i] < 0);
+    } else if (!std::isfinite(g.lse[i])) {
+      ++lse_bad;
+    } else {
+      lse_max = std::max(lse_max, std::fabs(double(g.lse[i]) - ref.lse[i]));
+    }
+  }
+  EXPECT_EQ(lse_bad, 0u) << "lse rows non-finite or not -inf where no key is visible";
+  EXPECT_LT(lse_max, 2e-3) << "lse max abs error";
+}
+
+std::string gpu_param_name(const ::testing::TestParamInfo<GpuParam>& info) {
+  const auto [backend, t, hd, ci] = info.param;
+  return std::string(attn_backend_name(backend)) + "_" + dtype_name(t) + "_d" + std::to_string(hd) + "_" +
+         gpu_cases()[ci].name;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, AttentionGpu,
+                         ::testing::Combine(::testing::Values(AttnBackend::Naive, AttnBackend::Fa2, AttnBackend::Fa3),
+                                            ::testing::Values(DType::BF16, DType::F16), ::testing::Values(64, 128, 256),
+                                            ::testing::Range(0, 7)),
+                         gpu_param_name);
+
+TEST(AttentionGpuDispatch, UnsupportedCombosThrow) {
+  std::string why;
+  if (!have_cuda_device(&why)) GTEST_SKIP() << why;
+  Problem p = make_problem({10}, {10}, 2, 2, 96, true, -1, 77);
+  EXPECT_THROW(run_gpu(AttnBackend::Fa2, p, DType::BF16), Error);
+  EXPECT_THROW(run_gpu(AttnBackend::Fa3, p, DType::BF16), Error);
+  // Auto picks a backend that supports head_dim 8 (stories260K): naive.
+  DType t = DType::BF16;
+  Problem sr = make_problem({9}, {9}, 2, 1, 8, true, -1, 78, &t);
+  EXPECT_EQ(attn_resolve(AttnBackend::Auto, AttnParams{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                                       1, 9, 9, 9, 9, 2, 1, 8, DType::BF16, true, -1, 0.3f, nullptr}),
+            AttnBackend::Naive);
+  const GpuRun g = run_gpu(AttnBackend::Auto, sr, t);
+  std::vector<float> out, lse;
+  run_ref(sr, out, lse);
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(g.out[i], out[i], 2e-2) << i;
+  // On sm_90 with head_dim 128, auto is fa3.
+  if (device_sm() == 90) {
+    EXPECT_EQ(attn_resolve(AttnBackend::Auto, AttnParams{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                                                         1, 9, 9, 9, 9, 2, 1, 128, DType::BF16, true, -1, 0.3f, nullptr}),
+              AttnBackend::Fa3);
+  }
+}
+
+}  // namespace
+#endif  // RUNLM_CUDA
+
+// bench-attn until `runlm bench-attn` is wired into main(): runs
+// cmd_bench_attn with the arguments in RUNLM_BENCH_ATTN_ARGS (space
+// separated); skipped when unset. tools/gpu-check.sh uses it.
+TEST(AttentionBench, FromEnv) {
+  const char* env = std::getenv("RUNLM_BENCH_ATTN_ARGS");
+  if (!env) GTEST_SKIP() << "RUNLM_BENCH_ATTN_ARGS unset";
+  std::vector<std::string> words{"runlm bench-attn"};
+  std::string cur;
+  for (const char* c = env;; ++c) {
+    if (*c == ' ' || *c == 0) {
+      if (!cur.empty()) words.push_back(cur);
+      cur.clear();
+      if (*c == 0) break;
+    } else {
+      cur += *c;
+    }
+  }
+  std::vector<char*> argv;
+  for (std::string& w : words) argv.push_back(w.data());
+  argv.push_back(nullptr);
+  EXPECT_EQ(cmd_bench_attn(int(words.size()), argv.data()), 0);
+}

@@ -1,0 +1,633 @@
+// Tests for the GPU engine's ops (kernels/cuda/gpu_ops.h) against the CPU
+// references (kernels/cpu/ops.h, kernels/cpu/quant.h): random inputs from
+// fixed seeds, outputs poisoned with NaN before each run, relative error
+// ||y - ref|| / ||ref||. Skipped in a CPU-only build or without a device.
+// GpuOpsBench.* times gemv and gemm on the Llama-2-7B shapes when
+// RUNLM_BENCH_GPU_OPS=1 (prints, never asserts on time).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "cpu/ops.h"
+#include "cpu/quant.h"
+#include "dtype.h"
+#include "thread_pool.h"
+
+#ifdef RUNLM_CUDA
+#include <cuda_runtime.h>
+#include <sys/mman.h>
+
+#include "cuda/gpu_ops.h"
+#endif
+
+using namespace runlm;
+
+#ifndef RUNLM_CUDA
+
+TEST(GpuOps, SkippedWithoutCuda) { GTEST_SKIP() << "built without CUDA (RUNLM_CUDA off)"; }
+
+#else
+
+namespace {
+
+bool have_device(std::string* why) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    *why = std::string("no CUDA device: ") + cudaGetErrorString(e);
+    return false;
+  }
+  if (n == 0) {
+    *why = "no CUDA device";
+    return false;
+  }
+  return true;
+}
+
+#define REQUIRE_GPU()                          \
+  do {                                         \
+    std::string why_;                          \
+    if (!have_device(&why_)) GTEST_SKIP() << why_; \
+  } while (0)
+
+void ck(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// Device buffer, filled with 0xFF bytes (NaN as f32 and as f16) on creation.
+struct DevBuf {
+  void* p = nullptr;
+  size_t n = 0;
+  explicit DevBuf(size_t bytes) : n(bytes) {
+    ck(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc");
+    poison();
+  }
+  ~DevBuf() { cudaFree(p); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  void poison() { ck(cudaMemset(p, 0xFF, n ? n : 1), "cudaMemset"); }
+  template <typename T>
+  T* as() { return static_cast<T*>(p); }
+  template <typename T>
+  void put(const std::vector<T>& v) {
+    ck(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "H2D");
+  }
+  template <typename T>
+  std::vector<T> get(size_t count) {
+    std::vector<T> v(count);
+    ck(cudaDeviceSynchronize(), "sync");
+    ck(cudaMemcpy(v.data(), p, count * sizeof(T), cudaMemcpyDeviceToHost), "D2H");
+    return v;
+  }
+};
+
+template <typename T>
+std::unique_ptr<DevBuf> upload(const std::vector<T>& v) {
+  auto b = std::make_unique<DevBuf>(v.size() * sizeof(T));
+  b->put(v);
+  return b;
+}
+
+std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) {
+    x = d(rng);
+    if (x == 0.0f) x = 1e-3f;  // never zeros
+  }
+  return v;
+}
+
+// ||a - b|| / ||b||; any non-finite value of a makes it infinite.
+double rel_err(const std::vector<float>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return std::sqrt(num / den);
+}
+double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+  return rel_err(a, std::vector<double>(b.begin(), b.end()));
+}
+
+std::vector<float> f16_to_f32(const std::vector<uint16_t>& h) {
+  std::vector<float> f(h.size());
+  for (size_t i = 0; i < h.size(); ++i) f[i] = fp16_to_fp32(h[i]);
+  return f;
+}
+
+// A host matrix in GGUF bytes with random content: quantize_row of random
+// floats where quant.h can quantize the type, else (Q5_K) random blocks with
+// small positive f16 d/dmin so every value is finite.
+struct HostMatrix {
+  std::vector<uint8_t> bytes;
+  QMatrix q;
+};
+
+HostMatrix make_matrix(DType t, int64_t rows, int64_t cols, uint32_t seed) {
+  HostMatrix m;
+  const size_t rb = dtype_row_bytes(t, cols);
+  m.bytes.resize(rb * rows);
+  if (can_quantize(t)) {
+    const std::vector<float> f = randn(static_cast<size_t>(rows * cols), seed);
+    for (int64_t r = 0; r < rows; ++r) quantize_row(t, f.data() + r * cols, m.bytes.data() + r * rb, cols);
+  } else {
+    RUNLM_CHECK(t == DType::Q5_K, "make_matrix: no generator for %s", dtype_name(t));
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> scale(0.001f, 0.01f);
+    for (auto& b : m.bytes) b = static_cast<uint8_t>(rng());
+    for (size_t i = 0; i < m.bytes.size(); i += sizeof(BlockQ5_K)) {
+      auto* blk = reinterpret_cast<BlockQ5_K*>(m.bytes.data() + i);
+      blk->d = fp32_to_fp16(scale(rng));
+      blk->dmin = fp32_to_fp16(scale(rng));
+    }
+  }
+  m.q = QMatrix{t, m.bytes.data(), rb, cols, rows};
+  return m;
+}
+
+std::vector<float> dequantize(const QMatrix& q) {
+  std::vector<float> w(static_cast<size_t>(q.rows * q.cols));
+  for (int64_t r = 0; r < q.rows; ++r) get_row(q, r, w.data() + r * q.cols);
+  return w;
+}
+
+// y[t, r] = W[r] . x[t] in double (the truth the fp32 kernels are held to).
+std::vector<double> ref_matmul(const std::vector<float>& w, int64_t rows, int64_t cols, const std::vector<float>& x,
+                               int n) {
+  static ThreadPool pool(0);
+  std::vector<double> y(static_cast<size_t>(n * rows));
+  pool.parallel_for(rows, [&](int64_t b, int64_t e, int) {
+    for (int64_t r = b; r < e; ++r)
+      for (int t = 0; t < n; ++t) {
+        double acc = 0;
+        const float* wr = w.data() + r * cols;
+        const float* xt = x.data() + t * cols;
+        for (int64_t c = 0; c < cols; ++c) acc += static_cast<double>(wr[c]) * xt[c];
+        y[t * rows + r] = acc;
+      }
+  });
+  return y;
+}
+
+const DType kAllTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0,
+                           DType::Q4_0, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+
+// RUNLM_GPU_OPS_SMALL=1 drops the large shapes (for compute-sanitizer runs).
+bool small_only() {
+  const char* e = std::getenv("RUNLM_GPU_OPS_SMALL");
+  return e && std::string(e) == "1";
+}
+
+bool is_k_quant(DType t) { return t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K; }
+
+}  // namespace
+
+// ---- gemv ---------------------------------------------------------------------
+//
+// Tolerance: the reference is the exact dequantized matrix dotted in double;
+// the kernels decode exactly (F32/F16/BF16/Q8_0/Q4_0/Q6_K levels, scales) or
+// within one rounding (Q4_K/Q5_K use fma(d, q, -m) where ggml rounds d*q
+// then subtracts), and sum in fp32 in a different order, so the expected
+// error is ~1e-7 for every type; 1e-5 leaves room for long rows (11008) and
+// still catches any wrong level, scale or element order (those give > 1e-2).
+TEST(GpuOps, GemvEveryTypeAndTokenCount) {
+  REQUIRE_GPU();
+  constexpr double kTol = 1e-5;
+  struct Shape { int64_t rows, cols; };
+  for (DType t : kAllTypes) {
+    // 333 rows: not a multiple of the 16 rows a block covers (tail rows).
+    const Shape shapes[] = {{333, is_k_quant(t) ? 1280 : 1056}, {4096, 11008}};
+    for (const Shape& s : shapes) {
+      if (small_only() && s.rows > 1000) continue;
+      const HostMatrix hm = make_matrix(t, s.rows, s.cols, 1000 + static_cast<uint32_t>(t));
+      const std::vector<float> wf = dequantize(hm.q);
+      constexpr int kMaxTok = 16;
+      const std::vector<float> x = randn(static_cast<size_t>(kMaxTok * s.cols), 7);
+      const std::vector<double> ref = ref_matmul(wf, s.rows, s.cols, x, kMaxTok);  // token t depends on x[t] only
+      gpu::GpuMatrix gm = gpu::upload_matrix(hm.q);
+      EXPECT_LE(gm.bytes, hm.bytes.size() + 1024) << dtype_name(t);
+      auto dx = upload(x);
+      DevBuf dy(sizeof(float) * kMaxTok * s.rows);
+      for (int n : {1, 2, 3, 8, 16}) {
+        dy.poison();
+        gpu::gemv(gm, dx->as<float>(), dy.as<float>(), n, nullptr);
+        const std::vector<float> y = dy.get<float>(static_cast<size_t>(n * s.rows));
+        const double err = rel_err(y, std::vector<double>(ref.begin(), ref.begin() + n * s.rows));
+        EXPECT_LT(err, kTol) << dtype_name(t) << " " << s.rows << "x" << s.cols << " n=" << n;
+        // Rows past n tokens stay untouched (poison still there).
+        const std::vector<float> all = dy.get<float>(static_cast<size_t>(kMaxTok * s.rows));
+        if (n < kMaxTok) {
+          EXPECT_TRUE(std::isnan(all[n * s.rows])) << dtype_name(t) << " n=" << n;
+        }
+      }
+      gpu::free_matrix(gm);
+    }
+  }
+}
+
+TEST(GpuOps, UnsupportedTypeAndArgumentsThrow) {
+  REQUIRE_GPU();
+  std::vector<uint8_t> bytes(dtype_row_bytes(DType::Q4_1, 64) * 4, 1);
+  const QMatrix q{DType::Q4_1, bytes.data(), dtype_row_bytes(DType::Q4_1, 64), 64, 4};
+  EXPECT_FALSE(gpu::gemv_supports(DType::Q4_1));
+  EXPECT_TRUE(gpu::gemv_supports(DType::Q5_K));
+  try {
+    gpu::upload_matrix(q);
+    FAIL() << "q4_1 uploaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("q4_1"), std::string::npos) << e.what();
+  }
+  const HostMatrix hm = make_matrix(DType::Q4_0, 16, 64, 3);
+  gpu::GpuMatrix gm = gpu::upload_matrix(hm.q);
+  DevBuf x(64 * 17 * 4), y(16 * 17 * 4);
+  EXPECT_THROW(gpu::gemv(gm, x.as<float>(), y.as<float>(), 17, nullptr), Error);
+  EXPECT_THROW(gpu::gemv(gm, x.as<float>(), y.as<float>(), 0, nullptr), Error);
+  gpu::free_matrix(gm);
+  // F16 rows must be a multiple of 8 wide for 16-byte aligned rows.
+  std::vector<uint16_t> h(12 * 2, 0x3C00);
+  EXPECT_THROW(gpu::upload_matrix(QMatrix{DType::F16, reinterpret_cast<uint8_t*>(h.data()), 24, 12, 2}), Error);
+}
+
+TEST(GpuOps, UploadOutOfMemoryNamesBytes) {
+  REQUIRE_GPU();
+  if (small_only()) GTEST_SKIP() << "RUNLM_GPU_OPS_SMALL=1";
+  size_t free_b = 0, total_b = 0;
+  ck(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  // A Q4_0 matrix larger than the card. Its host bytes are a read-only
+  // anonymous mapping that is never touched: upload checks the size first.
+  const int64_t cols = 4096;
+  const size_t rb = dtype_row_bytes(DType::Q4_0, cols);
+  const int64_t rows = static_cast<int64_t>(total_b / rb) + 1024;
+  const size_t host_bytes = rb * static_cast<size_t>(rows);
+  void* map = mmap(nullptr, host_bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (map == MAP_FAILED) GTEST_SKIP() << "cannot reserve " << host_bytes << " bytes of address space";
+  const uint8_t* bytes = static_cast<const uint8_t*>(map);
+  try {
+    gpu::upload_matrix(QMatrix{DType::Q4_0, bytes, rb, cols, rows});
+    FAIL() << "upload larger than the GPU succeeded";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("needed"), std::string::npos) << m;
+    EXPECT_NE(m.find("free"), std::string::npos) << m;
+  }
+  munmap(map, host_bytes);
+}
+
+// ---- gemm -----------------------------------------------------------------------
+//
+// Tolerance 2e-3: x is f16 in both (the reference uses the same f16 values),
+// the kernel rounds each dequantized weight to f16 (relative 2^-11 per
+// element, ~2^-12 / sqrt-averaged over a row) and accumulates in fp32.
+TEST(GpuOps, GemmEveryTypeAgainstMatmul) {
+  REQUIRE_GPU();
+  constexpr double kTol = 2e-3;
+  for (DType t : kAllTypes) {
+    const int64_t rows = 333, cols = is_k_quant(t) ? 1280 : 1056;
+    const HostMatrix hm = make_matrix(t, rows, cols, 2000 + static_cast<uint32_t>(t));
+    const std::vector<float> wf = dequantize(hm.q);
+    gpu::GpuMatrix gm = gpu::upload_matrix(hm.q);
+    DevBuf scratch(gpu::gemm_scratch_bytes(gm));
+    for (int n : {1, 37, 300}) {
+      const std::vector<float> x = randn(static_cast<size_t>(n * cols), 11 + n);
+      std::vector<uint16_t> xh(x.size());
+      std::vector<float> xr(x.size());
+      for (size_t i = 0; i < x.size(); ++i) {
+        xh[i] = fp32_to_fp16(x[i]);
+        xr[i] = fp16_to_fp32(xh[i]);
+      }
+      const std::vector<double> ref = ref_matmul(wf, rows, cols, xr, n);
+      auto dx = upload(xh);
+      DevBuf dy(sizeof(float) * n * rows);
+      gpu::gemm(gm, dx->as<uint16_t>(), dy.as<float>(), n, scratch.p, nullptr);
+      const double err = rel_err(dy.get<float>(static_cast<size_t>(n * rows)), ref);
+      EXPECT_LT(err, kTol) << dtype_name(t) << " n=" << n;
+    }
+    gpu::free_matrix(gm);
+  }
+}
+
+// ---- embed_rows ---------------------------------------------------------------------
+
+TEST(GpuOps, EmbedRowsEveryType) {
+  REQUIRE_GPU();
+  for (DType t : kAllTypes) {
+    const int64_t rows = 333, cols = is_k_quant(t) ? 1280 : 1056;
+    const HostMatrix hm = make_matrix(t, rows, cols, 3000 + static_cast<uint32_t>(t));
+    gpu::GpuMatrix gm = gpu::upload_matrix(hm.q);
+    const std::vector<int> tokens = {5, 0, 332, 5, 100};
+    auto dt = upload(tokens);
+    DevBuf out(sizeof(float) * tokens.size() * cols);
+    gpu::embed_rows(gm, dt->as<int>(), static_cast<int>(tokens.size()), out.as<float>(), nullptr);
+    const std::vector<float> got = out.get<float>(tokens.size() * cols);
+    std::vector<float> ref(tokens.size() * cols);
+    for (size_t i = 0; i < tokens.size(); ++i) get_row(hm.q, tokens[i], ref.data() + i * cols);
+    // Exact decoding except K-quants' fma (one rounding): 1e-6.
+    EXPECT_LT(rel_err(got, ref), 1e-6) << dtype_name(t);
+    gpu::free_matrix(gm);
+  }
+}
+
+// ---- rmsnorm, swiglu, to_f16, add -------------------------------------------------
+
+TEST(GpuOps, RmsNormF32AndF16InPlace) {
+  REQUIRE_GPU();
+  for (int cols : {4096, 1000, 8}) {
+    const int rows = 5;
+    const std::vector<float> x = randn(static_cast<size_t>(rows) * cols, 21, 3.0f);
+    const std::vector<float> w = randn(cols, 22);
+    std::vector<float> ref(x.size());
+    for (int r = 0; r < rows; ++r) rmsnorm(ref.data() + r * cols, x.data() + r * cols, w.data(), cols, 1e-5f);
+    auto dx = upload(x);
+    auto dw = upload(w);
+    DevBuf o32(x.size() * 4), o16(x.size() * 2);
+    gpu::rmsnorm(dx->as<float>(), dw->as<float>(), o32.as<float>(), o16.as<uint16_t>(), rows, cols, 1e-5f, nullptr);
+    EXPECT_LT(rel_err(o32.get<float>(x.size()), ref), 1e-6) << cols;  // fp32 sum vs double: ~1e-7
+    EXPECT_LT(rel_err(f16_to_f32(o16.get<uint16_t>(x.size())), ref), 1e-3) << cols;  // f16 rounding 2^-11
+    // In place, f32 only.
+    gpu::rmsnorm(dx->as<float>(), dw->as<float>(), dx->as<float>(), nullptr, rows, cols, 1e-5f, nullptr);
+    EXPECT_LT(rel_err(dx->get<float>(x.size()), ref), 1e-6) << cols;
+  }
+}
+
+TEST(GpuOps, SwigluToF16Add) {
+  REQUIRE_GPU();
+  const int64_t n = 100003;
+  const std::vector<float> g = randn(n, 31, 4.0f), u = randn(n, 32);
+  std::vector<float> ref = g;
+  swiglu(ref.data(), u.data(), n);
+  auto dg = upload(g);
+  auto du = upload(u);
+  DevBuf h(n * 2);
+  gpu::swiglu(dg->as<float>(), du->as<float>(), h.as<uint16_t>(), n, nullptr);
+  EXPECT_LT(rel_err(dg->get<float>(n), ref), 1e-6);  // expf vs std::exp: ~1 ulp
+  EXPECT_LT(rel_err(f16_to_f32(h.get<uint16_t>(n)), ref), 1e-3);
+  gpu::swiglu(dg->as<float>(), du->as<float>(), nullptr, n, nullptr);  // no f16 copy requested
+
+  const std::vector<float> a = randn(n, 33), b = randn(n, 34);
+  std::vector<float> sum(n);
+  for (int64_t i = 0; i < n; ++i) sum[i] = a[i] + b[i];
+  auto da = upload(a);
+  auto db = upload(b);
+  gpu::add_inplace(da->as<float>(), db->as<float>(), n, nullptr);
+  EXPECT_EQ(da->get<float>(n), sum);  // one fp32 add: bit-exact
+
+  DevBuf hf(n * 2);
+  gpu::to_f16(db->as<float>(), hf.as<uint16_t>(), n, nullptr);
+  const std::vector<uint16_t> got = hf.get<uint16_t>(n);
+  int64_t mismatches = 0;
+  for (int64_t i = 0; i < n; ++i) mismatches += got[i] != fp32_to_fp16(b[i]);
+  EXPECT_EQ(mismatches, 0);  // both round to nearest even
+}
+
+// ---- rope_and_store_kv ------------------------------------------------------------
+
+TEST(GpuOps, RopeAndStoreKvLongPositions) {
+  REQUIRE_GPU();
+  const int n_heads = 8, n_kv = 2, hd = 128, n_ctx = 32001;
+  const std::vector<int> pos = {0, 1, 777, 16384, 32000};  // 16 MB of cache, fine under the sanitizer too
+  const int n = static_cast<int>(pos.size());
+  for (float freq_scale : {1.0f, 0.25f}) {
+    for (float theta : {10000.0f, 500000.0f}) {
+      const std::vector<float> q = randn(static_cast<size_t>(n) * n_heads * hd, 41);
+      const std::vector<float> k = randn(static_cast<size_t>(n) * n_kv * hd, 42);
+      const std::vector<float> v = randn(static_cast<size_t>(n) * n_kv * hd, 43);
+      std::vector<float> qr = q, kr = k;
+      for (int i = 0; i < n; ++i) {
+        rope(qr.data() + i * n_heads * hd, n_heads, hd, pos[i], theta, freq_scale);
+        rope(kr.data() + i * n_kv * hd, n_kv, hd, pos[i], theta, freq_scale);
+      }
+      auto dq = upload(q);
+      auto dk = upload(k);
+      auto dv = upload(v);
+      auto dp = upload(pos);
+      DevBuf kc(size_t(n_ctx) * n_kv * hd * 2), vc(size_t(n_ctx) * n_kv * hd * 2), qo(q.size() * 2);
+      gpu::rope_and_store_kv(dq->as<float>(), dk->as<float>(), dv->as<float>(), dp->as<int>(), n, n_heads, n_kv, hd,
+                             theta, freq_scale, kc.as<uint16_t>(), vc.as<uint16_t>(), qo.as<uint16_t>(), nullptr);
+      // Angles reduced in double then sincosf: ~1e-7 absolute per rotation.
+      EXPECT_LT(rel_err(dq->get<float>(q.size()), qr), 1e-6) << theta << " " << freq_scale;
+      EXPECT_LT(rel_err(f16_to_f32(qo.get<uint16_t>(q.size())), qr), 1e-3);
+      const std::vector<float> kcf = f16_to_f32(kc.get<uint16_t>(size_t(n_ctx) * n_kv * hd));
+      const std::vector<float> vcf = f16_to_f32(vc.get<uint16_t>(size_t(n_ctx) * n_kv * hd));
+      std::vector<float> kg, vg;
+      for (int i = 0; i < n; ++i) {
+        const size_t row = size_t(pos[i]) * n_kv * hd;
+        kg.insert(kg.end(), kcf.begin() + row, kcf.begin() + row + n_kv * hd);
+        vg.insert(vg.end(), vcf.begin() + row, vcf.begin() + row + n_kv * hd);
+      }
+      EXPECT_LT(rel_err(kg, kr), 1e-3);  // f16 cache rounding
+      EXPECT_LT(rel_err(vg, v), 1e-3);
+      EXPECT_TRUE(std::isnan(kcf[size_t(2) * n_kv * hd])) << "row 2 was never a position: must stay poisoned";
+      EXPECT_TRUE(std::isnan(vcf[size_t(31999) * n_kv * hd]));
+    }
+  }
+}
+
+// ---- decode_attention ----------------------------------------------------------------
+
+namespace {
+
+struct AttnCase {
+  int n, n_heads, n_kv, hd, window, pos0;
+};
+
+void check_decode_attention(const AttnCase& c, uint32_t seed) {
+  const int max_ctx = c.pos0 + c.n + 3;
+  const size_t kv_row = size_t(c.n_kv) * c.hd;
+  // Every cache row random (also rows the queries must not see).
+  std::vector<uint16_t> kh(max_ctx * kv_row), vh(max_ctx * kv_row);
+  {
+    const std::vector<float> kf = randn(kh.size(), seed), vf = randn(vh.size(), seed + 1);
+    for (size_t i = 0; i < kh.size(); ++i) {
+      kh[i] = fp32_to_fp16(kf[i]);
+      vh[i] = fp32_to_fp16(vf[i]);
+    }
+  }
+  const std::vector<float> kr = f16_to_f32(kh), vr = f16_to_f32(vh);
+  const std::vector<float> q = randn(size_t(c.n) * c.n_heads * c.hd, seed + 2);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+  std::vector<float> ref(q.size()), scratch(max_ctx);
+  for (int i = 0; i < c.n; ++i)
+    attention_one_token(ref.data() + size_t(i) * c.n_heads * c.hd, q.data() + size_t(i) * c.n_heads * c.hd,
+                        kr.data(), vr.data(), static_cast<int64_t>(kv_row), c.pos0 + i, c.n_heads, c.n_kv, c.hd,
+                        c.window, scale, scratch.data());
+  auto dq = upload(q);
+  auto dk = upload(kh);
+  auto dv = upload(vh);
+  auto dp = upload(std::vector<int>{c.pos0});
+  DevBuf out(q.size() * 4);
+  gpu::decode_attention(dq->as<float>(), dk->as<uint16_t>(), dv->as<uint16_t>(), c.n, dp->as<int>(), c.n_heads,
+                        c.n_kv, c.hd, c.window, scale, max_ctx, out.as<float>(), nullptr);
+  // Same f16 cache values on both sides: only fp32 ordering and expf differ.
+  EXPECT_LT(rel_err(out.get<float>(q.size()), ref), 1e-4)
+      << "n=" << c.n << " heads=" << c.n_heads << "/" << c.n_kv << " hd=" << c.hd << " window=" << c.window
+      << " pos0=" << c.pos0;
+}
+
+}  // namespace
+
+TEST(GpuOps, DecodeAttentionGqaWindowLongContext) {
+  REQUIRE_GPU();
+  const AttnCase cases[] = {
+      {1, 8, 2, 128, 0, 37},     // GQA 4:1
+      {4, 8, 2, 128, 0, 100},    // 4 query tokens
+      {4, 8, 8, 64, 16, 100},    // window of 16
+      {1, 4, 1, 128, 7, 3},      // window wider than the past
+      {1, 32, 8, 128, 0, small_only() ? 499 : 4999},  // long context: 5000 keys
+      {4, 8, 8, 8, 0, 250},      // stories260K-like head_dim 8
+      {2, 6, 3, 96, 0, 70},      // head_dim not a power of two
+  };
+  uint32_t seed = 50;
+  for (const AttnCase& c : cases) check_decode_attention(c, seed += 10);
+}
+
+TEST(GpuOps, DecodeAttentionPositionPastMaxCtxWritesNan) {
+  REQUIRE_GPU();
+  const int hd = 64, max_ctx = 8;
+  DevBuf q(hd * 4), k(max_ctx * hd * 2), v(max_ctx * hd * 2), out(hd * 4);
+  auto dp = upload(std::vector<int>{max_ctx});
+  ck(cudaMemset(out.p, 0, hd * 4), "memset");
+  gpu::decode_attention(q.as<float>(), k.as<uint16_t>(), v.as<uint16_t>(), 1, dp->as<int>(), 1, 1, hd, 0, 1.0f,
+                        max_ctx, out.as<float>(), nullptr);
+  const std::vector<float> o = out.get<float>(hd);
+  EXPECT_TRUE(std::isnan(o[0]) && std::isnan(o[hd - 1]));
+}
+
+// ---- benchmarks (RUNLM_BENCH_GPU_OPS=1) -------------------------------------------------
+
+namespace {
+
+bool bench_enabled() {
+  const char* e = std::getenv("RUNLM_BENCH_GPU_OPS");
+  return e && std::string(e) == "1";
+}
+
+// Random GGUF bytes with finite f16 scales: benchmarks need realistic, not
+// exact, data, and quantizing 131M floats on the CPU takes too long.
+HostMatrix bench_matrix(DType t, int64_t rows, int64_t cols, uint32_t seed) {
+  if (t == DType::F32 || t == DType::F16 || t == DType::BF16) return make_matrix(t, rows, cols, seed);
+  HostMatrix m;
+  const size_t rb = dtype_row_bytes(t, cols);
+  m.bytes.resize(rb * rows);
+  std::mt19937_64 rng(seed);
+  for (size_t i = 0; i + 8 <= m.bytes.size(); i += 8) {
+    const uint64_t r = rng();
+    std::memcpy(m.bytes.data() + i, &r, 8);
+  }
+  const uint16_t d = fp32_to_fp16(0.01f);
+  const size_t bs = dtype_info(t).type_size;
+  const size_t d_off = t == DType::Q6_K ? 208 : 0;
+  for (size_t i = 0; i < m.bytes.size(); i += bs) {
+    std::memcpy(m.bytes.data() + i + d_off, &d, 2);
+    if (t == DType::Q4_K || t == DType::Q5_K) std::memcpy(m.bytes.data() + i + 2, &d, 2);
+  }
+  m.q = QMatrix{t, m.bytes.data(), rb, cols, rows};
+  return m;
+}
+
+float time_ms(const std::function<void(int)>& fn, int iters) {
+  cudaEvent_t a, b;
+  ck(cudaEventCreate(&a), "event");
+  ck(cudaEventCreate(&b), "event");
+  for (int i = 0; i < 3; ++i) fn(i);  // warm-up
+  ck(cudaEventRecord(a), "record");
+  for (int i = 0; i < iters; ++i) fn(i);
+  ck(cudaEventRecord(b), "record");
+  ck(cudaEventSynchronize(b), "sync");
+  float ms = 0;
+  ck(cudaEventElapsedTime(&ms, a, b), "elapsed");
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return ms / iters;
+}
+
+struct BenchShape {
+  int64_t rows, cols;
+};
+const BenchShape kLlama7b[] = {{4096, 4096}, {11008, 4096}, {4096, 11008}, {32000, 4096}};
+
+}  // namespace
+
+TEST(GpuOpsBench, GemvLlama7bShapes) {
+  REQUIRE_GPU();
+  if (!bench_enabled()) GTEST_SKIP() << "set RUNLM_BENCH_GPU_OPS=1";
+  // Copy bandwidth: read + write of a 1 GiB device-to-device copy.
+  double copy_gbs = 0;
+  {
+    const size_t bytes = size_t{1} << 30;
+    DevBuf a(bytes), b(bytes);
+    const float ms = time_ms([&](int) { ck(cudaMemcpyAsync(b.p, a.p, bytes, cudaMemcpyDeviceToDevice), "copy"); }, 10);
+    copy_gbs = 2.0 * bytes / (ms * 1e6);
+    std::printf("[bench] device copy bandwidth: %.0f GB/s\n", copy_gbs);
+  }
+  std::printf("[bench] %-5s %13s %3s %9s %9s %7s\n", "type", "rows x cols", "n", "us", "GB/s", "%copy");
+  for (DType t : {DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q5_K, DType::Q6_K,
+                  DType::F32}) {
+    for (const BenchShape& s : kLlama7b) {
+      const HostMatrix hm = bench_matrix(t, s.rows, s.cols, 77);
+      gpu::GpuMatrix base = gpu::upload_matrix(hm.q);
+      // Rotate copies over > 200 MB so the timed reads come from DRAM, not L2.
+      const int copies = static_cast<int>(std::max<size_t>(2, (size_t{200} << 20) / base.bytes + 1));
+      std::vector<gpu::GpuMatrix> ms(copies, base);
+      std::vector<std::unique_ptr<DevBuf>> store;
+      for (int i = 1; i < copies; ++i) {
+        store.push_back(std::make_unique<DevBuf>(base.bytes));
+        ck(cudaMemcpy(store.back()->p, base.data, base.bytes, cudaMemcpyDeviceToDevice), "clone");
+        ms[i].data = store.back()->p;
+      }
+      const std::vector<float> x = randn(static_cast<size_t>(8 * s.cols), 5);
+      auto dx = upload(x);
+      DevBuf dy(sizeof(float) * 8 * s.rows);
+      for (int n : {1, 8}) {
+        const float t_ms =
+            time_ms([&](int i) { gpu::gemv(ms[i % copies], dx->as<float>(), dy.as<float>(), n, nullptr); }, 50);
+        const double bytes = double(base.bytes) + 4.0 * n * (s.cols + s.rows);
+        const double gbs = bytes / (t_ms * 1e6);
+        std::printf("[bench] gemv %-5s %6lldx%-6lld %3d %9.1f %9.0f %6.1f%%\n", dtype_name(t),
+                    static_cast<long long>(s.rows), static_cast<long long>(s.cols), n, t_ms * 1e3, gbs,
+                    100.0 * gbs / copy_gbs);
+      }
+      gpu::free_matrix(base);
+    }
+  }
+}
+
+TEST(GpuOpsBench, GemmLlama7bShapes512Tokens) {
+  REQUIRE_GPU();
+  if (!bench_enabled()) GTEST_SKIP() << "set RUNLM_BENCH_GPU_OPS=1";
+  constexpr int kTokens = 512;
+  std::printf("[bench] %-5s %13s %4s %9s %8s\n", "type", "rows x cols", "n", "us", "TFLOP/s");
+  for (DType t : {DType::F16, DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K}) {
+    for (const BenchShape& s : kLlama7b) {
+      const HostMatrix hm = bench_matrix(t, s.rows, s.cols, 78);
+      gpu::GpuMatrix gm = gpu::upload_matrix(hm.q);
+      DevBuf scratch(gpu::gemm_scratch_bytes(gm));
+      std::vector<uint16_t> xh(size_t(kTokens) * s.cols);
+      const std::vector<float> x = randn(xh.size(), 6);
+      for (size_t i = 0; i < x.size(); ++i) xh[i] = fp32_to_fp16(x[i]);
+      auto dx = upload(xh);
+      DevBuf dy(sizeof(float) * kTokens * s.rows);
+      const float t_ms = time_ms(
+          [&](int) { gpu::gemm(gm, dx->as<uint16_t>(), dy.as<float>(), kTokens, scratch.p, nullptr); }, 20);
+      const double tflops = 2.0 * s.rows * s.cols * kTokens / (t_ms * 1e9);
+      std::printf("[bench] gemm %-5s %6lldx%-6lld %4d %9.1f %8.1f\n", dtype_name(t), static_cast<long long>(s.rows),
+                  static_cast<long long>(s.cols), kTokens, t_ms * 1e3, tflops);
+      gpu::free_matrix(gm);
+    }
+  }
+}
+
+#endif  // RUNLM_CUDA

@@ -1,0 +1,215 @@
+#!/usr/bin/env bash
+# On a GPU machine: build runlm for the GPU (CUDA, Release, sm_80 + sm_90a),
+# run the whole test binary (GPU tests included), check the kernels' SASS,
+# run compute-sanitizer on a few small attention tests, run `runlm bench-attn
+# -o json` and torch's SDPA anchors (cuDNN, flash) on the same shapes in the
+# same run, and print a short table last: our TFLOP/s and the ratio to cuDNN
+# and torch-flash at each shape.
+#
+# Sections run in order; pick some with SECTIONS="build test bench" or add
+# one by writing a section_NAME function and listing it. Logs and JSON go to
+# $OUT (default ./gpu-check-out). Everything is logged, failures are counted
+# and reported in the last lines, and the script goes on after a failed
+# section so one run returns as much as it can.
+#
+#   tools/gpu-check.sh                       # everything
+#   SECTIONS="build bench anchors summary" BENCH_ARGS="--hdim 128" tools/gpu-check.sh
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+OUT=${OUT:-$ROOT/gpu-check-out}
+BUILD=${BUILD:-$ROOT/build-gpu}
+JOBS=${JOBS:-$(nproc)}
+SECTIONS=${SECTIONS:-"env build test sass sanitize bench anchors summary"}
+BENCH_ARGS=${BENCH_ARGS:-}
+ANCHOR_ARGS=${ANCHOR_ARGS:-}
+TEST_FILTER=${TEST_FILTER:-*}
+# Per-section time limits (seconds): a hung kernel must not eat the whole run.
+TEST_TIMEOUT=${TEST_TIMEOUT:-300}
+SANITIZE_TIMEOUT=${SANITIZE_TIMEOUT:-60}
+BENCH_TIMEOUT=${BENCH_TIMEOUT:-300}
+SANITIZE_FILTER=${SANITIZE_FILTER:-'All/AttentionGpu.MatchesReference/*_bf16_d64_mqa_causal_offset:All/AttentionGpu.MatchesReference/*_f16_d128_gqa_causal_window_offset'}
+mkdir -p "$OUT"
+FAILED=()
+TESTS=$BUILD/runlm_tests
+RUNLM=$BUILD/runlm
+
+log() { echo "== $(date +%H:%M:%S) $*"; }
+
+# The torch anchor script: ../shared (beside the repo) when present, else the
+# copy carried into the repo's ignored .carry/ folder.
+anchor_script() {
+  for f in "$ROOT/../shared/anchors/torch_sdpa.py" "$ROOT/.carry/anchors/torch_sdpa.py"; do
+    [ -f "$f" ] && { echo "$f"; return 0; }
+  done
+  return 1
+}
+
+section_env() {
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv 2>&1
+  nvcc --version | tail -2
+  cmake --version | head -1
+  for h in /usr/include/nlohmann/json.hpp /usr/local/include/nlohmann/json.hpp; do
+    [ -f "$h" ] && echo "nlohmann-json: $h"
+  done
+  python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.get_device_name())' 2>&1
+}
+
+# The project build; when it fails (a teammate's file mid-edit), a standalone
+# build of the attention unit alone (its sources, test and bench) keeps the
+# GPU checks going.
+section_build() {
+  if cmake -S . -B "$BUILD" -DRUNLM_CUDA=ON -DCMAKE_BUILD_TYPE=Release >"$OUT/cmake.log" 2>&1 &&
+     cmake --build "$BUILD" -j "$JOBS" --target runlm_tests runlm >>"$OUT/cmake.log" 2>&1; then
+    log "cmake build ok"
+    return 0
+  fi
+  tail -30 "$OUT/cmake.log"
+  log "cmake build failed; building the attention unit standalone"
+  build_attention_standalone
+}
+
+build_attention_standalone() {
+  local sb=$BUILD/standalone
+  mkdir -p "$sb"
+  local objs=() f o
+  for f in kernels/cuda/*.cu kernels/cuda/fa3/*.cu; do
+    [ -f "$f" ] || continue
+    o=$sb/$(echo "$f" | tr '/' '_').o
+    nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo \
+      -DRUNLM_CUDA=1 -Isrc -Ikernels -Ikernels/cpu -c "$f" -o "$o" >>"$OUT/standalone.log" 2>&1 || return 1
+    objs+=("$o")
+  done
+  g++ -std=c++20 -O3 -DRUNLM_CUDA=1 -DRUNLM_SOURCE_DIR="\"$ROOT\"" -DRUNLM_BINARY="\"\"" \
+    -DRUNLM_RANDOM_MODEL_BINARY="\"\"" -Isrc -Ikernels -Ikernels/cpu -I/usr/local/cuda/include \
+    src/attention.cpp src/common.cpp src/dtype.cpp kernels/cpu/attention_ref.cpp src/cmd_bench_attn.cpp \
+    tests/test_attention.cpp "${objs[@]}" -o "$TESTS" -L/usr/local/cuda/lib64 -lgtest -lgtest_main \
+    -lcudart -lcuda -lpthread >>"$OUT/standalone.log" 2>&1 || { tail -30 "$OUT/standalone.log"; return 1; }
+  RUNLM=/nonexistent  # bench-attn through the test binary
+  log "standalone attention build ok (runlm_tests = attention tests only)"
+}
+
+section_test() {
+  timeout "$TEST_TIMEOUT" "$TESTS" --gtest_filter="$TEST_FILTER" --gtest_brief=1 >"$OUT/tests.log" 2>&1
+  local rc=$?
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$OUT/tests.log" | sort | uniq -c | head -5
+  grep -E "^\[  FAILED  \]" "$OUT/tests.log" | head -40
+  grep -E "tests? ran|PASSED|FAILED" "$OUT/tests.log" | tail -3
+  [ $rc -eq 124 ] && echo "tests timed out after ${TEST_TIMEOUT}s (hung kernel?)"
+  return $rc
+}
+
+# HGMMA must be present in fa3; LDL/STL (local memory: spills or indexed
+# register arrays) should be absent from the attention kernels.
+section_sass() {
+  local f
+  : >"$OUT/sass.txt"
+  for f in "$BUILD"/librunlm_cuda.a "$BUILD"/standalone/*.o; do
+    [ -f "$f" ] && cuobjdump --dump-sass "$f" >>"$OUT/sass.txt"
+  done
+  grep -q "Function :" "$OUT/sass.txt" || { echo "no SASS found"; return 1; }
+  awk '/Function :/ {f=$3} /HGMMA/ {h[f]++} /HMMA/ {m[f]++} /LDL|STL/ {l[f]++}
+       END {for (f in h) printf "HGMMA %5d  %s\n", h[f], f; for (f in m) printf "HMMA  %5d  %s\n", m[f], f;
+            for (f in l) printf "LDL/STL %3d  %s\n", l[f], f}' "$OUT/sass.txt" | c++filt | cut -c1-150 | sort | head -60
+}
+
+section_sanitize() {
+  command -v compute-sanitizer >/dev/null || { echo "no compute-sanitizer"; return 1; }
+  local rc=0 tool
+  for tool in memcheck racecheck synccheck; do
+    timeout "$SANITIZE_TIMEOUT" compute-sanitizer --tool $tool --error-exitcode 9 "$TESTS" --gtest_filter="$SANITIZE_FILTER" \
+      >"$OUT/sanitize_$tool.log" 2>&1 || rc=1
+    echo "$tool: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize_$tool.log" | tail -1)" \
+         "$(grep -cE '^\[       OK' "$OUT/sanitize_$tool.log") ok, $(grep -cE '^\[  FAILED' "$OUT/sanitize_$tool.log") failed"
+  done
+  return $rc
+}
+
+# runlm bench-attn, through the binary when it has the subcommand, else
+# through the test binary's AttentionBench.FromEnv.
+bench_attn() {
+  if "$RUNLM" bench-attn --help >/dev/null 2>&1; then
+    timeout "$BENCH_TIMEOUT" "$RUNLM" bench-attn "$@"
+  else
+    # JSON lines to stdout, gtest's own report (failures included) to stderr.
+    RUNLM_BENCH_ATTN_ARGS="$*" timeout "$BENCH_TIMEOUT" "$TESTS" --gtest_filter=AttentionBench.FromEnv >"$OUT/bench_gtest.log"
+    local rc=$?
+    grep -E '^\{' "$OUT/bench_gtest.log"
+    grep -vE '^\{' "$OUT/bench_gtest.log" >&2
+    return $rc
+  fi
+}
+
+section_bench() {
+  local rc=0
+  # shellcheck disable=SC2086
+  bench_attn --attn "${BENCH_ATTN:-fa2,fa3}" -o json $BENCH_ARGS >"$OUT/bench_attn.jsonl" 2>"$OUT/bench_attn.err" || rc=1
+  grep -E "exception|Failure|error" "$OUT/bench_attn.err" | head -5
+  grep -c '"status": "ok"' "$OUT/bench_attn.jsonl" | sed 's/^/bench rows ok: /'
+  grep -v '"status": "ok"' "$OUT/bench_attn.jsonl" | head -5
+  return $rc
+}
+
+section_anchors() {
+  local a
+  a=$(anchor_script) || { echo "torch_sdpa.py not found (../shared/anchors or .carry/anchors)"; return 1; }
+  # shellcheck disable=SC2086
+  PYTHONUNBUFFERED=1 python3 "$a" ceilings >"$OUT/anchors.jsonl" 2>"$OUT/anchors.err" &&
+  PYTHONUNBUFFERED=1 python3 "$a" prefill $ANCHOR_ARGS >>"$OUT/anchors.jsonl" 2>>"$OUT/anchors.err"
+  local rc=$?
+  tail -3 "$OUT/anchors.err"
+  return $rc
+}
+
+# Our TFLOP/s per backend, torch's, and the ratios, one row per shape.
+section_summary() {
+  python3 - "$OUT/bench_attn.jsonl" "$OUT/anchors.jsonl" <<'EOF'
+import json, sys
+ours, torch, ceil = {}, {}, {}
+def rows(path):
+    try:
+        for line in open(path):
+            line = line.strip()
+            if line.startswith("{"):
+                yield json.loads(line)
+    except FileNotFoundError:
+        return
+for r in rows(sys.argv[1]):
+    key = (r["hdim"], r["seqlen"], bool(r["causal"]))
+    ours.setdefault(key, {})[r["backend"]] = r["TFLOPs"] if r["status"] == "ok" else None
+for r in rows(sys.argv[2]):
+    if r.get("what") == "prefill":
+        torch[(r["hdim"], r["seqlen"], bool(r["causal"]))] = r
+    elif r.get("what") in ("copy", "gemm_bf16"):
+        ceil[r["what"]] = r.get("TBps") or r.get("TFLOPs")
+if ceil:
+    print("ceilings: copy %.2f TB/s, bf16 gemm %.0f TFLOP/s" % (ceil.get("copy", 0), ceil.get("gemm_bf16", 0)))
+backends = sorted({b for v in ours.values() for b in v})
+def f(x):
+    return "%7.1f" % x if isinstance(x, (int, float)) else "      -"
+def ratio(a, b):
+    return "%6.2f" % (a / b) if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else "     -"
+hdr = "hdim   seq caus " + " ".join("%7s" % b for b in backends) + "   cudnn   flash  " + \
+      " ".join("%s/cudnn %s/flash" % (b, b) for b in backends)
+print(hdr)
+for key in sorted(set(ours) | set(torch)):
+    o, t = ours.get(key, {}), torch.get(key, {})
+    cu, fl = t.get("cudnn_TFLOPs"), t.get("flash_TFLOPs")
+    print("%4d %5d %4d " % (key[0], key[1], key[2]) + " ".join(f(o.get(b)) for b in backends) + " " + f(cu) + " " + f(fl) +
+          "  " + " ".join("%8s %8s" % (ratio(o.get(b), cu), ratio(o.get(b), fl)) for b in backends))
+EOF
+}
+
+for s in $SECTIONS; do
+  log "section $s"
+  # Process substitution, not a pipe: a section may set variables (RUNLM).
+  if ! "section_$s" > >(tee "$OUT/section_$s.log") 2>&1; then
+    FAILED+=("$s")
+  fi
+done
+log "done; failed sections: ${FAILED[*]:-none}"
+# The device tool returns at most 8 files: bundle the logs, keep the JSON.
+(cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz --exclude='*.jsonl' . && find . -maxdepth 1 -type f \
+  ! -name logs.tgz ! -name '*.jsonl' -delete) 2>/dev/null
+[ ${#FAILED[@]} -eq 0 ]
