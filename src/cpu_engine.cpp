@@ -1,10 +1,17 @@
 // CPU backend: the reference forward pass. Plain fp32 activations, weights
 // decoded from their file type row by row, fp32 KV cache. Reads top to
 // bottom like the Llama equations.
+//
+// The KV cache is a pool of slots (rows of n_kv_heads * head_dim floats per
+// layer). Contiguous: one sequence, position p in slot p. Paged: pages of
+// block_size slots handed out by a BlockManager, position p of a sequence in
+// slot table[p / block_size] * block_size + p % block_size. Every token of a
+// step carries its own position and table, so one step can mix sequences and
+// each token's result is the same as if it ran alone.
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "common.h"
@@ -25,17 +32,41 @@ std::vector<float> decode_vector(const WeightView& w) {
   return v;
 }
 
+// Where one token of a step goes.
+struct TokenSlot {
+  int pos;                // position in its sequence
+  const int32_t* table;   // its sequence's block table (nullptr: contiguous)
+};
+
 class CpuEngine final : public Engine {
  public:
   CpuEngine(const Model& model, const EngineOptions& opt)
-      : model_(model), cfg_(model.config()), pool_(opt.n_threads) {
+      : model_(model), cfg_(model.config()), pool_(opt.n_threads), layout_(opt.kv) {
     n_ctx_ = opt.n_ctx > 0 ? opt.n_ctx : cfg_.ctx_train;
     n_batch_ = std::max(1, opt.n_batch);
     window_ = opt.sliding_window >= 0 ? opt.sliding_window : cfg_.sliding_window;
-    const size_t cache = static_cast<size_t>(cfg_.n_layers) * n_ctx_ * cfg_.kv_dim();
-    // new[] without value-initialisation: pages are touched only as used.
-    k_cache_.reset(new float[cache]);
-    v_cache_.reset(new float[cache]);
+    int64_t n_slots = n_ctx_;
+    if (layout_ == KvLayout::Paged) {
+      block_size_ = opt.block_size;
+      const int64_t pages = opt.kv_pages > 0 ? opt.kv_pages : (n_ctx_ + block_size_ - 1) / block_size_;
+      RUNLM_CHECK(pages < (int64_t{1} << 31), "KV cache: %lld pages is too many", static_cast<long long>(pages));
+      blocks_ = std::make_unique<BlockManager>(static_cast<int>(pages), block_size_);
+      n_slots = pages * block_size_;
+    }
+    // 64-bit: layers x slots x kv_dim overflows 32 bits at 7B shapes.
+    slot_stride_ = cfg_.kv_dim();
+    const uint64_t elems = static_cast<uint64_t>(cfg_.n_layers) * static_cast<uint64_t>(n_slots) *
+                           static_cast<uint64_t>(slot_stride_);
+    layer_stride_ = static_cast<size_t>(n_slots) * slot_stride_;
+    try {
+      // new[] without value-initialisation: pages are touched only as used.
+      k_cache_.reset(new float[elems]);
+      v_cache_.reset(new float[elems]);
+    } catch (const std::bad_alloc&) {
+      fail("out of memory for the KV cache: needs %.2f GiB (2 x %d layers x %lld slots x %d floats); lower -c",
+           2.0 * static_cast<double>(elems) * 4 / (1 << 30), cfg_.n_layers, static_cast<long long>(n_slots),
+           slot_stride_);
+    }
     for (const auto& l : model.weights().layers) {
       attn_norm_.push_back(decode_vector(l.attn_norm));
       ffn_norm_.push_back(decode_vector(l.ffn_norm));
@@ -46,6 +77,8 @@ class CpuEngine final : public Engine {
   const char* backend_name() const override { return "cpu"; }
   int n_ctx() const override { return n_ctx_; }
   const char* kv_type_name() const override { return "f32"; }
+  BlockManager* blocks() override { return blocks_.get(); }
+  int max_batch_tokens() const override { return n_batch_; }
 
   double measure_copy_bandwidth() override {
     // 256 MiB each way, split across the pool's threads like the matmuls.
@@ -67,23 +100,66 @@ class CpuEngine final : public Engine {
     RUNLM_CHECK(n > 0, "forward: no tokens");
     RUNLM_CHECK(pos >= 0 && static_cast<int64_t>(pos) + n <= n_ctx_,
                 "context full: %d tokens at position %d exceed the context size %d (-c)", n, pos, n_ctx_);
-    for (int i = 0; i < n; ++i)
-      RUNLM_CHECK(tokens[i] >= 0 && tokens[i] < cfg_.n_vocab, "token id %d out of range [0, %d)", tokens[i],
-                  cfg_.n_vocab);
+    const int32_t* table = nullptr;
+    if (blocks_) {
+      // forward() is sequence 0 of the paged cache.
+      if (!blocks_->has_sequence(0)) blocks_->add_sequence(0, {});
+      blocks_->truncate(0, pos);
+      RUNLM_CHECK(blocks_->seq_len(0) == pos, "KV cache: position %d of sequence 0 is not cached", pos);
+      RUNLM_CHECK(blocks_->grow(0, pos + n), "KV cache full: no free page for %d more tokens (-c / --kv-pages)", n);
+      table = blocks_->block_table(0).data();
+    }
     for (int done = 0; done < n; done += n_batch_) {
       const int m = std::min(n_batch_, n - done);
-      const bool last_chunk = done + m == n;
+      std::vector<TokenSlot> slots(static_cast<size_t>(m));
+      for (int i = 0; i < m; ++i) slots[i] = {pos + done + i, table};
+      std::vector<int> rows;  // tokens whose logits are wanted
+      if (all_logits) {
+        for (int i = 0; i < m; ++i) rows.push_back(i);
+      } else if (done + m == n) {
+        rows.push_back(m - 1);
+      }
       float* out = all_logits ? logits + static_cast<size_t>(done) * cfg_.n_vocab : logits;
-      forward_chunk(tokens + done, m, pos + done, all_logits ? out : (last_chunk ? out : nullptr), all_logits);
+      run(tokens + done, slots, rows, out);
     }
   }
 
+  void forward_batch(const std::vector<BatchItem>& items, float* logits) override {
+    RUNLM_CHECK(blocks_, "forward_batch needs the paged KV cache (--kv paged)");
+    std::vector<int> tokens;
+    std::vector<TokenSlot> slots;
+    std::vector<int> rows;
+    for (const BatchItem& it : items) {
+      RUNLM_CHECK(it.n_tokens > 0, "forward_batch: empty item for sequence %d", it.seq_id);
+      RUNLM_CHECK(blocks_->seq_len(it.seq_id) >= it.pos + it.n_tokens,
+                  "forward_batch: pages for positions [%d, %d) of sequence %d were not reserved", it.pos,
+                  it.pos + it.n_tokens, it.seq_id);
+      const int32_t* table = blocks_->block_table(it.seq_id).data();
+      for (int i = 0; i < it.n_tokens; ++i) {
+        tokens.push_back(it.tokens[i]);
+        slots.push_back({it.pos + i, table});
+      }
+      if (it.want_logits) rows.push_back(static_cast<int>(tokens.size()) - 1);
+    }
+    RUNLM_CHECK(static_cast<int>(tokens.size()) <= n_batch_, "forward_batch: %zu tokens exceed the batch size %d (-b)",
+                tokens.size(), n_batch_);
+    run(tokens.data(), slots, rows, logits);
+  }
+
  private:
-  // Evaluates m tokens; writes logits (all or last) unless out is null.
-  void forward_chunk(const int* tokens, int m, int pos, float* out, bool all_logits) {
+  int64_t slot_of(const TokenSlot& s, int pos) const {
+    return s.table ? static_cast<int64_t>(s.table[pos / block_size_]) * block_size_ + pos % block_size_ : pos;
+  }
+
+  // Evaluates one step of m = slots.size() tokens; writes the logits of the
+  // tokens listed in rows (in that order) to out.
+  void run(const int* tokens, const std::vector<TokenSlot>& slots, const std::vector<int>& rows, float* out) {
     const ModelConfig& c = cfg_;
     const ModelWeights& w = model_.weights();
+    const int m = static_cast<int>(slots.size());
     const int dim = c.dim, q_dim = c.q_dim(), kv_dim = c.kv_dim(), hidden = c.hidden_dim;
+    for (int t = 0; t < m; ++t)
+      RUNLM_CHECK(tokens[t] >= 0 && tokens[t] < c.n_vocab, "token id %d out of range [0, %d)", tokens[t], c.n_vocab);
     resize(m);
 
     for (int t = 0; t < m; ++t) get_row(qmatrix(w.tok_embd), tokens[t], &x_[t * dim]);
@@ -91,8 +167,8 @@ class CpuEngine final : public Engine {
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     for (int l = 0; l < c.n_layers; ++l) {
       const LayerWeights& lw = w.layers[l];
-      float* k_layer = k_cache_.get() + static_cast<size_t>(l) * n_ctx_ * kv_dim;
-      float* v_layer = v_cache_.get() + static_cast<size_t>(l) * n_ctx_ * kv_dim;
+      float* k_layer = k_cache_.get() + static_cast<size_t>(l) * layer_stride_;
+      float* v_layer = v_cache_.get() + static_cast<size_t>(l) * layer_stride_;
 
       // Attention block: x += Wo · attn(rope(Wq·h), rope(Wk·h), Wv·h), h = rmsnorm(x).
       for (int t = 0; t < m; ++t) rmsnorm(&xb_[t * dim], &x_[t * dim], attn_norm_[l].data(), dim, c.rms_eps);
@@ -100,15 +176,18 @@ class CpuEngine final : public Engine {
       matmul(qmatrix(lw.wk), xb_.data(), k_.data(), m, pool_);
       matmul(qmatrix(lw.wv), xb_.data(), v_.data(), m, pool_);
       for (int t = 0; t < m; ++t) {
-        rope(&q_[t * q_dim], c.n_heads, c.head_dim, pos + t, c.rope_theta, c.rope_freq_scale);
-        rope(&k_[t * kv_dim], c.n_kv_heads, c.head_dim, pos + t, c.rope_theta, c.rope_freq_scale);
-        std::copy_n(&k_[t * kv_dim], kv_dim, k_layer + static_cast<size_t>(pos + t) * kv_dim);
-        std::copy_n(&v_[t * kv_dim], kv_dim, v_layer + static_cast<size_t>(pos + t) * kv_dim);
+        const int pos = slots[t].pos;
+        rope(&q_[t * q_dim], c.n_heads, c.head_dim, pos, c.rope_theta, c.rope_freq_scale);
+        rope(&k_[t * kv_dim], c.n_kv_heads, c.head_dim, pos, c.rope_theta, c.rope_freq_scale);
+        const size_t slot = static_cast<size_t>(slot_of(slots[t], pos));
+        std::copy_n(&k_[t * kv_dim], kv_dim, k_layer + slot * slot_stride_);
+        std::copy_n(&v_[t * kv_dim], kv_dim, v_layer + slot * slot_stride_);
       }
       pool_.parallel_for(m, [&](int64_t b, int64_t e, int thread) {
         for (int64_t t = b; t < e; ++t)
-          attention_one_token(&att_[t * q_dim], &q_[t * q_dim], k_layer, v_layer, kv_dim, pos + static_cast<int>(t),
-                              c.n_heads, c.n_kv_heads, c.head_dim, window_, scale, scores_[thread].data());
+          attention_one_token(&att_[t * q_dim], &q_[t * q_dim], k_layer, v_layer, slot_stride_, slots[t].pos, c.n_heads,
+                              c.n_kv_heads, c.head_dim, window_, scale, scores_[thread].data(), slots[t].table,
+                              block_size_);
       });
       matmul(qmatrix(lw.wo), att_.data(), xb_.data(), m, pool_);
       for (size_t i = 0; i < static_cast<size_t>(m) * dim; ++i) x_[i] += xb_[i];
@@ -122,12 +201,10 @@ class CpuEngine final : public Engine {
       for (size_t i = 0; i < static_cast<size_t>(m) * dim; ++i) x_[i] += xb_[i];
     }
 
-    if (!out) return;
-    const int first = all_logits ? 0 : m - 1;
-    const int count = m - first;
-    for (int t = first; t < m; ++t)
-      rmsnorm(&xb_[(t - first) * dim], &x_[t * dim], output_norm_.data(), dim, c.rms_eps);
-    matmul(qmatrix(w.output), xb_.data(), out, count, pool_);
+    if (rows.empty()) return;
+    for (size_t r = 0; r < rows.size(); ++r)
+      rmsnorm(&xb_[r * dim], &x_[static_cast<size_t>(rows[r]) * dim], output_norm_.data(), dim, c.rms_eps);
+    matmul(qmatrix(w.output), xb_.data(), out, static_cast<int64_t>(rows.size()), pool_);
   }
 
   void resize(int m) {
@@ -144,22 +221,27 @@ class CpuEngine final : public Engine {
     grow(gate_, static_cast<size_t>(m) * c.hidden_dim);
     grow(up_, static_cast<size_t>(m) * c.hidden_dim);
     scores_.resize(pool_.size());
-    for (auto& s : scores_) grow(s, static_cast<size_t>(n_ctx_));
+    for (auto& s : scores_) grow(s, static_cast<size_t>(n_ctx_) + 1);
   }
 
   const Model& model_;
   const ModelConfig& cfg_;
   ThreadPool pool_;
+  KvLayout layout_;
   int n_ctx_ = 0;
   int n_batch_ = 512;
   int window_ = 0;
-  std::unique_ptr<float[]> k_cache_;  // [n_layers, n_ctx, n_kv_heads * head_dim]
-  std::unique_ptr<float[]> v_cache_;  // [n_layers, n_ctx, n_kv_heads * head_dim]
+  int block_size_ = 0;
+  std::unique_ptr<BlockManager> blocks_;  // paged only
+  int slot_stride_ = 0;                   // floats per slot: n_kv_heads * head_dim
+  size_t layer_stride_ = 0;               // floats per layer: n_slots * slot_stride
+  std::unique_ptr<float[]> k_cache_;  // [n_layers, n_slots, n_kv_heads * head_dim]
+  std::unique_ptr<float[]> v_cache_;  // [n_layers, n_slots, n_kv_heads * head_dim]
   std::vector<std::vector<float>> attn_norm_, ffn_norm_;
   std::vector<float> output_norm_;
-  // Activations for a chunk of m tokens, row-major [m, width].
+  // Activations for a step of m tokens, row-major [m, width].
   std::vector<float> x_, xb_, q_, att_, k_, v_, gate_, up_;
-  std::vector<std::vector<float>> scores_;  // per thread [n_ctx]
+  std::vector<std::vector<float>> scores_;  // per thread [n_ctx + 1]
 };
 
 }  // namespace

@@ -81,6 +81,8 @@ class CudaEngine final : public Engine {
       fail("--device cuda: no CUDA device found");
     }
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    RUNLM_CHECK(opt.kv == KvLayout::Contiguous,
+                "--device cuda: --kv paged is not available on the GPU yet; use --kv contiguous or --device cpu");
     n_ctx_ = opt.n_ctx > 0 ? opt.n_ctx : cfg_.ctx_train;
     n_batch_ = std::max(1, opt.n_batch);
     window_ = opt.sliding_window >= 0 ? opt.sliding_window : cfg_.sliding_window;
@@ -101,6 +103,10 @@ class CudaEngine final : public Engine {
   const char* backend_name() const override { return "cuda"; }
   int n_ctx() const override { return n_ctx_; }
   const char* kv_type_name() const override { return "f16"; }
+  int max_batch_tokens() const override { return n_batch_; }
+  void forward_batch(const std::vector<BatchItem>&, float*) override {
+    fail("--device cuda: batched decoding over the paged KV cache is not available on the GPU yet; use --device cpu");
+  }
 
   double measure_copy_bandwidth() override {
     // 1 GiB each way: far past the 50 MB L2, so this is HBM bandwidth.

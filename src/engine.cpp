@@ -1,6 +1,9 @@
 #include "engine.h"
 
+#include <unistd.h>
+
 #include "common.h"
+#include "llama.h"
 
 namespace runlm {
 
@@ -19,6 +22,48 @@ const char* device_name(Device d) {
   }
   return "?";
 }
+
+uint64_t kv_cache_bytes(const ModelConfig& c, int64_t n_ctx, uint64_t elem_bytes) {
+  RUNLM_CHECK(n_ctx > 0, "context size %lld must be positive", static_cast<long long>(n_ctx));
+  uint64_t bytes = 2;  // K and V
+  const uint64_t factors[] = {static_cast<uint64_t>(c.n_layers), static_cast<uint64_t>(n_ctx),
+                              static_cast<uint64_t>(c.n_kv_heads), static_cast<uint64_t>(c.head_dim), elem_bytes};
+  for (uint64_t f : factors)
+    RUNLM_CHECK(!mul_overflows(bytes, f, &bytes),
+                "KV cache for %lld tokens overflows 64 bits (%d layers x %d kv heads x head dim %d); use a smaller -c",
+                static_cast<long long>(n_ctx), c.n_layers, c.n_kv_heads, c.head_dim);
+  return bytes;
+}
+
+uint64_t host_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page_size = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page_size <= 0) return 0;
+  uint64_t bytes = 0;
+  return mul_overflows(static_cast<uint64_t>(pages), static_cast<uint64_t>(page_size), &bytes) ? 0 : bytes;
+}
+
+void check_host_allocation(uint64_t bytes, const std::string& what) {
+  const uint64_t ram = host_memory_bytes();
+  RUNLM_CHECK(ram == 0 || bytes <= ram, "%s needs %s (%llu bytes), more than this machine's %s of memory; use a smaller -c",
+              what.c_str(), format_bytes(bytes).c_str(), static_cast<unsigned long long>(bytes),
+              format_bytes(ram).c_str());
+}
+
+std::string format_bytes(uint64_t bytes) {
+  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 6) v /= 1024, ++u;
+  return u == 0 ? strfmt("%llu bytes", static_cast<unsigned long long>(bytes)) : strfmt("%.1f %s", v, units[u]);
+}
+
+KvLayout kv_layout_from_name(const std::string& name) {
+  if (name == "contiguous") return KvLayout::Contiguous;
+  if (name == "paged") return KvLayout::Paged;
+  fail("unknown KV layout '%s'; expected paged or contiguous", name.c_str());
+}
+
+const char* kv_layout_name(KvLayout k) { return k == KvLayout::Paged ? "paged" : "contiguous"; }
 
 #ifndef RUNLM_CUDA
 bool cuda_device_available() { return false; }

@@ -2,18 +2,28 @@
 // generate, chat and perplexity drive an Engine and never see the backend.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "attention.h"
+#include "kv_cache.h"
 
 namespace runlm {
 
 class Model;
+struct ModelConfig;
 
 enum class Device { Auto, Cpu, Cuda };
 Device device_from_name(const std::string& name);  // "auto", "cpu", "cuda"
 const char* device_name(Device d);
+
+// How the KV cache is stored: one contiguous buffer for a single sequence,
+// or pages with block tables (src/kv_cache.h) shared by many sequences.
+enum class KvLayout { Contiguous, Paged };
+KvLayout kv_layout_from_name(const std::string& name);  // "contiguous", "paged"
+const char* kv_layout_name(KvLayout k);
 
 struct EngineOptions {
   Device device = Device::Auto;
@@ -22,6 +32,19 @@ struct EngineOptions {
   int n_batch = 512;      // prefill chunk: tokens evaluated per pass
   int sliding_window = -1;  // -1 = the model's own, 0 = full attention, N = window of N
   AttnBackend attn = AttnBackend::Auto;  // prefill attention (GPU); the CPU has its own
+  KvLayout kv = KvLayout::Contiguous;
+  int block_size = 16;    // tokens per page (paged)
+  int64_t kv_pages = 0;   // pages in the pool (paged); 0 = enough for n_ctx tokens
+};
+
+// One sequence's share of a batched step: its new tokens at positions
+// [pos, pos + n_tokens). Their pages must have been reserved (BlockManager::grow).
+struct BatchItem {
+  int seq_id = 0;
+  const int* tokens = nullptr;
+  int n_tokens = 0;
+  int pos = 0;
+  bool want_logits = false;  // logits of the item's last token
 };
 
 class Engine {
@@ -40,7 +63,32 @@ class Engine {
   // the logits of the last token ([n_vocab]), or of every token ([n, n_vocab])
   // when all_logits. Throws Error if pos + n exceeds n_ctx().
   virtual void forward(const int* tokens, int n, int pos, float* logits, bool all_logits) = 0;
+
+  // Paged engines only: the page bookkeeping (nullptr when contiguous) and
+  // one step over several sequences, writing one logits row [n_vocab] per
+  // item with want_logits, in item order. Sequence id 0 is the one forward()
+  // uses; batch callers use ids >= 1.
+  virtual BlockManager* blocks() { return nullptr; }
+  virtual void forward_batch(const std::vector<BatchItem>& items, float* logits) = 0;
+  // Most tokens one forward_batch may carry (the prefill chunk size).
+  virtual int max_batch_tokens() const = 0;
 };
+
+// Bytes of the K and V caches together for n_ctx tokens of elem_bytes
+// elements (2 x n_layers x n_ctx x n_kv_heads x head_dim x elem_bytes),
+// computed in 64 bits: context sizes times model widths overflow 32. An
+// overflow is an Error naming the request.
+uint64_t kv_cache_bytes(const ModelConfig& config, int64_t n_ctx, uint64_t elem_bytes);
+// "12.5 GiB"-style size for messages.
+std::string format_bytes(uint64_t bytes);
+// Physical memory of this machine in bytes (0 when unknown).
+uint64_t host_memory_bytes();
+// Checks, before allocating, that a host buffer of `bytes` can fit in this
+// machine's memory; otherwise an Error "WHAT needs N bytes (...), more than
+// this machine's M; use a smaller -c". Allocating first is no check: Linux
+// overcommit lets a too-large buffer succeed and the OOM killer strike when
+// its pages are touched, and under AddressSanitizer a failed new aborts.
+void check_host_allocation(uint64_t bytes, const std::string& what);
 
 std::unique_ptr<Engine> make_cpu_engine(const Model& model, const EngineOptions& options);
 // Only in CUDA builds (RUNLM_CUDA); make_engine reports a build without it.

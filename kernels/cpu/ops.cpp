@@ -4,6 +4,8 @@
 #include <cmath>
 #include <vector>
 
+#include "common.h"
+#include "paged_kv.h"
 #include "quant.h"
 #include "thread_pool.h"
 
@@ -20,22 +22,29 @@ void get_row(const QMatrix& w, int64_t r, float* out) {
   dequantize_row(w.type, w.data + w.row_bytes * static_cast<size_t>(r), out, w.cols);
 }
 
+float dot_f32(const float* a, const float* b, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
+  float tail = 0;
+  for (; i < n; ++i) tail += a[i] * b[i];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])) + tail;
+}
+
 void matmul(const QMatrix& w, const float* x, float* y, int64_t n_tokens, ThreadPool& pool) {
   pool.parallel_for(w.rows, [&](int64_t begin, int64_t end, int) {
-    if (n_tokens == 1) {
-      for (int64_t r = begin; r < end; ++r) y[r] = dot_row(w.type, w.data + w.row_bytes * r, x, w.cols);
-      return;
-    }
-    // Decode each row once, then dot it with every token.
+    // Decode each row once, then dot it with every token. The same path for
+    // one token or many keeps batched results identical to unbatched ones.
     std::vector<float> row(static_cast<size_t>(w.cols));
     for (int64_t r = begin; r < end; ++r) {
-      dequantize_row(w.type, w.data + w.row_bytes * r, row.data(), w.cols);
-      for (int64_t t = 0; t < n_tokens; ++t) {
-        const float* xt = x + t * w.cols;
-        float acc = 0;
-        for (int64_t i = 0; i < w.cols; ++i) acc += row[i] * xt[i];
-        y[t * w.rows + r] = acc;
+      if (w.type == DType::F32) {
+        const float* wr = reinterpret_cast<const float*>(w.data + w.row_bytes * r);
+        for (int64_t t = 0; t < n_tokens; ++t) y[t * w.rows + r] = dot_f32(wr, x + t * w.cols, w.cols);
+        continue;
       }
+      dequantize_row(w.type, w.data + w.row_bytes * r, row.data(), w.cols);
+      for (int64_t t = 0; t < n_tokens; ++t) y[t * w.rows + r] = dot_f32(row.data(), x + t * w.cols, w.cols);
     }
   });
 }
@@ -77,15 +86,18 @@ void swiglu(float* gate, const float* up, int64_t n) {
 
 void attention_one_token(float* out, const float* q, const float* k_cache, const float* v_cache,
                          int64_t kv_stride, int pos, int n_heads, int n_kv_heads, int head_dim,
-                         int window, float scale, float* scratch) {
+                         int window, float scale, float* scratch, const int32_t* block_table, int block_size) {
   const int first = window > 0 ? std::max(0, pos - window + 1) : 0;
   const int group = n_heads / n_kv_heads;
+  auto slot = [&](int t) -> int64_t {
+    return block_table ? static_cast<int64_t>(block_table[t / block_size]) * block_size + t % block_size : t;
+  };
   for (int h = 0; h < n_heads; ++h) {
     const int kvh = h / group;
     const float* qh = q + h * head_dim;
     float* scores = scratch;
     for (int t = first; t <= pos; ++t) {
-      const float* k = k_cache + t * kv_stride + kvh * head_dim;
+      const float* k = k_cache + slot(t) * kv_stride + kvh * head_dim;
       float acc = 0;
       for (int i = 0; i < head_dim; ++i) acc += qh[i] * k[i];
       scores[t - first] = acc * scale;
@@ -94,9 +106,63 @@ void attention_one_token(float* out, const float* q, const float* k_cache, const
     float* oh = out + h * head_dim;
     std::fill(oh, oh + head_dim, 0.0f);
     for (int t = first; t <= pos; ++t) {
-      const float* v = v_cache + t * kv_stride + kvh * head_dim;
+      const float* v = v_cache + slot(t) * kv_stride + kvh * head_dim;
       const float a = scores[t - first];
       for (int i = 0; i < head_dim; ++i) oh[i] += a * v[i];
+    }
+  }
+}
+
+}  // namespace runlm
+
+
+namespace runlm {
+
+void paged_decode_attention_ref(const PagedDecodeParams& p) {
+  const PagedKvView& kv = p.kv;
+  RUNLM_CHECK(kv.kv_type == DType::F32 || kv.kv_type == DType::F16,
+              "paged_decode_attention_ref: KV type %s unsupported (f32, f16)", dtype_name(kv.kv_type));
+  const int hd = kv.head_dim;
+  const int64_t row = static_cast<int64_t>(kv.n_kv_heads) * hd;  // elements per slot
+  const int group = p.n_heads / kv.n_kv_heads;
+  auto load = [&](const void* pool, int64_t slot, int kvh, float* dst) {
+    const int64_t at = slot * row + static_cast<int64_t>(kvh) * hd;
+    if (kv.kv_type == DType::F32) {
+      std::copy_n(static_cast<const float*>(pool) + at, hd, dst);
+    } else {
+      const uint16_t* src = static_cast<const uint16_t*>(pool) + at;
+      for (int i = 0; i < hd; ++i) dst[i] = fp16_to_fp32(src[i]);
+    }
+  };
+  std::vector<float> kbuf(hd), vbuf(hd), scores, acc(hd);
+  for (int s = 0; s < p.n_seqs; ++s) {
+    const int len = kv.seq_lens[s];
+    const int n_q = p.cu_q[s + 1] - p.cu_q[s];
+    const int32_t* table = kv.block_tables + static_cast<int64_t>(s) * kv.max_blocks_per_seq;
+    auto slot_of = [&](int pos) {
+      return static_cast<int64_t>(table[pos / kv.block_size]) * kv.block_size + pos % kv.block_size;
+    };
+    for (int i = 0; i < n_q; ++i) {
+      const int pos = len - n_q + i;
+      const int first = p.window > 0 ? std::max(0, pos - p.window + 1) : 0;
+      const int64_t qrow = p.cu_q[s] + i;
+      scores.resize(static_cast<size_t>(pos - first + 1));
+      for (int h = 0; h < p.n_heads; ++h) {
+        const float* q = p.q + (qrow * p.n_heads + h) * hd;
+        for (int t = first; t <= pos; ++t) {
+          load(kv.k_pool, slot_of(t), h / group, kbuf.data());
+          float d = 0;
+          for (int j = 0; j < hd; ++j) d += q[j] * kbuf[j];
+          scores[t - first] = d * p.scale;
+        }
+        softmax(scores.data(), pos - first + 1);
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int t = first; t <= pos; ++t) {
+          load(kv.v_pool, slot_of(t), h / group, vbuf.data());
+          for (int j = 0; j < hd; ++j) acc[j] += scores[t - first] * vbuf[j];
+        }
+        std::copy(acc.begin(), acc.end(), p.out + (qrow * p.n_heads + h) * hd);
+      }
     }
   }
 }

@@ -44,12 +44,27 @@ void softmax(float* x, int64_t n);
 void swiglu(float* gate, const float* up, int64_t n);
 
 // Attention of one query token at position `pos` over keys/values at
-// positions [first, pos] of a cache laid out [position][n_kv_heads * head_dim]
-// (row stride kv_stride floats). window > 0 limits keys to the last `window`
+// positions [first, pos] of a cache of rows ("slots") of n_kv_heads *
+// head_dim floats (row stride kv_stride). Position t lives in slot t, or,
+// with a block table (src/paged_kv.h), in slot table[t / block_size] *
+// block_size + t % block_size. window > 0 limits keys to the last `window`
 // positions (pos - window + 1 .. pos). out is [n_heads * head_dim]; scratch
 // holds at least pos + 1 floats.
 void attention_one_token(float* out, const float* q, const float* k_cache, const float* v_cache,
                          int64_t kv_stride, int pos, int n_heads, int n_kv_heads, int head_dim,
-                         int window, float scale, float* scratch);
+                         int window, float scale, float* scratch, const int32_t* block_table = nullptr,
+                         int block_size = 0);
 
+// Vectorisable f32 dot product (8 partial sums). matmul uses it for every
+// token count, so a token's result does not depend on what it is batched with.
+float dot_f32(const float* a, const float* b, int64_t n);
+
+}  // namespace runlm
+
+namespace runlm {
+struct PagedKvView;
+struct PagedDecodeParams;
+// CPU reference of paged decode attention (src/paged_kv.h), f32 pools
+// (kv_type F32) or f16 pools (F16), plain loops with fp32 accumulation.
+void paged_decode_attention_ref(const PagedDecodeParams& p);
 }  // namespace runlm

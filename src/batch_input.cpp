@@ -1,0 +1,147 @@
+#include "batch_input.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common.h"
+
+namespace runlm {
+
+namespace {
+
+using nlohmann::json;
+
+template <typename T>
+std::optional<T> number_field(const json& j, const char* key, BatchEntry& e) {
+  if (!j.contains(key) || j[key].is_null()) return std::nullopt;
+  const json& v = j[key];
+  if (!v.is_number()) {
+    e.error = strfmt("\"%s\" must be a number", key);
+    return std::nullopt;
+  }
+  if constexpr (std::is_integral_v<T>) {
+    if (!v.is_number_integer()) {
+      e.error = strfmt("\"%s\" must be an integer", key);
+      return std::nullopt;
+    }
+    return v.get<T>();
+  } else {
+    return static_cast<T>(v.get<double>());
+  }
+}
+
+}  // namespace
+
+BatchEntry parse_batch_json_line(const std::string& line, int line_number) {
+  BatchEntry e;
+  e.line = line_number;
+  e.id = std::to_string(line_number);
+  json j;
+  try {
+    j = json::parse(line);
+  } catch (const json::exception& ex) {
+    e.error = strfmt("invalid JSON: %s", ex.what());
+    return e;
+  }
+  if (!j.is_object()) {
+    e.error = "a request must be a JSON object";
+    return e;
+  }
+  if (j.contains("id")) e.id = j["id"].dump();
+  const bool has_prompt = j.contains("prompt"), has_messages = j.contains("messages");
+  if (has_prompt == has_messages) {
+    e.error = "a request needs exactly one of \"prompt\" and \"messages\"";
+    return e;
+  }
+  if (has_prompt) {
+    if (!j["prompt"].is_string()) {
+      e.error = "\"prompt\" must be a string";
+      return e;
+    }
+    e.prompt = j["prompt"].get<std::string>();
+  } else {
+    const json& m = j["messages"];
+    if (!m.is_array() || m.empty()) {
+      e.error = "\"messages\" must be a non-empty array";
+      return e;
+    }
+    for (const json& msg : m) {
+      if (!msg.is_object() || !msg.contains("role") || !msg.contains("content") || !msg["role"].is_string() ||
+          !msg["content"].is_string()) {
+        e.error = "each message needs string \"role\" and \"content\"";
+        e.messages.clear();
+        return e;
+      }
+      e.messages.push_back({msg["role"].get<std::string>(), msg["content"].get<std::string>()});
+    }
+  }
+  e.n_predict = number_field<int>(j, "n_predict", e);
+  e.temperature = number_field<float>(j, "temperature", e);
+  e.top_p = number_field<float>(j, "top_p", e);
+  e.top_k = number_field<int>(j, "top_k", e);
+  e.min_p = number_field<float>(j, "min_p", e);
+  e.repeat_penalty = number_field<float>(j, "repeat_penalty", e);
+  e.seed = number_field<int64_t>(j, "seed", e);
+  if (!e.error.empty()) return e;
+  if (j.contains("stop") && !j["stop"].is_null()) {
+    const json& s = j["stop"];
+    if (s.is_string()) {
+      e.stop.push_back(s.get<std::string>());
+    } else if (s.is_array()) {
+      for (const json& x : s) {
+        if (!x.is_string()) {
+          e.error = "\"stop\" must be a string or an array of strings";
+          return e;
+        }
+        e.stop.push_back(x.get<std::string>());
+      }
+    } else {
+      e.error = "\"stop\" must be a string or an array of strings";
+      return e;
+    }
+  }
+  if (e.n_predict && *e.n_predict < -1) e.error = "\"n_predict\" must be >= -1";
+  if (e.temperature && !(*e.temperature >= 0)) e.error = "\"temperature\" must be >= 0";
+  if (e.top_p && !(*e.top_p >= 0 && *e.top_p <= 1)) e.error = "\"top_p\" must be in [0, 1]";
+  if (e.min_p && !(*e.min_p >= 0 && *e.min_p <= 1)) e.error = "\"min_p\" must be in [0, 1]";
+  if (e.repeat_penalty && !(*e.repeat_penalty > 0)) e.error = "\"repeat_penalty\" must be positive";
+  if (e.seed && *e.seed < 0) e.error = "\"seed\" must be >= 0";
+  return e;
+}
+
+std::vector<BatchEntry> read_batch_input(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  RUNLM_CHECK(in, "cannot open batch input %s", path.c_str());
+  std::vector<std::string> lines;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    lines.push_back(line);
+  }
+  bool jsonl = path.size() >= 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0;
+  if (!jsonl)
+    for (const auto& l : lines) {
+      const size_t k = l.find_first_not_of(" \t");
+      if (k == std::string::npos) continue;
+      jsonl = l[k] == '{';
+      break;
+    }
+  std::vector<BatchEntry> out;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    if (lines[i].find_first_not_of(" \t") == std::string::npos) continue;  // blank lines are not requests
+    const int n = static_cast<int>(i) + 1;
+    if (jsonl) {
+      out.push_back(parse_batch_json_line(lines[i], n));
+    } else {
+      BatchEntry e;
+      e.line = n;
+      e.id = std::to_string(n);
+      e.prompt = lines[i];
+      out.push_back(std::move(e));
+    }
+  }
+  RUNLM_CHECK(!out.empty(), "batch input %s has no requests", path.c_str());
+  return out;
+}
+
+}  // namespace runlm

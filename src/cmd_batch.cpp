@@ -1,0 +1,231 @@
+// runlm batch: generate for every prompt of a file with continuous batching
+// (src/scheduler.h), writing one JSON line per request in input order. A bad
+// line gets an error record and the others still run; records are written
+// (and flushed) as soon as every earlier one is out, so an interrupted run
+// keeps every completed record. Progress on stderr when it is a terminal.
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "batch_input.h"
+#include "chat_template.h"
+#include "cli_common.h"
+#include "commands.h"
+#include "common.h"
+#include "model.h"
+#include "scheduler.h"
+#include "tokenizer.h"
+
+namespace runlm {
+
+namespace {
+
+std::atomic<bool> g_batch_interrupt{false};
+extern "C" void on_batch_sigint(int) { g_batch_interrupt.store(true); }
+
+// Writes records in input order; out-of-order completions wait in `pending`.
+class OrderedWriter {
+ public:
+  OrderedWriter(std::FILE* f, std::string path, std::vector<int> order) : f_(f), path_(std::move(path)) {
+    for (int idx : order) order_.push_back(idx);
+  }
+  void put(int index, const std::string& record) {
+    pending_[index] = record;
+    while (next_ < order_.size() && pending_.count(order_[next_])) {
+      write(pending_[order_[next_]]);
+      pending_.erase(order_[next_]);
+      ++next_;
+    }
+  }
+  // After an interrupt: whatever completed, still in input order.
+  void flush_rest() {
+    for (auto& [idx, rec] : pending_) write(rec);
+    pending_.clear();
+  }
+
+ private:
+  void write(const std::string& rec) {
+    const std::string line = rec + "\n";
+    if (std::fwrite(line.data(), 1, line.size(), f_) != line.size() || std::fflush(f_) != 0)
+      fail("cannot write to %s: %s", path_.c_str(), std::strerror(errno));
+  }
+  std::FILE* f_;
+  std::string path_;
+  std::vector<int> order_;
+  size_t next_ = 0;
+  std::map<int, std::string> pending_;
+};
+
+void show_progress(const SchedulerProgress& p, double seconds) {
+  const int width = 30;
+  const int filled = p.total ? width * p.done / p.total : 0;
+  const double tps = seconds > 0 ? static_cast<double>(p.tokens_generated) / seconds : 0;
+  const double eta = p.done > 0 ? seconds * (p.total - p.done) / p.done : 0;
+  std::fprintf(stderr, "\r[%s%s] %d/%d | %d running | %.1f tok/s | ETA %.0f s\033[K",
+               std::string(static_cast<size_t>(filled), '=').c_str(),
+               std::string(static_cast<size_t>(width - filled), ' ').c_str(), p.done, p.total, p.running, tps, eta);
+}
+
+}  // namespace
+
+int cmd_batch(int argc, char** argv) {
+  cxxopts::Options opts("runlm batch", "Generate for every prompt of a file (one per line, or JSONL)");
+  add_model_options(opts);
+  add_sampling_options(opts);
+  opts.add_options("batch")
+      ("f,file", "prompts: text (one per line) or JSONL", cxxopts::value<std::string>())
+      ("o,output", "output JSONL (default: stdout)", cxxopts::value<std::string>()->default_value("-"))
+      ("np,parallel", "sequences decoded at once", cxxopts::value<int>()->default_value("32"))
+      ("n,n-predict", "default tokens per request (-1 = until EOS or the context is full)",
+       cxxopts::value<int>()->default_value("128"))
+      ("ignore-eos", "keep generating after EOS")
+      ("chat-template", "template for JSONL \"messages\" requests (default: from the model)",
+       cxxopts::value<std::string>())
+      ("block-size", "KV page size in tokens", cxxopts::value<int>()->default_value("16"))
+      ("kv-mem", "KV cache size in MiB (default: parallel x context, at most 8 GiB)",
+       cxxopts::value<int64_t>()->default_value("0"));
+  // llama.cpp spells the parallel count -np: rewrite it to the long form.
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "-np") argv[i] = const_cast<char*>("--parallel");
+  auto args = parse_options(opts, argc, argv);
+  if (args.count("help")) {
+    std::printf("%s\n", opts.help().c_str());
+    return 0;
+  }
+  RUNLM_CHECK(args.count("file"), "no input: use -f prompts.txt or -f prompts.jsonl");
+  const int parallel = args["parallel"].as<int>();
+  RUNLM_CHECK(parallel > 0, "--parallel must be positive, got %d", parallel);
+  const int n_predict = args["n-predict"].as<int>();
+  RUNLM_CHECK(n_predict >= -1, "-n must be >= -1, got %d", n_predict);
+  const SamplingParams defaults = sampling_params_from(args);
+  const auto entries = read_batch_input(args["file"].as<std::string>());
+
+  auto model = load_model_from_options(args);
+  const Tokenizer& tok = model->tokenizer();
+  EngineOptions eo = engine_options_from(args, *model);
+  eo.kv = KvLayout::Paged;
+  eo.block_size = args["block-size"].as<int>();
+  const int64_t kv_mem_mib = args["kv-mem"].as<int64_t>();
+  RUNLM_CHECK(kv_mem_mib >= 0, "--kv-mem must be >= 0, got %lld", static_cast<long long>(kv_mem_mib));
+  const ModelConfig& c = model->config();
+  const double page_bytes = 2.0 * c.n_layers * c.kv_dim() * eo.block_size * 4;  // f32 on the CPU (upper bound)
+  const double want = kv_mem_mib > 0 ? static_cast<double>(kv_mem_mib) * (1 << 20)
+                                     : std::min(8.0 * (1 << 30), page_bytes * parallel * (eo.n_ctx / eo.block_size + 1));
+  eo.kv_pages = std::max<int64_t>(1, static_cast<int64_t>(want / page_bytes));
+  auto engine = make_engine(*model, eo);
+
+  std::string chat_template;
+  if (args.count("chat-template")) chat_template = args["chat-template"].as<std::string>();
+  else if (!model->chat_template_source().empty()) {
+    try {
+      chat_template = chat_template_detect(model->chat_template_source());
+    } catch (const Error&) {
+      // Requests with "messages" will report it; plain prompts do not need one.
+    }
+  }
+
+  SchedulerOptions so;
+  so.max_parallel = parallel;
+  so.max_seq_len = engine->n_ctx();
+  Scheduler scheduler(*engine, tok, so);
+
+  // Builds each request; a line that cannot become one gets an error record.
+  std::vector<int> order;
+  std::map<int, std::string> errors;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const BatchEntry& e = entries[i];
+    const int index = static_cast<int>(i);
+    order.push_back(index);
+    std::string error = e.error;
+    Request r;
+    r.index = index;
+    if (error.empty()) {
+      try {
+        if (e.is_chat()) {
+          RUNLM_CHECK(!chat_template.empty(), "\"messages\" needs a chat template: the model has none runlm knows; use --chat-template");
+          const std::string text =
+              chat_template_apply(chat_template, e.messages, true, tok.id_to_piece(tok.bos()), tok.id_to_piece(tok.eos()));
+          r.prompt = tok.encode(text, text.rfind(tok.id_to_piece(tok.bos()), 0) != 0, true);
+          r.stop.push_back(chat_template_end_marker(chat_template));
+        } else {
+          r.prompt = tok.encode(e.prompt, true);
+        }
+        r.n_predict = e.n_predict.value_or(n_predict);
+        r.sampling = defaults;
+        if (e.temperature) r.sampling.temperature = *e.temperature;
+        if (e.top_p) r.sampling.top_p = *e.top_p;
+        if (e.top_k) r.sampling.top_k = *e.top_k;
+        if (e.min_p) r.sampling.min_p = *e.min_p;
+        if (e.repeat_penalty) r.sampling.repeat_penalty = *e.repeat_penalty;
+        if (e.seed) r.sampling.seed = static_cast<uint64_t>(*e.seed);
+        for (const auto& s : e.stop) r.stop.push_back(s);
+        r.ignore_eos = args.count("ignore-eos") > 0;
+        scheduler.submit(std::move(r));
+      } catch (const Error& ex) {
+        error = ex.what();
+      }
+    }
+    if (!error.empty()) {
+      nlohmann::json rec;
+      rec["id"] = nlohmann::json::parse(e.id, nullptr, false);
+      rec["line"] = e.line;
+      rec["error"] = error;
+      errors[index] = rec.dump();
+    }
+  }
+
+  const std::string out_path = args["output"].as<std::string>();
+  std::FILE* out = out_path == "-" ? stdout : std::fopen(out_path.c_str(), "w");
+  RUNLM_CHECK(out, "cannot open %s for writing: %s", out_path.c_str(), std::strerror(errno));
+  OrderedWriter writer(out, out_path, order);
+  for (const auto& [index, rec] : errors) writer.put(index, rec);
+
+  struct sigaction sa = {};
+  sa.sa_handler = on_batch_sigint;
+  sigaction(SIGINT, &sa, nullptr);
+  const bool tty = stderr_is_tty();
+  Stopwatch clock;
+  int64_t tokens_out = 0;
+  int n_ok = 0, n_interrupted = 0;
+  std::vector<double> latencies;
+  scheduler.run(
+      [&](Completion&& c) {
+        const BatchEntry& e = entries[static_cast<size_t>(c.index)];
+        nlohmann::json rec;
+        rec["id"] = nlohmann::json::parse(e.id, nullptr, false);
+        rec["text"] = c.text;
+        rec["tokens_in"] = c.n_prompt;
+        rec["tokens_out"] = c.tokens.size();
+        rec["finish_reason"] = finish_reason_name(c.finish);
+        rec["timings"] = {{"queue_ms", c.queue_seconds * 1e3}, {"total_ms", c.total_seconds * 1e3},
+                          {"prompt_tokens_cached", c.n_prompt_cached}, {"preemptions", c.n_preemptions}};
+        tokens_out += static_cast<int64_t>(c.tokens.size());
+        (c.finish == FinishReason::Interrupted ? n_interrupted : n_ok)++;
+        writer.put(c.index, rec.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+      },
+      &g_batch_interrupt,
+      [&](const SchedulerProgress& p) {
+        if (tty) show_progress(p, clock.seconds());
+      });
+  writer.flush_rest();
+  if (out != stdout) std::fclose(out);
+  if (tty) std::fprintf(stderr, "\n");
+  const double secs = clock.seconds();
+  std::fprintf(stderr,
+               "batch: %zu requests: %d done, %zu errors%s | %lld tokens out in %.2f s (%.1f tok/s) | %lld steps, "
+               "%lld preemptions | %s, parallel %d, %lld KV pages of %d\n",
+               entries.size(), n_ok, errors.size(),
+               n_interrupted ? strfmt(", %d interrupted", n_interrupted).c_str() : "",
+               static_cast<long long>(tokens_out), secs, secs > 0 ? tokens_out / secs : 0.0,
+               static_cast<long long>(scheduler.steps()), static_cast<long long>(scheduler.preemptions()),
+               engine->backend_name(), parallel, static_cast<long long>(eo.kv_pages), eo.block_size);
+  return g_batch_interrupt.load() ? 130 : 0;
+}
+
+}  // namespace runlm
