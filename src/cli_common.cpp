@@ -2,8 +2,10 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 
 #include "common.h"
@@ -12,6 +14,18 @@
 namespace runlm {
 
 bool stderr_is_tty() { return isatty(STDERR_FILENO) == 1; }
+
+void write_stdout(const std::string& text) {
+  errno = 0;
+  const size_t n = std::fwrite(text.data(), 1, text.size(), stdout);
+  // Flushing each piece streams tokens as they come and surfaces write errors
+  // here rather than at exit, where stdio would drop them.
+  if (n != text.size() || std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    const int e = errno;
+    std::clearerr(stdout);
+    fail("writing to stdout failed: %s", e ? std::strerror(e) : "I/O error");
+  }
+}
 
 void add_model_options(cxxopts::Options& opts) {
   opts.add_options("model")
@@ -24,6 +38,8 @@ void add_model_options(cxxopts::Options& opts) {
       ("b,batch-size", "prompt tokens evaluated per pass", cxxopts::value<int>()->default_value("512"))
       ("device", "auto, cpu or cuda", cxxopts::value<std::string>()->default_value("auto"))
       ("attn", "prefill attention on the GPU: auto, naive, fa2 or fa3", cxxopts::value<std::string>()->default_value("auto"))
+      ("kv", "KV cache layout: contiguous or paged", cxxopts::value<std::string>()->default_value("contiguous"))
+      ("block-size", "KV page size in tokens (paged)", cxxopts::value<int>()->default_value("16"))
       ("swa", "sliding window: N tokens, or 'off' (default: the model's)",
        cxxopts::value<std::string>()->default_value(""))
       ("h,help", "show this help");
@@ -78,6 +94,8 @@ EngineOptions engine_options_from(const cxxopts::ParseResult& args, const Model&
   EngineOptions o;
   o.device = device_from_name(args["device"].as<std::string>());
   o.attn = attn_backend_from_name(args["attn"].as<std::string>());
+  o.kv = kv_layout_from_name(args["kv"].as<std::string>());
+  o.block_size = args["block-size"].as<int>();
   const int ctx = args["ctx-size"].as<int>();
   RUNLM_CHECK(ctx >= 0, "-c must be >= 0, got %d", ctx);
   o.n_ctx = ctx > 0 ? ctx : std::min(model.config().ctx_train, 4096);

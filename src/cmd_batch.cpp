@@ -87,7 +87,6 @@ int cmd_batch(int argc, char** argv) {
       ("ignore-eos", "keep generating after EOS")
       ("chat-template", "template for JSONL \"messages\" requests (default: from the model)",
        cxxopts::value<std::string>())
-      ("block-size", "KV page size in tokens", cxxopts::value<int>()->default_value("16"))
       ("kv-mem", "KV cache size in MiB (default: parallel x context, at most 8 GiB)",
        cxxopts::value<int64_t>()->default_value("0"));
   // llama.cpp spells the parallel count -np: rewrite it to the long form.
@@ -109,8 +108,8 @@ int cmd_batch(int argc, char** argv) {
   auto model = load_model_from_options(args);
   const Tokenizer& tok = model->tokenizer();
   EngineOptions eo = engine_options_from(args, *model);
+  RUNLM_CHECK(eo.kv == KvLayout::Paged || args.count("kv") == 0, "batch runs on the paged KV cache; drop --kv contiguous");
   eo.kv = KvLayout::Paged;
-  eo.block_size = args["block-size"].as<int>();
   const int64_t kv_mem_mib = args["kv-mem"].as<int64_t>();
   RUNLM_CHECK(kv_mem_mib >= 0, "--kv-mem must be >= 0, got %lld", static_cast<long long>(kv_mem_mib));
   const ModelConfig& c = model->config();

@@ -102,11 +102,7 @@ class CpuEngine final : public Engine {
                 "context full: %d tokens at position %d exceed the context size %d (-c)", n, pos, n_ctx_);
     const int32_t* table = nullptr;
     if (blocks_) {
-      // forward() is sequence 0 of the paged cache.
-      if (!blocks_->has_sequence(0)) blocks_->add_sequence(0, {});
-      blocks_->truncate(0, pos);
-      RUNLM_CHECK(blocks_->seq_len(0) == pos, "KV cache: position %d of sequence 0 is not cached", pos);
-      RUNLM_CHECK(blocks_->grow(0, pos + n), "KV cache full: no free page for %d more tokens (-c / --kv-pages)", n);
+      reserve_sequence0(*blocks_, pos, n);  // forward() is sequence 0 of the paged cache
       table = blocks_->block_table(0).data();
     }
     for (int done = 0; done < n; done += n_batch_) {

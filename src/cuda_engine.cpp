@@ -19,6 +19,7 @@
 #include "attention.h"
 #include "common.h"
 #include "cuda/gpu_ops.h"
+#include "cuda/paged_attention.h"
 #include "engine.h"
 #include "model.h"
 
@@ -58,6 +59,13 @@ class DeviceBuffer {
     }
     n_ = n;
   }
+  // Grows (contents not kept) to at least n elements.
+  void reserve(size_t n) {
+    if (n <= n_ && ptr_) return;
+    if (ptr_) cudaFree(ptr_);
+    ptr_ = nullptr;
+    allocate(n);
+  }
   T* get() const { return ptr_; }
   size_t size() const { return n_; }
 
@@ -71,6 +79,57 @@ struct GpuLayer {
   DeviceBuffer<float> attn_norm, ffn_norm;
 };
 
+// Items of at most this many tokens run through the paged decode kernel.
+constexpr int kMaxDecodeQ = 16;
+
+// A batched step laid out for the device: tokens in execution order (short
+// items first), where each goes, and the per-sequence tables of each group.
+struct BatchPlan {
+  std::vector<int> tokens, positions, slots;
+  // Short items (paged decode kernel): query prefix sums, key lengths, tables.
+  std::vector<int> dec_cu_q{0}, dec_seq_lens;
+  std::vector<std::vector<int32_t>> dec_tables;
+  // Long items (prefill attention on gathered K/V): query and key prefix sums.
+  std::vector<int> pre_cu_q{0}, pre_cu_k{0};
+  std::vector<std::vector<int32_t>> pre_tables;
+  int dec_tokens = 0, max_dec_q = 0, max_pre_q = 0, max_pre_k = 0, max_len = 0;
+  // Rows of the step whose logits are wanted, in the items' order.
+  std::vector<std::pair<int, int>> wanted;  // (item index, token row)
+  std::vector<int32_t> logit_rows;
+
+  void add(const BatchItem& it, const std::vector<int32_t>& table, int block_size, bool short_item, int item_index) {
+    for (int i = 0; i < it.n_tokens; ++i) {
+      const int p = it.pos + i;
+      tokens.push_back(it.tokens[i]);
+      positions.push_back(p);
+      slots.push_back(table[p / block_size] * block_size + p % block_size);
+    }
+    const int len = it.pos + it.n_tokens;
+    max_len = std::max(max_len, len);
+    if (short_item) {
+      dec_cu_q.push_back(dec_cu_q.back() + it.n_tokens);
+      dec_seq_lens.push_back(len);
+      dec_tables.push_back(table);
+      dec_tokens += it.n_tokens;
+      max_dec_q = std::max(max_dec_q, it.n_tokens);
+    } else {
+      pre_cu_q.push_back(pre_cu_q.back() + it.n_tokens);
+      pre_cu_k.push_back(pre_cu_k.back() + len);
+      pre_tables.push_back(table);
+      max_pre_q = std::max(max_pre_q, it.n_tokens);
+      max_pre_k = std::max(max_pre_k, len);
+    }
+    if (it.want_logits) {
+      wanted.push_back({item_index, static_cast<int>(tokens.size()) - 1});
+      std::sort(wanted.begin(), wanted.end());
+      logit_rows.clear();
+      for (const auto& w : wanted) logit_rows.push_back(w.second);
+    }
+  }
+  int n_dec() const { return static_cast<int>(dec_seq_lens.size()); }
+  int n_pre() const { return static_cast<int>(pre_cu_k.size()) - 1; }
+};
+
 class CudaEngine final : public Engine {
  public:
   CudaEngine(const Model& model, const EngineOptions& opt)
@@ -81,9 +140,15 @@ class CudaEngine final : public Engine {
       fail("--device cuda: no CUDA device found");
     }
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-    RUNLM_CHECK(opt.kv == KvLayout::Contiguous,
-                "--device cuda: --kv paged is not available on the GPU yet; use --kv contiguous or --device cpu");
     n_ctx_ = opt.n_ctx > 0 ? opt.n_ctx : cfg_.ctx_train;
+    n_slots_ = n_ctx_;
+    if (opt.kv == KvLayout::Paged) {
+      block_size_ = opt.block_size;
+      const int64_t pages = opt.kv_pages > 0 ? opt.kv_pages : (n_ctx_ + block_size_ - 1) / block_size_;
+      RUNLM_CHECK(pages < (int64_t{1} << 31), "KV cache: %lld pages is too many", static_cast<long long>(pages));
+      blocks_ = std::make_unique<BlockManager>(static_cast<int>(pages), block_size_);
+      n_slots_ = pages * block_size_;
+    }
     n_batch_ = std::max(1, opt.n_batch);
     window_ = opt.sliding_window >= 0 ? opt.sliding_window : cfg_.sliding_window;
     upload_weights();
@@ -97,6 +162,7 @@ class CudaEngine final : public Engine {
     gpu::free_matrix(tok_embd_);
     if (!cfg_.tied_embeddings) gpu::free_matrix(output_);
     if (host_io_) cudaFreeHost(host_io_);
+    if (plan_host_) cudaFreeHost(plan_host_);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -104,8 +170,45 @@ class CudaEngine final : public Engine {
   int n_ctx() const override { return n_ctx_; }
   const char* kv_type_name() const override { return "f16"; }
   int max_batch_tokens() const override { return n_batch_; }
-  void forward_batch(const std::vector<BatchItem>&, float*) override {
-    fail("--device cuda: batched decoding over the paged KV cache is not available on the GPU yet; use --device cpu");
+  BlockManager* blocks() override { return blocks_.get(); }
+
+  // A step over several sequences of the paged cache. Tokens are reordered
+  // so that items of at most kMaxDecodeQ tokens (decode steps, short tails)
+  // come first and run through the paged decode kernel; longer items
+  // (prefill chunks) follow and run through the prefill attention backends on
+  // their K/V gathered out of the pages.
+  void forward_batch(const std::vector<BatchItem>& items, float* logits) override {
+    RUNLM_CHECK(blocks_, "forward_batch needs the paged KV cache (--kv paged)");
+    const ModelConfig& c = cfg_;
+    BatchPlan plan;
+    for (int pass = 0; pass < 2; ++pass)
+      for (size_t i = 0; i < items.size(); ++i) {
+        const BatchItem& it = items[i];
+        const bool short_item = it.n_tokens <= kMaxDecodeQ;
+        if ((pass == 0) != short_item) continue;
+        RUNLM_CHECK(it.n_tokens > 0, "forward_batch: empty item for sequence %d", it.seq_id);
+        RUNLM_CHECK(blocks_->seq_len(it.seq_id) >= it.pos + it.n_tokens,
+                    "forward_batch: pages for positions [%d, %d) of sequence %d were not reserved", it.pos,
+                    it.pos + it.n_tokens, it.seq_id);
+        RUNLM_CHECK(it.pos + it.n_tokens <= n_ctx_, "sequence %d: %d positions exceed the context size %d", it.seq_id,
+                    it.pos + it.n_tokens, n_ctx_);
+        plan.add(it, blocks_->block_table(it.seq_id), block_size_, short_item, static_cast<int>(i));
+      }
+    const int m = static_cast<int>(plan.tokens.size());
+    RUNLM_CHECK(m <= n_batch_, "forward_batch: %d tokens exceed the batch size %d (-b)", m, n_batch_);
+    for (int t : plan.tokens)
+      RUNLM_CHECK(t >= 0 && t < c.n_vocab, "token id %d out of range [0, %d)", t, c.n_vocab);
+    upload_plan(plan);
+    run_batch(plan);
+    const int n_rows = static_cast<int>(plan.logit_rows.size());
+    if (n_rows == 0) {
+      check(cudaStreamSynchronize(stream_), "sync");
+      return;
+    }
+    check(cudaMemcpyAsync(logits, logits_.get(), static_cast<size_t>(n_rows) * c.n_vocab * sizeof(float),
+                          cudaMemcpyDeviceToHost, stream_),
+          "copy logits");
+    check(cudaStreamSynchronize(stream_), "sync");
   }
 
   double measure_copy_bandwidth() override {
@@ -135,6 +238,21 @@ class CudaEngine final : public Engine {
     RUNLM_CHECK(n > 0, "forward: no tokens");
     RUNLM_CHECK(pos >= 0 && static_cast<int64_t>(pos) + n <= n_ctx_,
                 "context full: %d tokens at position %d exceed the context size %d (-c)", n, pos, n_ctx_);
+    if (blocks_) {
+      // Paged: forward() is sequence 0, run as batches of one item.
+      reserve_sequence0(*blocks_, pos, n);
+      for (int done = 0; done < n; ) {
+        const int chunk = all_logits ? 1 : std::min(n_batch_, n - done);
+        BatchItem it;
+        it.tokens = tokens + done;
+        it.n_tokens = chunk;
+        it.pos = pos + done;
+        it.want_logits = all_logits || done + chunk == n;
+        forward_batch({it}, all_logits ? logits + static_cast<size_t>(done) * cfg_.n_vocab : logits);
+        done += chunk;
+      }
+      return;
+    }
     for (int i = 0; i < n; ++i)
       RUNLM_CHECK(tokens[i] >= 0 && tokens[i] < cfg_.n_vocab, "token id %d out of range [0, %d)", tokens[i],
                   cfg_.n_vocab);
@@ -191,7 +309,8 @@ class CudaEngine final : public Engine {
     gate_.allocate(m * c.hidden_dim);
     up_.allocate(m * c.hidden_dim);
     logits_.allocate(m * c.n_vocab);
-    const size_t cache = static_cast<size_t>(c.n_layers) * n_ctx_ * c.kv_dim();
+    const size_t cache = static_cast<size_t>(c.n_layers) * static_cast<size_t>(n_slots_) * c.kv_dim();
+    rows_.allocate(m * c.dim);
     k_cache_.allocate(cache);
     v_cache_.allocate(cache);
     tokens_.allocate(m);
@@ -246,6 +365,167 @@ class CudaEngine final : public Engine {
     check(cudaStreamSynchronize(stream_), "sync");
   }
 
+  // Copies the plan's integer arrays to the device in one transfer.
+  struct PlanOffsets {
+    size_t tokens, positions, slots, dec_cu_q, dec_seq_lens, dec_tables, pre_cu_q, pre_cu_k, pre_tables, logit_rows;
+    int dec_max_blocks = 1, pre_max_blocks = 1;
+  };
+  PlanOffsets plan_at_;
+
+  void upload_plan(const BatchPlan& p) {
+    std::vector<int32_t> h;
+    auto put = [&](const std::vector<int>& v) {
+      const size_t at = h.size();
+      h.insert(h.end(), v.begin(), v.end());
+      return at;
+    };
+    auto put_tables = [&](const std::vector<std::vector<int32_t>>& tables, int* max_blocks) {
+      *max_blocks = 1;
+      for (const auto& t : tables) *max_blocks = std::max(*max_blocks, static_cast<int>(t.size()));
+      const size_t at = h.size();
+      for (const auto& t : tables) {
+        h.insert(h.end(), t.begin(), t.end());
+        h.insert(h.end(), static_cast<size_t>(*max_blocks) - t.size(), 0);
+      }
+      return at;
+    };
+    PlanOffsets& o = plan_at_;
+    o.tokens = put(p.tokens);
+    o.positions = put(p.positions);
+    o.slots = put(p.slots);
+    o.dec_cu_q = put(p.dec_cu_q);
+    o.dec_seq_lens = put(p.dec_seq_lens);
+    o.dec_tables = put_tables(p.dec_tables, &o.dec_max_blocks);
+    o.pre_cu_q = put(p.pre_cu_q);
+    o.pre_cu_k = put(p.pre_cu_k);
+    o.pre_tables = put_tables(p.pre_tables, &o.pre_max_blocks);
+    o.logit_rows = put(p.logit_rows);
+    // The previous step may still read the pinned staging buffer.
+    check(cudaStreamSynchronize(stream_), "sync");
+    if (plan_host_n_ < h.size()) {
+      if (plan_host_) cudaFreeHost(plan_host_);
+      plan_host_n_ = h.size() * 2;
+      check(cudaMallocHost(&plan_host_, plan_host_n_ * sizeof(int32_t)), "cudaMallocHost");
+    }
+    std::copy(h.begin(), h.end(), plan_host_);
+    plan_dev_.reserve(h.size());
+    check(cudaMemcpyAsync(plan_dev_.get(), plan_host_, h.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
+          "copy plan");
+  }
+
+  // The transformer over a planned batch (see forward_batch).
+  void run_batch(const BatchPlan& plan) {
+    const ModelConfig& c = cfg_;
+    const int m = static_cast<int>(plan.tokens.size());
+    const bool gemv_path = m <= kMaxGemvTokens;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    int32_t* d = plan_dev_.get();
+    const PlanOffsets& o = plan_at_;
+    const int pre_tokens = m - plan.dec_tokens;
+    const int total_k = plan.pre_cu_k.back();
+    if (plan.n_dec() > 0) {
+      const size_t ws = paged_decode_workspace_bytes(plan.n_dec(), plan.dec_tokens, c.n_heads, c.head_dim, plan.max_len);
+      decode_ws_.reserve(std::max<size_t>(ws, 1));
+    }
+    if (plan.n_pre() > 0) {
+      k_gather_.reserve(static_cast<size_t>(total_k) * c.kv_dim());
+      v_gather_.reserve(static_cast<size_t>(total_k) * c.kv_dim());
+    }
+    auto project = [&](const gpu::GpuMatrix& w, float* out) {
+      if (gemv_path) gpu::gemv(w, xb_.get(), out, m, stream_);
+      else gpu::gemm(w, xh_.get(), out, m, gemm_scratch_.get(), stream_);
+    };
+    auto norm = [&](const DeviceBuffer<float>& w) {
+      gpu::rmsnorm(x_.get(), w.get(), gemv_path ? xb_.get() : nullptr, gemv_path ? nullptr : xh_.get(), m, c.dim,
+                   c.rms_eps, stream_);
+    };
+
+    gpu::embed_rows(tok_embd_, d + o.tokens, m, x_.get(), stream_);
+    for (int l = 0; l < c.n_layers; ++l) {
+      GpuLayer& g = layers_[l];
+      norm(g.attn_norm);
+      project(g.wq, q_.get());
+      project(g.wk, k_.get());
+      project(g.wv, v_.get());
+      gpu::rope_and_store_kv_slots(q_.get(), k_.get(), v_.get(), d + o.positions, d + o.slots, m, c.n_heads,
+                                   c.n_kv_heads, c.head_dim, c.rope_theta, c.rope_freq_scale, k_cache(l), v_cache(l),
+                                   gemv_path ? nullptr : qh_.get(), stream_);
+      if (plan.n_dec() > 0) {
+        PagedDecodeParams p;
+        p.q = q_.get();
+        p.out = att_.get();
+        p.cu_q = d + o.dec_cu_q;
+        p.n_seqs = plan.n_dec();
+        p.total_q = plan.dec_tokens;
+        p.max_q_per_seq = plan.max_dec_q;
+        p.max_seq_len = plan.max_len;
+        p.n_heads = c.n_heads;
+        p.window = window_;
+        p.scale = scale;
+        p.kv.k_pool = k_cache(l);
+        p.kv.v_pool = v_cache(l);
+        p.kv.kv_type = DType::F16;
+        p.kv.block_tables = d + o.dec_tables;
+        p.kv.max_blocks_per_seq = o.dec_max_blocks;
+        p.kv.seq_lens = d + o.dec_seq_lens;
+        p.kv.block_size = block_size_;
+        p.kv.n_kv_heads = c.n_kv_heads;
+        p.kv.head_dim = c.head_dim;
+        paged_decode_attention(p, decode_ws_.get(), decode_ws_.size(), stream_);
+      }
+      if (plan.n_pre() > 0) {
+        gpu::gather_kv(k_cache(l), v_cache(l), d + o.pre_tables, o.pre_max_blocks, d + o.pre_cu_k, plan.n_pre(),
+                       total_k, block_size_, c.kv_dim(), k_gather_.get(), v_gather_.get(), stream_);
+        AttnParams p;
+        p.q = qh_.get() + static_cast<size_t>(plan.dec_tokens) * c.q_dim();
+        p.k = k_gather_.get();
+        p.v = v_gather_.get();
+        p.out = atth_.get() + static_cast<size_t>(plan.dec_tokens) * c.q_dim();
+        p.cu_seqlens_q = d + o.pre_cu_q;
+        p.cu_seqlens_k = d + o.pre_cu_k;
+        p.batch = plan.n_pre();
+        p.total_q = pre_tokens;
+        p.total_k = total_k;
+        p.max_seqlen_q = plan.max_pre_q;
+        p.max_seqlen_k = plan.max_pre_k;
+        p.n_heads = c.n_heads;
+        p.n_kv_heads = c.n_kv_heads;
+        p.head_dim = c.head_dim;
+        p.dtype = DType::F16;
+        p.causal = true;
+        p.window_left = window_ > 0 ? window_ - 1 : -1;
+        p.scale = scale;
+        p.stream = stream_;
+        attention_dispatch(attn_, p);
+      }
+      if (gemv_path) {
+        gpu::gemv(g.wo, att_.get(), xb_.get(), m, stream_);  // only short items: att_ holds every row
+      } else {
+        if (plan.dec_tokens > 0)
+          gpu::to_f16(att_.get(), atth_.get(), static_cast<int64_t>(plan.dec_tokens) * c.q_dim(), stream_);
+        gpu::gemm(g.wo, atth_.get(), xb_.get(), m, gemm_scratch_.get(), stream_);
+      }
+      gpu::add_inplace(x_.get(), xb_.get(), static_cast<int64_t>(m) * c.dim, stream_);
+      norm(g.ffn_norm);
+      project(g.w_gate, gate_.get());
+      project(g.w_up, up_.get());
+      gpu::swiglu(gate_.get(), up_.get(), gemv_path ? nullptr : xh_.get(), static_cast<int64_t>(m) * c.hidden_dim,
+                  stream_);
+      if (gemv_path) gpu::gemv(g.w_down, gate_.get(), xb_.get(), m, stream_);
+      else gpu::gemm(g.w_down, xh_.get(), xb_.get(), m, gemm_scratch_.get(), stream_);
+      gpu::add_inplace(x_.get(), xb_.get(), static_cast<int64_t>(m) * c.dim, stream_);
+    }
+
+    const int rows = static_cast<int>(plan.logit_rows.size());
+    if (rows == 0) return;
+    gpu::gather_rows(x_.get(), d + o.logit_rows, rows, c.dim, rows_.get(), stream_);
+    const bool gemv_logits = rows <= kMaxGemvTokens;
+    gpu::rmsnorm(rows_.get(), output_norm_.get(), gemv_logits ? xb_.get() : nullptr, gemv_logits ? nullptr : xh_.get(),
+                 rows, c.dim, c.rms_eps, stream_);
+    if (gemv_logits) gpu::gemv(output_, xb_.get(), logits_.get(), rows, stream_);
+    else gpu::gemm(output_, xh_.get(), logits_.get(), rows, gemm_scratch_.get(), stream_);
+  }
+
   void capture_decode_graph() {
     cudaGraph_t graph;
     check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "begin capture");
@@ -257,10 +537,10 @@ class CudaEngine final : public Engine {
   }
 
   uint16_t* k_cache(int l) const {
-    return k_cache_.get() + static_cast<size_t>(l) * n_ctx_ * cfg_.kv_dim();
+    return k_cache_.get() + static_cast<size_t>(l) * static_cast<size_t>(n_slots_) * cfg_.kv_dim();
   }
   uint16_t* v_cache(int l) const {
-    return v_cache_.get() + static_cast<size_t>(l) * n_ctx_ * cfg_.kv_dim();
+    return v_cache_.get() + static_cast<size_t>(l) * static_cast<size_t>(n_slots_) * cfg_.kv_dim();
   }
 
   // Transformer layers for m <= 16 tokens; `pos` is unused on the device
@@ -383,11 +663,21 @@ class CudaEngine final : public Engine {
   DeviceBuffer<uint16_t> atth_; // [n_batch, n_heads * head_dim] f16 prefill attention output
   DeviceBuffer<float> gate_, up_;  // [n_batch, hidden]
   DeviceBuffer<float> logits_;  // [n_batch, n_vocab]
-  DeviceBuffer<uint16_t> k_cache_, v_cache_;  // [n_layers, n_ctx, n_kv_heads * head_dim] f16
+  DeviceBuffer<uint16_t> k_cache_, v_cache_;  // [n_layers, n_slots, n_kv_heads * head_dim] f16
   DeviceBuffer<int> tokens_, positions_;      // [n_batch]
   DeviceBuffer<int> cu_seqlens_;              // [0, m, 0, pos + m]
   DeviceBuffer<uint8_t> gemm_scratch_;
   int* host_io_ = nullptr;  // pinned: tokens [n_batch], positions [n_batch], cu_seqlens [4]
+  // Paged cache and batched steps.
+  int block_size_ = 16;
+  int64_t n_slots_ = 0;                   // KV rows per layer: n_ctx, or pages * block_size
+  std::unique_ptr<BlockManager> blocks_;  // paged only
+  DeviceBuffer<int32_t> plan_dev_;        // a step's tokens, positions, slots, tables (see upload_plan)
+  int32_t* plan_host_ = nullptr;          // pinned staging for plan_dev_
+  size_t plan_host_n_ = 0;
+  DeviceBuffer<float> rows_;              // [n_batch, dim] rows whose logits are wanted
+  DeviceBuffer<uint8_t> decode_ws_;       // paged decode split-K partial states
+  DeviceBuffer<uint16_t> k_gather_, v_gather_;  // [total_k, kv_dim] K/V of prefill items, contiguous
 };
 
 }  // namespace

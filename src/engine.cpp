@@ -65,6 +65,13 @@ KvLayout kv_layout_from_name(const std::string& name) {
 
 const char* kv_layout_name(KvLayout k) { return k == KvLayout::Paged ? "paged" : "contiguous"; }
 
+void reserve_sequence0(BlockManager& blocks, int pos, int n) {
+  if (!blocks.has_sequence(0)) blocks.add_sequence(0, {});
+  blocks.truncate(0, pos);
+  RUNLM_CHECK(blocks.seq_len(0) == pos, "KV cache: position %d of sequence 0 is not cached", pos);
+  RUNLM_CHECK(blocks.grow(0, pos + n), "KV cache full: no free page for %d more tokens (-c / --kv-mem)", n);
+}
+
 #ifndef RUNLM_CUDA
 bool cuda_device_available() { return false; }
 std::unique_ptr<Engine> make_cuda_engine(const Model&, const EngineOptions&) {

@@ -90,6 +90,10 @@ uint64_t host_memory_bytes();
 // its pages are touched, and under AddressSanitizer a failed new aborts.
 void check_host_allocation(uint64_t bytes, const std::string& what);
 
+// forward() of a paged engine runs sequence 0: keeps its first `pos`
+// positions and reserves pages for `n` more (Error when the pool is full).
+void reserve_sequence0(BlockManager& blocks, int pos, int n);
+
 std::unique_ptr<Engine> make_cpu_engine(const Model& model, const EngineOptions& options);
 // Only in CUDA builds (RUNLM_CUDA); make_engine reports a build without it.
 std::unique_ptr<Engine> make_cuda_engine(const Model& model, const EngineOptions& options);

@@ -107,6 +107,19 @@ TEST(Generate, ChunkedPrefillGivesTheSameLogits) {
   }
 }
 
+TEST(Generate, PagedKvGivesTheGoldenTokensToo) {
+  const CommandResult r = run_command(runlm_binary() + " generate -m " + shared_model("stories260K.gguf") +
+                                      " -n 200 --temp 0 -t 2 --kv paged --block-size 8 -b 7");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, read_file(shared_model("stories260K.greedy200.txt")) + "\n");
+  // A prompt evaluated in chunks of 7 across pages of 8, then decoded.
+  const std::string cmd = runlm_binary() + " generate -m " + shared_model("stories260K.gguf") +
+                          " -p 'Lily and Tom went to the park to play with a red ball and a blue kite.' -n 40 --temp 0 -t 2";
+  const CommandResult a = run_command(cmd + " --kv contiguous"), b = run_command(cmd + " --kv paged --block-size 8 -b 7");
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  EXPECT_EQ(a.out, b.out);
+}
+
 TEST(Generate, ContextFullStopsCleanly) {
   auto model = Model::load(shared_model("stories260K.gguf"));
   EngineOptions eo;

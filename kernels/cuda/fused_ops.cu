@@ -89,8 +89,9 @@ struct RopeFreqs {
 // in double (at pos 32000 a float angle would be off by ~2e-3 rad), then
 // sin/cos of the reduced angle in float.
 __global__ void rope_store_kernel(float* q, const float* __restrict__ k, const float* __restrict__ v,
-                                  const int* __restrict__ pos, int n_heads, int n_kv_heads, int head_dim,
-                                  RopeFreqs freqs, __half* k_cache, __half* v_cache, __half* q_out) {
+                                  const int* __restrict__ pos, const int* __restrict__ slots, int n_heads,
+                                  int n_kv_heads, int head_dim, RopeFreqs freqs, __half* k_cache, __half* v_cache,
+                                  __half* q_out) {
   __shared__ float cs[kMaxRopePairs][2];
   const int t = blockIdx.x;
   const int p = pos[t];
@@ -116,7 +117,8 @@ __global__ void rope_store_kernel(float* q, const float* __restrict__ k, const f
     if (q_out) *reinterpret_cast<__half2*>(q_out + q_row + h * head_dim + 2 * i) = __floats2half2_rn(r0, r1);
   }
   const int64_t kv_row = int64_t(t) * n_kv_heads * head_dim;
-  const int64_t cache_row = int64_t(p) * n_kv_heads * head_dim;
+  // The cache row is the token's slot (paged cache) or its position.
+  const int64_t cache_row = int64_t(slots ? slots[t] : p) * n_kv_heads * head_dim;
   for (int j = threadIdx.x; j < n_kv_heads * pairs; j += blockDim.x) {
     const int h = j / pairs, i = j % pairs;
     const int64_t off = h * head_dim + 2 * i;
@@ -181,6 +183,13 @@ void rmsnorm(const float* x, const float* w, float* out_f32, uint16_t* out_f16, 
 void rope_and_store_kv(float* q, const float* k, const float* v, const int* pos, int n, int n_heads,
                        int n_kv_heads, int head_dim, float theta, float freq_scale, uint16_t* k_cache,
                        uint16_t* v_cache, uint16_t* q_out, Stream stream) {
+  rope_and_store_kv_slots(q, k, v, pos, nullptr, n, n_heads, n_kv_heads, head_dim, theta, freq_scale, k_cache,
+                          v_cache, q_out, stream);
+}
+
+void rope_and_store_kv_slots(float* q, const float* k, const float* v, const int* pos, const int* slots, int n,
+                             int n_heads, int n_kv_heads, int head_dim, float theta, float freq_scale,
+                             uint16_t* k_cache, uint16_t* v_cache, uint16_t* q_out, Stream stream) {
   if (n <= 0) return;
   RUNLM_CHECK(head_dim % 2 == 0 && head_dim / 2 <= kMaxRopePairs,
               "rope_and_store_kv: head_dim=%d unsupported; supported: even, <= %d", head_dim, 2 * kMaxRopePairs);
@@ -189,7 +198,7 @@ void rope_and_store_kv(float* q, const float* k, const float* v, const int* pos,
     f.f[i] = static_cast<double>(freq_scale) *
              std::pow(static_cast<double>(theta), -static_cast<double>(2 * i) / head_dim);
   rope_store_kernel<<<n, 128, 0, static_cast<cudaStream_t>(stream)>>>(
-      q, k, v, pos, n_heads, n_kv_heads, head_dim, f, reinterpret_cast<__half*>(k_cache),
+      q, k, v, pos, slots, n_heads, n_kv_heads, head_dim, f, reinterpret_cast<__half*>(k_cache),
       reinterpret_cast<__half*>(v_cache), reinterpret_cast<__half*>(q_out));
   cudaCheckLaunch();
 }

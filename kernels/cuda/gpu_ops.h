@@ -67,6 +67,12 @@ void rope_and_store_kv(float* q, const float* k, const float* v, const int* pos,
                        int n_kv_heads, int head_dim, float theta, float freq_scale, uint16_t* k_cache,
                        uint16_t* v_cache, uint16_t* q_out, Stream stream);
 
+// The same with K/V written to cache row slots[i] (a paged pool, see
+// src/paged_kv.h) instead of row pos[i]; slots == nullptr means pos.
+void rope_and_store_kv_slots(float* q, const float* k, const float* v, const int* pos, const int* slots, int n,
+                             int n_heads, int n_kv_heads, int head_dim, float theta, float freq_scale,
+                             uint16_t* k_cache, uint16_t* v_cache, uint16_t* q_out, Stream stream);
+
 // gate = silu(gate) * up, f32, and an f16 copy to out_f16 when non-null.
 void swiglu(float* gate, const float* up, uint16_t* out_f16, int64_t n, Stream stream);
 
@@ -86,5 +92,21 @@ void decode_attention(const float* q, const uint16_t* k_cache, const uint16_t* v
 
 // x += y (the residual add), f32.
 void add_inplace(float* x, const float* y, int64_t n, Stream stream);
+
+// ---- batching helpers (kernels/cuda/batch_ops.cu) ---------------------------
+
+// Copies the K and V of sequences out of a paged pool into contiguous
+// buffers, so the prefill attention backends can read them: sequence s's
+// positions [0, cu_k[s+1] - cu_k[s]) go to rows [cu_k[s], cu_k[s+1]) of
+// k_out/v_out ([total_k, kv_dim] f16). block_tables [n_seqs, max_blocks].
+void gather_kv(const uint16_t* k_pool, const uint16_t* v_pool, const int32_t* block_tables, int max_blocks,
+               const int32_t* cu_k, int n_seqs, int total_k, int block_size, int kv_dim, uint16_t* k_out,
+               uint16_t* v_out, Stream stream);
+
+// dst[i, :] = src[idx[i], :] for i < n, f32 rows of `width`.
+void gather_rows(const float* src, const int32_t* idx, int n, int width, float* dst, Stream stream);
+
+// f16 -> f32 conversion of n values.
+void to_f32(const uint16_t* x, float* out, int64_t n, Stream stream);
 
 }  // namespace runlm::gpu

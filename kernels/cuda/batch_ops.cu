@@ -1,0 +1,68 @@
+// Small kernels the CUDA engine needs to run a batch of sequences over the
+// paged KV cache: gathering a sequence's K/V into contiguous rows for the
+// prefill attention backends (which read contiguous K/V), picking the rows
+// whose logits are wanted, and f16 -> f32. All memory-bound, one pass.
+#include <cuda_fp16.h>
+
+#include "common.cuh"
+#include "gpu_ops.h"
+
+namespace runlm::gpu {
+
+namespace {
+
+// One block per destination row; 16-byte copies (kv_dim is a multiple of 8).
+__global__ void gather_kv_kernel(const uint4* __restrict__ k_pool, const uint4* __restrict__ v_pool,
+                                 const int32_t* __restrict__ tables, int max_blocks, const int32_t* __restrict__ cu_k,
+                                 int n_seqs, int block_size, int row_vecs, uint4* k_out, uint4* v_out) {
+  const int row = blockIdx.x;
+  // The sequence owning this row: n_seqs is small, a linear search is cheap.
+  int s = 0;
+  while (s + 1 < n_seqs && cu_k[s + 1] <= row) ++s;
+  const int pos = row - cu_k[s];
+  const int64_t slot = int64_t(tables[int64_t(s) * max_blocks + pos / block_size]) * block_size + pos % block_size;
+  for (int i = threadIdx.x; i < row_vecs; i += blockDim.x) {
+    k_out[int64_t(row) * row_vecs + i] = k_pool[slot * row_vecs + i];
+    v_out[int64_t(row) * row_vecs + i] = v_pool[slot * row_vecs + i];
+  }
+}
+
+__global__ void gather_rows_kernel(const float* __restrict__ src, const int32_t* __restrict__ idx, int width,
+                                   float* dst) {
+  const int i = blockIdx.x;
+  const float* s = src + int64_t(idx[i]) * width;
+  for (int j = threadIdx.x; j < width; j += blockDim.x) dst[int64_t(i) * width + j] = s[j];
+}
+
+__global__ void to_f32_kernel(const __half* __restrict__ x, float* out, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = __half2float(x[i]);
+}
+
+}  // namespace
+
+void gather_kv(const uint16_t* k_pool, const uint16_t* v_pool, const int32_t* block_tables, int max_blocks,
+               const int32_t* cu_k, int n_seqs, int total_k, int block_size, int kv_dim, uint16_t* k_out,
+               uint16_t* v_out, Stream stream) {
+  if (total_k <= 0) return;
+  RUNLM_CHECK(kv_dim % 8 == 0, "gather_kv: kv_dim=%d must be a multiple of 8", kv_dim);
+  gather_kv_kernel<<<total_k, 128, 0, static_cast<cudaStream_t>(stream)>>>(
+      reinterpret_cast<const uint4*>(k_pool), reinterpret_cast<const uint4*>(v_pool), block_tables, max_blocks, cu_k,
+      n_seqs, block_size, kv_dim / 8, reinterpret_cast<uint4*>(k_out), reinterpret_cast<uint4*>(v_out));
+  cudaCheckLaunch();
+}
+
+void gather_rows(const float* src, const int32_t* idx, int n, int width, float* dst, Stream stream) {
+  if (n <= 0) return;
+  gather_rows_kernel<<<n, 256, 0, static_cast<cudaStream_t>(stream)>>>(src, idx, width, dst);
+  cudaCheckLaunch();
+}
+
+void to_f32(const uint16_t* x, float* out, int64_t n, Stream stream) {
+  if (n <= 0) return;
+  const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 4096));
+  to_f32_kernel<<<blocks, 256, 0, static_cast<cudaStream_t>(stream)>>>(reinterpret_cast<const __half*>(x), out, n);
+  cudaCheckLaunch();
+}
+
+}  // namespace runlm::gpu
