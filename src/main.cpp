@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <new>
 #include <string>
 
 #include "commands.h"
@@ -19,8 +20,10 @@ struct Subcommand {
 constexpr Subcommand kSubcommands[] = {
     {"generate", runlm::cmd_generate, "complete a prompt (-m MODEL -p TEXT | -f FILE -n N)"},
     {"chat", runlm::cmd_chat, "interactive chat with a chat template"},
+    {"batch", runlm::cmd_batch, "generate for every prompt of a file (text or JSONL) with continuous batching"},
     {"bench", runlm::cmd_bench, "prefill and decode throughput, llama-bench style (-p 512 -n 128)"},
     {"bench-attn", runlm::cmd_bench_attn, "prefill attention backends: TFLOP/s sweep (GPU)"},
+    {"perplexity", runlm::cmd_perplexity, "perplexity over a text in chunks; KLD against a saved run (-m MODEL -f FILE)"},
     {"convert", runlm::cmd_convert, "llama2.c .bin or Hugging Face directory -> GGUF"},
     {"quantize", runlm::cmd_quantize, "re-encode a GGUF's weights (q8_0, q4_0, q4_k, q6_k, q4_k_m, f16...)"},
 };
@@ -43,6 +46,12 @@ int main(int argc, char** argv) {
     argv[1] = const_cast<char*>(prog.c_str());
     try {
       return s.run(argc - 1, argv + 1);
+    } catch (const std::bad_alloc& e) {
+      // Sizes from files and flags are checked before the big allocations;
+      // this is the last line for whatever still runs out of host memory.
+      std::fflush(stdout);
+      std::fprintf(stderr, "error: out of host memory (%s); try a smaller -c or a smaller model\n", e.what());
+      return 1;
     } catch (const std::exception& e) {
       std::fflush(stdout);
       std::fprintf(stderr, "error: %s\n", e.what());
