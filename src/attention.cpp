@@ -29,8 +29,12 @@ constexpr AttnLaunchFn kFa3Launch = nullptr;
 
 std::string join_ints(const std::vector<int>& v) {
   std::string s = "{";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
-  return s + "}";
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(v[i]);
+  }
+  s += '}';
+  return s;
 }
 
 int current_device_sm() {
@@ -144,7 +148,8 @@ AttnBackend attn_resolve(AttnBackend b, const AttnParams& p) {
   for (auto it = table.rbegin(); it != table.rend(); ++it) {
     std::string why = attn_unsupported_reason(it->backend, p, sm);
     if (why.empty()) return it->backend;
-    whys += (whys.empty() ? "" : "; ") + why;
+    if (!whys.empty()) whys += "; ";
+    whys += why;
   }
   fail("attention: auto: no backend supports this request (%s)", whys.c_str());
 }

@@ -21,6 +21,7 @@ cd "$ROOT"
 OUT=${OUT:-$ROOT/gpu-check-out}
 BUILD=${BUILD:-$ROOT/build-gpu}
 JOBS=${JOBS:-$(nproc)}
+# Also available: profile (ncu), plot (PNG charts).
 SECTIONS=${SECTIONS:-"env build test sass sanitize bench anchors summary"}
 BENCH_ARGS=${BENCH_ARGS:-}
 ANCHOR_ARGS=${ANCHOR_ARGS:-}
@@ -60,6 +61,11 @@ section_env() {
 # build of the attention unit alone (its sources, test and bench) keeps the
 # GPU checks going.
 section_build() {
+  # BUILD_MODE=standalone skips the project build (attention unit only).
+  if [ "${BUILD_MODE:-cmake}" = standalone ]; then
+    build_attention_standalone
+    return
+  fi
   if cmake -S . -B "$BUILD" -DRUNLM_CUDA=ON -DCMAKE_BUILD_TYPE=Release >"$OUT/cmake.log" 2>&1 &&
      cmake --build "$BUILD" -j "$JOBS" --target runlm_tests runlm >>"$OUT/cmake.log" 2>&1; then
     log "cmake build ok"
@@ -74,7 +80,8 @@ build_attention_standalone() {
   local sb=$BUILD/standalone
   mkdir -p "$sb"
   local objs=() f o
-  for f in kernels/cuda/*.cu kernels/cuda/fa3/*.cu; do
+  # Only the attention kernels: other kernels may need libraries (cuBLAS).
+  for f in kernels/cuda/attn_*.cu kernels/cuda/fa3/*.cu; do
     [ -f "$f" ] || continue
     o=$sb/$(echo "$f" | tr '/' '_').o
     nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo \
@@ -151,6 +158,28 @@ section_bench() {
   return $rc
 }
 
+# Nsight Compute on one launch of each prefill backend (opt-in: add
+# "profile" to SECTIONS): speed of light, occupancy, warp stall summary.
+section_profile() {
+  command -v ncu >/dev/null || { echo "no ncu"; return 1; }
+  local be args
+  for be in ${PROFILE_ATTN:-fa2 fa3}; do
+    args="--attn $be --hdim ${PROFILE_HDIM:-128} --seqlen ${PROFILE_SEQLEN:-8192} --causal 0 -r 1"
+    if "$RUNLM" bench-attn --help >/dev/null 2>&1; then
+      # shellcheck disable=SC2086
+      timeout 180 ncu --kernel-name "regex:attn_${be}" --launch-count 1 --section SpeedOfLight --section Occupancy \
+        --section WarpStateStats --section ComputeWorkloadAnalysis "$RUNLM" bench-attn $args >"$OUT/ncu_$be.txt" 2>&1
+    else
+      RUNLM_BENCH_ATTN_ARGS="$args" timeout 180 ncu --kernel-name "regex:attn_${be}" --launch-count 1 \
+        --section SpeedOfLight --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis \
+        "$TESTS" --gtest_filter=AttentionBench.FromEnv >"$OUT/ncu_$be.txt" 2>&1
+    fi
+    echo "-- ncu $be ($args)"
+    grep -E "Duration|Compute \(SM\) Throughput|Registers Per Thread|Achieved Occupancy|Issue Slots Busy|Warp Cycles Per Issued|stalled|Executed Ipc Active" \
+      "$OUT/ncu_$be.txt" | cut -c1-220 | head -14
+  done
+}
+
 section_anchors() {
   local a
   a=$(anchor_script) || { echo "torch_sdpa.py not found (../shared/anchors or .carry/anchors)"; return 1; }
@@ -160,6 +189,11 @@ section_anchors() {
   local rc=$?
   tail -3 "$OUT/anchors.err"
   return $rc
+}
+
+# FlashAttention-paper-style charts (opt-in: add "plot" to SECTIONS).
+section_plot() {
+  python3 "$ROOT/tools/plot_attn.py" "$OUT/bench_attn.jsonl" "$OUT/anchors.jsonl" -o "$OUT/plots"
 }
 
 # Our TFLOP/s per backend, torch's, and the ratios, one row per shape.
@@ -209,7 +243,10 @@ for s in $SECTIONS; do
   fi
 done
 log "done; failed sections: ${FAILED[*]:-none}"
-# The device tool returns at most 8 files: bundle the logs, keep the JSON.
-(cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz --exclude='*.jsonl' . && find . -maxdepth 1 -type f \
-  ! -name logs.tgz ! -name '*.jsonl' -delete) 2>/dev/null
+# BUNDLE=1 (for the lent-GPU tool, which returns at most 8 files): pack the
+# logs and charts into logs.tgz, keep the JSON files beside it.
+if [ "${BUNDLE:-0}" = 1 ]; then
+  (cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz --exclude='*.jsonl' --exclude=sass.txt . &&
+   find . -maxdepth 1 -type f ! -name logs.tgz ! -name '*.jsonl' -delete && rm -rf plots) 2>/dev/null
+fi
 [ ${#FAILED[@]} -eq 0 ]

@@ -4,8 +4,12 @@
 // cp.async ring; scores stay in registers, the softmax is online (running max
 // and sum per row, base 2), normalisation is deferred to the end, and the
 // log-sum-exp is written for each row.
-// Version 1: Q re-read from shared memory by ldmatrix each k-step (keeps
-// registers for O and S), direct 4-byte output stores.
+// Q is re-read from shared memory by ldmatrix each k-step (keeps registers
+// for O and S); output goes out by direct 4-byte stores.
+// Versions (kernels/cuda/NOTES.md has the measurements): v1 16 rows a warp;
+// v2 32 rows a warp as FA2; v3 ex2.approx and one scale per row max; v4
+// (this) ldmatrix addresses from per-thread XOR offsets and P packed per
+// k16 step, which took the d128 spill from 92 to 12 bytes.
 #include <cfloat>
 #include <cstdlib>
 
@@ -116,6 +120,21 @@ __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>:
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t4 = lane & 3;
+  // ldmatrix addresses, split into a per-thread row base and a few XOR
+  // offsets: every 16-row group starts at a multiple of 8 rows, so a row's
+  // swizzle key is lane & 7, and chunk 8*blk + c (c < 8) swizzles to
+  // 8*blk + (c ^ (lane & 7)). Four offsets per operand then cover every
+  // k-step; computing each address from scratch cost registers (spills).
+  const uint32_t r7 = lane & 7;
+  uint32_t xhi[4], xmid[4];  // chunk low bit from lane >> 4 (Q, V) or (lane >> 3) & 1 (K)
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    xhi[j] = ((2 * j + (lane >> 4)) ^ r7) << 4;
+    xmid[j] = ((2 * j + ((lane >> 3) & 1)) ^ r7) << 4;
+  }
+  const uint32_t q_row = sQ + (warp * kMT * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * D * 2;
+  const uint32_t k_row = ((lane & 7) + (lane >> 4) * 8) * D * 2;           // + stage base
+  const uint32_t v_row = ((lane & 7) + ((lane >> 3) & 1) * 8) * D * 2;     // + stage base
   const int64_t q_stride = int64_t(a.n_heads) * D, kv_stride = int64_t(a.n_kv_heads) * D;
   const T* qg = static_cast<const T*>(a.q) + (int64_t(q_start + m0) * a.n_heads + h) * D;
   const T* kg = static_cast<const T*>(a.k) + (int64_t(k_start) * a.n_kv_heads + kvh) * D;
@@ -163,15 +182,13 @@ __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>:
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t qa[kMT][4];
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-        const int row = (warp * kMT + mt) * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-        ldmatrix_x4(sQ + swz_offset<D>(row, kk * 2 + (lane >> 4)), qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3]);
-      }
+      for (int mt = 0; mt < kMT; ++mt)
+        ldmatrix_x4(q_row + mt * 16 * D * 2 + (kk / 4) * 128 + xhi[kk % 4], qa[mt][0], qa[mt][1], qa[mt][2],
+                    qa[mt][3]);
 #pragma unroll
       for (int n2 = 0; n2 < kNT / 2; ++n2) {
         uint32_t b0, b1, b2, b3;
-        const int key = n2 * 16 + (lane & 7) + (lane >> 4) * 8;
-        ldmatrix_x4(sKs + swz_offset<D>(key, kk * 2 + ((lane >> 3) & 1)), b0, b1, b2, b3);
+        ldmatrix_x4(sKs + k_row + n2 * 16 * D * 2 + (kk / 4) * 128 + xmid[kk % 4], b0, b1, b2, b3);
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
           mma_16816<Tr::kIsBf16>(s[mt][2 * n2], qa[mt], b0, b1);
@@ -202,7 +219,6 @@ __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>:
     }
 
     // Online softmax, base 2: p = 2^(s*scale_log2 - m), O and l rescaled by 2^(m_old - m).
-    uint32_t p[kMT][kNT / 2][4];
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
@@ -233,28 +249,29 @@ __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>:
           o[mt][dt][hr * 2 + 1] *= corr;
         }
       }
-      // The C layout of two adjacent n8 tiles is the A layout of one k16 step.
-#pragma unroll
-      for (int k2 = 0; k2 < kNT / 2; ++k2) {
-        p[mt][k2][0] = Tr::pack2(s[mt][2 * k2][0], s[mt][2 * k2][1]);
-        p[mt][k2][1] = Tr::pack2(s[mt][2 * k2][2], s[mt][2 * k2][3]);
-        p[mt][k2][2] = Tr::pack2(s[mt][2 * k2 + 1][0], s[mt][2 * k2 + 1][1]);
-        p[mt][k2][3] = Tr::pack2(s[mt][2 * k2 + 1][2], s[mt][2 * k2 + 1][3]);
-      }
     }
 
-    // O += P V.
+    // O += P V. P is packed one k16 step at a time, so S's registers die as
+    // the loop advances (packing all of P first spilled at d128). The C
+    // layout of two adjacent n8 tiles is the A layout of one k16 step.
 #pragma unroll
     for (int k2 = 0; k2 < kNT / 2; ++k2) {
+      uint32_t pa[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        pa[mt][0] = Tr::pack2(s[mt][2 * k2][0], s[mt][2 * k2][1]);
+        pa[mt][1] = Tr::pack2(s[mt][2 * k2][2], s[mt][2 * k2][3]);
+        pa[mt][2] = Tr::pack2(s[mt][2 * k2 + 1][0], s[mt][2 * k2 + 1][1]);
+        pa[mt][3] = Tr::pack2(s[mt][2 * k2 + 1][2], s[mt][2 * k2 + 1][3]);
+      }
 #pragma unroll
       for (int d2 = 0; d2 < kDT / 2; ++d2) {
         uint32_t b0, b1, b2, b3;
-        const int key = k2 * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-        ldmatrix_x4_trans(sVs + swz_offset<D>(key, d2 * 2 + (lane >> 4)), b0, b1, b2, b3);
+        ldmatrix_x4_trans(sVs + v_row + k2 * 16 * D * 2 + (d2 / 4) * 128 + xhi[d2 % 4], b0, b1, b2, b3);
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
-          mma_16816<Tr::kIsBf16>(o[mt][2 * d2], p[mt][k2], b0, b1);
-          mma_16816<Tr::kIsBf16>(o[mt][2 * d2 + 1], p[mt][k2], b2, b3);
+          mma_16816<Tr::kIsBf16>(o[mt][2 * d2], pa[mt], b0, b1);
+          mma_16816<Tr::kIsBf16>(o[mt][2 * d2 + 1], pa[mt], b2, b3);
         }
       }
     }

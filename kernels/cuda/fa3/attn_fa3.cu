@@ -1,18 +1,21 @@
 // attn_fa3: FlashAttention-3 style forward for sm_90a (H100/H200).
-// Version 1: warp-specialised persistent kernel. Warpgroup 0 produces: one
-// thread streams Q and the K/V tiles by TMA into a 2-stage shared-memory
-// ring guarded by mbarriers, then gives its registers away (setmaxnreg).
+// Warp-specialised persistent kernel. Warpgroup 0 produces: one thread
+// streams Q and the K/V tiles by TMA into a shared-memory ring of 2-4 stages
+// guarded by mbarriers, then gives its registers away (setmaxnreg).
 // Warpgroups 1 and 2 consume, 64 query rows each: S = Q K^T and O += P V on
 // wgmma (A = Q from shared memory, then P from registers), online softmax in
-// registers, deferred normalisation, direct stores. A static persistent
+// registers overlapped with the previous tile's P V (intra-warpgroup
+// overlap), deferred normalisation, direct stores. A static persistent
 // scheduler hands out query blocks heaviest-first.
-// Not yet: ping-pong between the consumer warpgroups (named barriers so one
-// group's softmax overlaps the other's GEMMs) and intra-warpgroup overlap of
-// the next QK^T with this tile's softmax.
+// Versions (NOTES.md): v1 serial per warpgroup; v2 intra-warpgroup overlap
+// (+ ping-pong, measured slower and compiled out); v3 per-warp barrier
+// release, stages sized to shared memory; v4 (this) no S zeroing.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 #include "cuda/attn_kernels.h"
 #include "cuda/common.cuh"
@@ -29,28 +32,28 @@ namespace {
 
 using namespace fa3;
 
-template <typename T, int D>
+template <typename T, int D, int BN>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_fa3_fwd(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                  const __grid_constant__ CUtensorMap tmV, const Args a) {
 #if RUNLM_FA3_DEVICE
-  using L = Layout<D>;
+  using L = Layout<D, BN>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
   if (threadIdx.x == 0) {
     mbar_init(L::q_full(base), 1);
-    mbar_init(L::q_empty(base), kConsumerThreads);
+    mbar_init(L::q_empty(base), kConsumerWarps);
     for (int s = 0; s < L::kStages; ++s) {
       mbar_init(L::k_full(base, s), 1);
-      mbar_init(L::k_empty(base, s), kConsumerThreads);
+      mbar_init(L::k_empty(base, s), kConsumerWarps);
       mbar_init(L::v_full(base, s), 1);
-      mbar_init(L::v_empty(base, s), kConsumerThreads);
+      mbar_init(L::v_empty(base, s), kConsumerWarps);
     }
     mbar_init_fence();
   }
   __syncthreads();  // barriers initialised before anyone waits on them
 
-  const StaticTileScheduler sched{a.n_m_blocks, a.n_heads, a.batch};
+  const StaticTileScheduler sched{a.n_m_blocks, a.n_heads, a.batch, a.head_major_schedule};
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     regs_dealloc<kProducerRegs>();
@@ -64,13 +67,17 @@ __global__ void __launch_bounds__(kThreads, 1)
         const WorkTile w = sched.tile(t);
         const TileRange r = tile_range<L::BM, L::BN>(a, w.m_block, w.batch);
         if (!r.valid || r.t_lo >= r.t_hi) continue;  // consumers skip the same blocks
-        producer_load_block<D>(base, &tmQ, &tmK, &tmV, r, w.head, w.head / a.group, q_iter, pipe);
+        producer_load_block<D, BN>(base, &tmQ, &tmK, &tmV, r, w.head, w.head / a.group, q_iter, pipe);
         ++q_iter;
       }
     }
   } else {
     regs_alloc<kConsumerRegs>();
     const int wgc = wg - 1;
+    // Ping-pong: warpgroup 0 takes the first turn; warpgroup 0 takes one
+    // extra turn at the end so both barriers end with no pending arrivals.
+    const PingPong<kPingPong> pp{wgc};
+    if (wgc == 1) pp.pass_turn();
     PipeState pipe;
     int q_iter = 0;
     for (int t = sched.get_initial_work(); sched.valid(t); t = sched.get_next_work(t)) {
@@ -83,11 +90,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       OnlineSoftmax<L::BN> sm;
       sm.init();
       if (r.t_lo < r.t_hi) {
-        consumer_mma_block<T, D>(base, a, r, wgc, q_iter, pipe, o, sm);
+        consumer_mma_block<T, D, BN>(base, a, r, wgc, q_iter, pipe, o, sm);
         ++q_iter;
       }
       epilogue_store<T, D, L::BN>(a, r, w.head, wgc, o, sm);
     }
+    if (wgc == 0) pp.wait_turn();
   }
 #endif
 }
@@ -123,9 +131,18 @@ CUtensorMap make_tmap(const void* ptr, DType dt, int rows, int heads, int d, int
   return m;
 }
 
-template <typename T, int D>
+// RUNLM_FA3_SCHED=head: head-major tile order (see StaticTileScheduler).
+bool fa3_head_major_schedule() {
+  static const bool on = [] {
+    const char* e = std::getenv("RUNLM_FA3_SCHED");
+    return e && std::string(e) == "head";
+  }();
+  return on;
+}
+
+template <typename T, int D, int BN>
 void launch_fa3(const AttnParams& p) {
-  using L = Layout<D>;
+  using L = Layout<D, BN>;
   if (p.max_seqlen_q == 0) return;
   const CUtensorMap tq = make_tmap(p.q, p.dtype, p.total_q, p.n_heads, D, L::BM, "q");
   const CUtensorMap tk = make_tmap(p.k, p.dtype, p.total_k, p.n_kv_heads, D, L::BN, "k");
@@ -143,6 +160,7 @@ void launch_fa3(const AttnParams& p) {
   a.scale_log2 = p.scale * kLog2e;
   a.n_m_blocks = ceil_div(p.max_seqlen_q, L::BM);
   a.batch = p.batch;
+  a.head_major_schedule = fa3_head_major_schedule();
   const int64_t tiles = int64_t(a.n_m_blocks) * p.n_heads * p.batch;
   RUNLM_CHECK(tiles < (int64_t(1) << 31), "fa3: %lld work tiles unsupported; supported: < 2^31",
               static_cast<long long>(tiles));
@@ -150,17 +168,28 @@ void launch_fa3(const AttnParams& p) {
   cudaCheck(cudaGetDevice(&dev));
   cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   const int grid = int(tiles < sms ? tiles : sms);
-  cudaCheck(cudaFuncSetAttribute(attn_fa3_fwd<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(L::kAlloc)));
-  attn_fa3_fwd<T, D><<<grid, kThreads, L::kAlloc, static_cast<cudaStream_t>(p.stream)>>>(tq, tk, tv, a);
+  cudaCheck(cudaFuncSetAttribute(attn_fa3_fwd<T, D, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(L::kAlloc)));
+  attn_fa3_fwd<T, D, BN><<<grid, kThreads, L::kAlloc, static_cast<cudaStream_t>(p.stream)>>>(tq, tk, tv, a);
   cudaCheckLaunch();
+}
+
+// RUNLM_FA3_BN=176 selects the wider key tile for d128 (benchmarking).
+int fa3_bn_override() {
+  static const int bn = [] {
+    const char* e = std::getenv("RUNLM_FA3_BN");
+    return e ? std::atoi(e) : 0;
+  }();
+  return bn;
 }
 
 template <typename T>
 void launch_fa3_typed(const AttnParams& p) {
   switch (p.head_dim) {
-    case 64: return launch_fa3<T, 64>(p);
-    case 128: return launch_fa3<T, 128>(p);
-    case 256: return launch_fa3<T, 256>(p);
+    case 64: return launch_fa3<T, 64, DefaultBN<64>::value>(p);
+    case 128:
+      if (fa3_bn_override() == 176) return launch_fa3<T, 128, 176>(p);
+      return launch_fa3<T, 128, DefaultBN<128>::value>(p);
+    case 256: return launch_fa3<T, 256, DefaultBN<256>::value>(p);
     default: fail("fa3: head_dim=%d unsupported; supported: head_dim {64,128,256}", p.head_dim);
   }
 }

@@ -7,7 +7,7 @@ both K-major). RS: A from registers (four b32 of packed pairs), B from shared
 memory, B transposed (N-major, i.e. V stored [key][dim]).
 Run: python3 gen_wgmma.py > wgmma.cuh
 """
-SHAPES_SS = [64, 128]       # S = Q K^T: n = BN
+SHAPES_SS = [64, 128, 176]      # S = Q K^T: n = BN
 SHAPES_RS = [64, 128, 256]  # O += P V: n = head_dim
 TYPES = [("bf16", True), ("f16", False)]
 

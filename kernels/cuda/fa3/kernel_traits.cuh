@@ -16,27 +16,39 @@ namespace fa3 {
 constexpr int kConsumerWGs = 2;
 constexpr int kThreads = 128 * (1 + kConsumerWGs);
 constexpr int kConsumerThreads = 128 * kConsumerWGs;
+constexpr int kConsumerWarps = kConsumerThreads / 32;  // arrivals on each *_empty barrier
 constexpr int kProducerRegs = 24;   // setmaxnreg: the producer needs few registers...
 constexpr int kConsumerRegs = 240;  // ...so consumers get 240: 24*128 + 240*256 <= 64K
 
+// Ping-pong between the consumer warpgroups (mainloop.cuh): measured slower
+// than intra-warpgroup overlap alone on H100 (d128 16k: 585 vs 623 TFLOP/s
+// non-causal), so it is compiled out; the code stays for later tuning.
+constexpr bool kPingPong = false;
+
+// Key-tile width per head dim. d128 also has BN = 176 (FA3's choice for
+// non-causal), picked at launch by RUNLM_FA3_BN=176 (benchmarking).
 template <int D>
-struct Traits;
+struct DefaultBN;
 template <>
-struct Traits<64> {
-  static constexpr int BM = 128, BN = 128, kStages = 2;
+struct DefaultBN<64> {
+  static constexpr int value = 128;
 };
 template <>
-struct Traits<128> {
-  static constexpr int BM = 128, BN = 128, kStages = 2;
+struct DefaultBN<128> {
+  static constexpr int value = 128;
 };
 template <>
-struct Traits<256> {
-  static constexpr int BM = 128, BN = 64, kStages = 2;
+struct DefaultBN<256> {
+  static constexpr int value = 64;
 };
 
-template <int D>
+template <int D, int BN_>
 struct Layout {
-  static constexpr int BM = Traits<D>::BM, BN = Traits<D>::BN, kStages = Traits<D>::kStages;
+  static constexpr int BM = 128, BN = BN_;
+  // As many K/V stages as fit next to Q (at most 4, at least 2).
+  static constexpr int kStagesFit = int((227 * 1024 - 2048 - BM * D * 2) / (2 * BN * D * 2));
+  static constexpr int kStages = kStagesFit > 4 ? 4 : kStagesFit;
+  static_assert(kStages >= 2, "fewer than 2 K/V stages fit in shared memory");
   static constexpr uint32_t kQBytes = BM * D * 2;
   static constexpr uint32_t kKVBytes = BN * D * 2;  // one K (or V) stage
   static constexpr uint32_t kQ = 0;
@@ -68,6 +80,7 @@ struct Args {
   bool causal;
   float scale_log2;
   int n_m_blocks, batch;
+  bool head_major_schedule;  // see StaticTileScheduler
 };
 
 // The keys a query block can see, as a range of BN-key tiles [t_lo, t_hi).

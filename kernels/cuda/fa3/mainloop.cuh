@@ -3,9 +3,9 @@
 //
 // Pipeline: kStages slots, each with a K and a V buffer and four mbarriers.
 // *_full completes when the TMA bytes have landed (expect_tx by the producer,
-// complete_tx by the copy engine); *_empty completes when all 256 consumer
-// threads have arrived, i.e. their wgmma reads of the buffer are finished
-// (each consumer waits for its wgmma group before arriving). K and V have
+// complete_tx by the copy engine); *_empty completes when all 8 consumer
+// warps have arrived (lane 0 of each, after the warp's wgmma wait, which is
+// warp-synchronous, so the whole warp's reads of the buffer are finished). K and V have
 // separate barriers so QK^T starts before V has landed and K's slot is
 // released while the softmax runs. Slot and phase come from one running
 // tile counter that producer and consumers advance identically.
@@ -32,11 +32,11 @@ struct PipeState {
 };
 
 // Producer (one thread): Q once per query block, then K and V tile by tile.
-template <int D>
+template <int D, int BN>
 __device__ __forceinline__ void producer_load_block(uint32_t base, const void* tmQ, const void* tmK, const void* tmV,
                                                     const TileRange& r, int head, int kv_head, int q_iter,
                                                     PipeState& pipe) {
-  using L = Layout<D>;
+  using L = Layout<D, BN>;
   constexpr int kBlocks = D / 64;  // 64-element column blocks (one 128-byte swizzle row each)
   // The previous block's Q is free once every consumer has finished its last QK^T.
   mbar_wait(L::q_empty(base), (q_iter & 1) ^ 1);
@@ -80,6 +80,27 @@ __device__ __forceinline__ void apply_mask(float (&s)[BN / 2], const Args& a, co
   }
 }
 
+// Ping-pong between the two consumer warpgroups (FA3 section 3.1): a
+// warpgroup issues its GEMMs only on its turn, then hands the turn over, so
+// one group's softmax runs while the other's GEMMs occupy the tensor cores.
+// Named barrier 1 + c is warpgroup c's turn: it syncs there (128 threads)
+// and the other group arrives there (128 threads).
+template <bool kOn>
+struct PingPong {
+  int wgc;
+  __device__ __forceinline__ void wait_turn() const {
+    if constexpr (kOn) named_bar_sync(1 + wgc, 2 * 128);
+  }
+  __device__ __forceinline__ void pass_turn() const {
+    if constexpr (kOn) named_bar_arrive(1 + (1 - wgc), 2 * 128);
+  }
+};
+
+// One arrival per consumer warp (the barriers count warps, not threads).
+__device__ __forceinline__ void consumer_release(uint32_t bar) {
+  if ((threadIdx.x & 31) == 0) mbar_arrive(bar);
+}
+
 template <int N>
 __device__ __forceinline__ void fence_regs_u32(uint32_t (&r)[N][4]) {
 #pragma unroll
@@ -96,11 +117,12 @@ __device__ __forceinline__ void fence_regs_u32(uint32_t (&r)[N][4]) {
 // the CUDA cores while the tensor cores finish P V_{t-1}. O is rescaled only
 // after that GEMM has completed. P's registers are read by the asynchronous
 // wgmma, so they are pinned (fence_regs_u32) until its wait.
-template <typename T, int D>
+template <typename T, int D, int BN>
 __device__ __forceinline__ void consumer_mma_block(uint32_t base, const Args& a, const TileRange& r, int wgc, int q_iter,
-                                                   PipeState& pipe, float (&o)[D / 2], OnlineSoftmax<Traits<D>::BN>& sm) {
-  using L = Layout<D>;
-  constexpr int BN = L::BN, BM = L::BM;
+                                                   PipeState& pipe, float (&o)[D / 2], OnlineSoftmax<BN>& sm) {
+  const PingPong<kPingPong> pp{wgc};
+  using L = Layout<D, BN>;
+  constexpr int BM = L::BM;
   constexpr bool kBf16 = ElemTraits<T>::kIsBf16;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t4 = lane % 4;
@@ -115,8 +137,7 @@ __device__ __forceinline__ void consumer_mma_block(uint32_t base, const Args& a,
 
   auto issue_qk = [&](int s) {
     const uint64_t dk = make_desc(base + L::kK + s * L::kKVBytes, 16, 1024);
-#pragma unroll
-    for (int i = 0; i < BN / 2; ++i) sacc[i] = 0.0f;
+    // No zeroing: the first k-step overwrites (scale_d = 0).
     fence_regs(sacc);
     wgmma_fence();
 #pragma unroll
@@ -124,7 +145,7 @@ __device__ __forceinline__ void consumer_mma_block(uint32_t base, const Args& a,
       // k-step kk: column block kk/4, 32 bytes per 16 elements inside it.
       const uint32_t offq = ((kk / 4) * BM * 128 + (kk % 4) * 32) >> 4;
       const uint32_t offk = ((kk / 4) * BN * 128 + (kk % 4) * 32) >> 4;
-      Wgmma<BN, kBf16>::ss(sacc, dq + offq, dk + offk, 1);
+      Wgmma<BN, kBf16>::ss(sacc, dq + offq, dk + offk, kk > 0 ? 1 : 0);
     }
     wgmma_commit();
   };
@@ -172,10 +193,12 @@ __device__ __forceinline__ void consumer_mma_block(uint32_t base, const Args& a,
   int prev = pipe.slot<L::kStages>();
   uint32_t prev_ph = pipe.phase<L::kStages>();
   mbar_wait(L::k_full(base, prev), prev_ph);
+  pp.wait_turn();
   issue_qk(prev);
+  pp.pass_turn();
   wgmma_wait<0>();
   fence_regs(sacc);
-  mbar_arrive(L::k_empty(base, prev));  // this thread's wgmma reads of K are done
+  consumer_release(L::k_empty(base, prev));  // this thread's wgmma reads of K are done
   {
     float corr[2];
     softmax_tile(r.t_lo, corr);
@@ -187,18 +210,20 @@ __device__ __forceinline__ void consumer_mma_block(uint32_t base, const Args& a,
     const int s = pipe.slot<L::kStages>();
     const uint32_t ph = pipe.phase<L::kStages>();
     mbar_wait(L::k_full(base, s), ph);
-    issue_qk(s);                           // S_t = Q K_t^T
     mbar_wait(L::v_full(base, prev), prev_ph);
+    pp.wait_turn();
+    issue_qk(s);                           // S_t = Q K_t^T
     issue_pv(prev);                        // O += P_{t-1} V_{t-1}
+    pp.pass_turn();
     wgmma_wait<1>();                       // groups retire in order: S_t is ready
     fence_regs(sacc);
-    mbar_arrive(L::k_empty(base, s));
+    consumer_release(L::k_empty(base, s));
     float corr[2];
     softmax_tile(t, corr);                 // overlaps the P V GEMM
     wgmma_wait<0>();
     fence_regs(o);
     fence_regs_u32(p);                     // P was read by that GEMM until here
-    mbar_arrive(L::v_empty(base, prev));
+    consumer_release(L::v_empty(base, prev));
     rescale_o(corr);
     pack_p();
     prev = s;
@@ -207,12 +232,14 @@ __device__ __forceinline__ void consumer_mma_block(uint32_t base, const Args& a,
 
   // Epilogue of the loop: the last tile's P V.
   mbar_wait(L::v_full(base, prev), prev_ph);
+  pp.wait_turn();
   issue_pv(prev);
+  pp.pass_turn();
   wgmma_wait<0>();
   fence_regs(o);
   fence_regs_u32(p);
-  mbar_arrive(L::v_empty(base, prev));
-  mbar_arrive(L::q_empty(base));  // done with this block's Q
+  consumer_release(L::v_empty(base, prev));
+  consumer_release(L::q_empty(base));  // done with this block's Q
 }
 
 }  // namespace fa3
