@@ -87,7 +87,8 @@ int cmd_batch(int argc, char** argv) {
       ("ignore-eos", "keep generating after EOS")
       ("chat-template", "template for JSONL \"messages\" requests (default: from the model)",
        cxxopts::value<std::string>())
-      ("kv-mem", "KV cache size in MiB (default: parallel x context, at most 8 GiB)",
+      ("swa-full", "with a sliding window, keep every page (default: pages that leave the window are freed)")
+      ("kv-mem", "KV cache size in MiB (default: parallel x context, within 90% of free GPU memory or 8 GiB on the CPU)",
        cxxopts::value<int64_t>()->default_value("0"));
   // llama.cpp spells the parallel count -np: rewrite it to the long form.
   for (int i = 1; i < argc; ++i)
@@ -112,11 +113,10 @@ int cmd_batch(int argc, char** argv) {
   eo.kv = KvLayout::Paged;
   const int64_t kv_mem_mib = args["kv-mem"].as<int64_t>();
   RUNLM_CHECK(kv_mem_mib >= 0, "--kv-mem must be >= 0, got %lld", static_cast<long long>(kv_mem_mib));
-  const ModelConfig& c = model->config();
-  const double page_bytes = 2.0 * c.n_layers * c.kv_dim() * eo.block_size * 4;  // f32 on the CPU (upper bound)
-  const double want = kv_mem_mib > 0 ? static_cast<double>(kv_mem_mib) * (1 << 20)
-                                     : std::min(8.0 * (1 << 30), page_bytes * parallel * (eo.n_ctx / eo.block_size + 1));
-  eo.kv_pages = std::max<int64_t>(1, static_cast<int64_t>(want / page_bytes));
+  // Room for every running sequence at full context, within --kv-mem (or
+  // the backend's default share of memory); the scheduler preempts if less.
+  eo.kv_tokens = static_cast<int64_t>(parallel) * eo.n_ctx;
+  eo.kv_bytes = kv_mem_mib << 20;
   auto engine = make_engine(*model, eo);
 
   std::string chat_template;
@@ -132,6 +132,7 @@ int cmd_batch(int argc, char** argv) {
   SchedulerOptions so;
   so.max_parallel = parallel;
   so.max_seq_len = engine->n_ctx();
+  so.swa_full = args.count("swa-full") > 0;
   Scheduler scheduler(*engine, tok, so);
 
   // Builds each request; a line that cannot become one gets an error record.
@@ -223,7 +224,7 @@ int cmd_batch(int argc, char** argv) {
                n_interrupted ? strfmt(", %d interrupted", n_interrupted).c_str() : "",
                static_cast<long long>(tokens_out), secs, secs > 0 ? tokens_out / secs : 0.0,
                static_cast<long long>(scheduler.steps()), static_cast<long long>(scheduler.preemptions()),
-               engine->backend_name(), parallel, static_cast<long long>(eo.kv_pages), eo.block_size);
+               engine->backend_name(), parallel, static_cast<long long>(engine->blocks()->n_pages()), eo.block_size);
   return g_batch_interrupt.load() ? 130 : 0;
 }
 

@@ -48,7 +48,15 @@ class CpuEngine final : public Engine {
     int64_t n_slots = n_ctx_;
     if (layout_ == KvLayout::Paged) {
       block_size_ = opt.block_size;
-      const int64_t pages = opt.kv_pages > 0 ? opt.kv_pages : (n_ctx_ + block_size_ - 1) / block_size_;
+      int64_t pages = opt.kv_pages;
+      if (pages <= 0) {
+        // Enough for kv_tokens (or n_ctx), at most --kv-mem or 8 GiB of f32 K and V.
+        const int64_t tokens = opt.kv_tokens > 0 ? opt.kv_tokens : n_ctx_;
+        const double page_bytes = 2.0 * 4 * cfg_.n_layers * cfg_.kv_dim() * block_size_;
+        const double budget = opt.kv_bytes > 0 ? static_cast<double>(opt.kv_bytes) : 8.0 * (1 << 30);
+        pages = std::max<int64_t>(1, std::min<int64_t>((tokens + block_size_ - 1) / block_size_,
+                                                       static_cast<int64_t>(budget / page_bytes)));
+      }
       RUNLM_CHECK(pages < (int64_t{1} << 31), "KV cache: %lld pages is too many", static_cast<long long>(pages));
       blocks_ = std::make_unique<BlockManager>(static_cast<int>(pages), block_size_);
       n_slots = pages * block_size_;
@@ -79,6 +87,7 @@ class CpuEngine final : public Engine {
   const char* kv_type_name() const override { return "f32"; }
   BlockManager* blocks() override { return blocks_.get(); }
   int max_batch_tokens() const override { return n_batch_; }
+  int sliding_window() const override { return window_; }
 
   double measure_copy_bandwidth() override {
     // 256 MiB each way, split across the pool's threads like the matmuls.

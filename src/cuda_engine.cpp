@@ -141,18 +141,11 @@ class CudaEngine final : public Engine {
     }
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     n_ctx_ = opt.n_ctx > 0 ? opt.n_ctx : cfg_.ctx_train;
-    n_slots_ = n_ctx_;
-    if (opt.kv == KvLayout::Paged) {
-      block_size_ = opt.block_size;
-      const int64_t pages = opt.kv_pages > 0 ? opt.kv_pages : (n_ctx_ + block_size_ - 1) / block_size_;
-      RUNLM_CHECK(pages < (int64_t{1} << 31), "KV cache: %lld pages is too many", static_cast<long long>(pages));
-      blocks_ = std::make_unique<BlockManager>(static_cast<int>(pages), block_size_);
-      n_slots_ = pages * block_size_;
-    }
     n_batch_ = std::max(1, opt.n_batch);
     window_ = opt.sliding_window >= 0 ? opt.sliding_window : cfg_.sliding_window;
     upload_weights();
     allocate_buffers();
+    allocate_kv_cache(opt);
   }
 
   ~CudaEngine() override {
@@ -170,6 +163,7 @@ class CudaEngine final : public Engine {
   int n_ctx() const override { return n_ctx_; }
   const char* kv_type_name() const override { return "f16"; }
   int max_batch_tokens() const override { return n_batch_; }
+  int sliding_window() const override { return window_; }
   BlockManager* blocks() override { return blocks_.get(); }
 
   // A step over several sequences of the paged cache. Tokens are reordered
@@ -309,10 +303,7 @@ class CudaEngine final : public Engine {
     gate_.allocate(m * c.hidden_dim);
     up_.allocate(m * c.hidden_dim);
     logits_.allocate(m * c.n_vocab);
-    const size_t cache = static_cast<size_t>(c.n_layers) * static_cast<size_t>(n_slots_) * c.kv_dim();
     rows_.allocate(m * c.dim);
-    k_cache_.allocate(cache);
-    v_cache_.allocate(cache);
     tokens_.allocate(m);
     positions_.allocate(m);
     cu_seqlens_.allocate(4);
@@ -324,6 +315,34 @@ class CudaEngine final : public Engine {
     gemm_scratch_.allocate(scratch);
     // Pinned staging for tokens, positions and cu_seqlens (graph-capturable copies).
     check(cudaMallocHost(&host_io_, (2 * m + 4) * sizeof(int)), "cudaMallocHost");
+  }
+
+  // Contiguous: n_ctx rows. Paged: the pages asked for (kv_pages), else
+  // enough for kv_tokens (or n_ctx), but at most what fits in 90% of the GPU
+  // memory left after the weights and buffers, as vLLM sizes its pool.
+  void allocate_kv_cache(const EngineOptions& opt) {
+    const ModelConfig& c = cfg_;
+    const size_t row_bytes = 2 * sizeof(uint16_t) * static_cast<size_t>(c.n_layers) * c.kv_dim();  // K and V, all layers
+    n_slots_ = n_ctx_;
+    if (opt.kv == KvLayout::Paged) {
+      block_size_ = opt.block_size;
+      int64_t pages = opt.kv_pages;
+      if (pages <= 0) {
+        const int64_t tokens = opt.kv_tokens > 0 ? opt.kv_tokens : n_ctx_;
+        pages = (tokens + block_size_ - 1) / block_size_;
+        size_t free_b = 0, total_b = 0;
+        check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+        const double budget = opt.kv_bytes > 0 ? static_cast<double>(opt.kv_bytes) : 0.9 * static_cast<double>(free_b);
+        pages = std::min<int64_t>(pages, static_cast<int64_t>(budget / (static_cast<double>(row_bytes) * block_size_)));
+        RUNLM_CHECK(pages > 0, "KV cache: no GPU memory left for a single page (%zu bytes free)", free_b);
+      }
+      RUNLM_CHECK(pages < (int64_t{1} << 31), "KV cache: %lld pages is too many", static_cast<long long>(pages));
+      blocks_ = std::make_unique<BlockManager>(static_cast<int>(pages), block_size_);
+      n_slots_ = pages * block_size_;
+    }
+    const size_t cache = static_cast<size_t>(c.n_layers) * static_cast<size_t>(n_slots_) * c.kv_dim();
+    k_cache_.allocate(cache);
+    v_cache_.allocate(cache);
   }
 
   // Copies the chunk's tokens and positions to the device.

@@ -34,7 +34,9 @@ struct EngineOptions {
   AttnBackend attn = AttnBackend::Auto;  // prefill attention (GPU); the CPU has its own
   KvLayout kv = KvLayout::Contiguous;
   int block_size = 16;    // tokens per page (paged)
-  int64_t kv_pages = 0;   // pages in the pool (paged); 0 = enough for n_ctx tokens
+  int64_t kv_pages = 0;   // pages in the pool (paged); 0 = sized from kv_tokens and memory
+  int64_t kv_tokens = 0;  // paged: wanted capacity in tokens (0 = n_ctx), capped by memory
+  int64_t kv_bytes = 0;   // paged: memory for the pool (--kv-mem); 0 = the backend's default cap
 };
 
 // One sequence's share of a batched step: its new tokens at positions
@@ -72,6 +74,8 @@ class Engine {
   virtual void forward_batch(const std::vector<BatchItem>& items, float* logits) = 0;
   // Most tokens one forward_batch may carry (the prefill chunk size).
   virtual int max_batch_tokens() const = 0;
+  // The attention window in tokens (0 = full attention).
+  virtual int sliding_window() const = 0;
 };
 
 // Bytes of the K and V caches together for n_ctx tokens of elem_bytes

@@ -37,6 +37,11 @@ constexpr uint64_t kMinTensorInfoBytes = 8 + 4 + 8 + 4 + 8;  // empty name, 1 di
 constexpr uint64_t kHeaderBytes = 4 + 4 + 8 + 8;
 
 constexpr uint32_t kMaxTypeId = static_cast<uint32_t>(GgufType::F64);
+// Each metadata value is held as a GgufValue (~88 bytes however small it is
+// on disk), so a file of N bytes could otherwise ask for ~88 N bytes of
+// memory. Real vocabularies hold well under a million values (tokens, scores,
+// types, merges); this cap (1.5 GB of GgufValues) stops a hostile array first.
+constexpr uint64_t kMaxMetadataValues = uint64_t{1} << 24;
 
 bool is_valid_type(uint32_t raw) { return raw <= kMaxTypeId; }
 
@@ -143,7 +148,7 @@ GgufType read_type(Reader& r, const std::string& what) {
 
 // Reads the payload of one value whose type is already known. `what` names
 // the value (e.g. "value of key 'x'") and is only formatted into errors.
-GgufValue read_value(Reader& r, GgufType type, const std::string& what, int depth) {
+GgufValue read_value(Reader& r, GgufType type, const std::string& what, int depth, uint64_t* values_left) {
   GgufValue v;
   v.type = type;
   switch (type) {
@@ -173,8 +178,14 @@ GgufValue read_value(Reader& r, GgufType type, const std::string& what, int dept
              r.path().c_str(), what.c_str(), at, static_cast<unsigned long long>(count),
              gguf_type_name(v.elem_type), static_cast<unsigned long long>(min_size),
              static_cast<unsigned long long>(r.left()));
+      if (count > *values_left)
+        fail("%s: %s at offset %zu: array count %llu exceeds the limit of %llu metadata values per file",
+             r.path().c_str(), what.c_str(), at, static_cast<unsigned long long>(count),
+             static_cast<unsigned long long>(kMaxMetadataValues));
+      *values_left -= count;
       v.arr.reserve(static_cast<size_t>(count));
-      for (uint64_t k = 0; k < count; ++k) v.arr.push_back(read_value(r, v.elem_type, what, depth + 1));
+      for (uint64_t k = 0; k < count; ++k)
+        v.arr.push_back(read_value(r, v.elem_type, what, depth + 1, values_left));
       break;
     }
   }
@@ -500,13 +511,14 @@ void GgufFile::parse() {
   kv_.clear();
   kv_.reserve(static_cast<size_t>(n_kv));
   std::unordered_set<std::string> keys;
+  uint64_t values_left = kMaxMetadataValues;
   for (uint64_t k = 0; k < n_kv; ++k) {
     const std::string idx = strfmt("metadata key #%llu", static_cast<unsigned long long>(k));
     GgufKV kv;
     kv.key = r.read_string(idx);
     const std::string what = "value of key '" + kv.key + "'";
     const GgufType type = read_type(r, what + " type");
-    kv.value = read_value(r, type, what, 0);
+    kv.value = read_value(r, type, what, 0, &values_left);
     if (!keys.insert(kv.key).second) fail("%s: duplicate metadata key '%s'", path, kv.key.c_str());
     kv_.push_back(std::move(kv));
   }

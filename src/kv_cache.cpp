@@ -122,15 +122,28 @@ void BlockManager::commit(int seq_id, const std::vector<int>& tokens, int n) {
 
 void BlockManager::free_sequence(int seq_id) {
   Sequence& s = seq(seq_id);
-  for (int32_t p : s.pages) release_page(p);
+  for (int32_t p : s.pages)
+    if (p >= 0) release_page(p);
   seqs_.erase(seq_id);
+}
+
+void BlockManager::release_before(int seq_id, int first_needed) {
+  Sequence& s = seq(seq_id);
+  const int n = std::min(first_needed / block_size_, static_cast<int>(s.pages.size()));
+  for (int j = s.n_released; j < n; ++j) {
+    release_page(s.pages[j]);
+    s.pages[j] = -1;
+  }
+  s.n_released = std::max(s.n_released, n);
 }
 
 void BlockManager::truncate(int seq_id, int n) {
   Sequence& s = seq(seq_id);
   if (n >= s.len) return;
   const int keep = pages_for(n);
-  for (int j = static_cast<int>(s.pages.size()) - 1; j >= keep; --j) release_page(s.pages[j]);
+  RUNLM_CHECK(keep > s.n_released || keep == 0, "KV cache: cannot truncate into released pages of sequence %d", seq_id);
+  for (int j = static_cast<int>(s.pages.size()) - 1; j >= keep; --j)
+    if (s.pages[j] >= 0) release_page(s.pages[j]);
   s.pages.resize(static_cast<size_t>(keep));
   s.len = n;
   // A partly kept last page will be written again: it must not be shared.

@@ -43,6 +43,10 @@ class BlockManager {
   void free_sequence(int seq_id);
   // Shortens a sequence to n tokens (a chat turn that diverges).
   void truncate(int seq_id, int n);
+  // Sliding window: gives back the pages that lie wholly before position
+  // `first_needed` (no later query can see them). Their table entries become
+  // -1; kernels never read pages outside the window.
+  void release_before(int seq_id, int first_needed);
 
   bool has_sequence(int seq_id) const { return seqs_.count(seq_id) > 0; }
   const std::vector<int32_t>& block_table(int seq_id) const;
@@ -55,6 +59,7 @@ class BlockManager {
     int len = 0;              // positions reserved (grow) and, after commit, filled
     int n_committed_pages = 0;  // leading full pages registered in the hash table
     uint64_t last_hash = 0;   // hash chain value after the last committed page
+    int n_released = 0;       // leading pages given back by release_before (entries -1)
   };
   int alloc_page();
   void retain_page(int page);

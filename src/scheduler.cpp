@@ -129,6 +129,7 @@ void Scheduler::run(const std::function<void(Completion&&)>& on_done, const std:
                     const std::function<void(const SchedulerProgress&)>& on_progress) {
   BlockManager& bm = *engine_.blocks();
   const int n_vocab = tok_.n_vocab();
+  const int window = engine_.sliding_window();
   std::vector<float> logits;
   int admit_counter = 0;
   while (!waiting_.empty() || !running_.empty()) {
@@ -219,6 +220,8 @@ void Scheduler::run(const std::function<void(Completion&&)>& on_done, const std:
       Sequence* s = plan[i].first;
       s->n_computed += plan[i].second;
       bm.commit(s->seq_id, s->ctx, s->n_computed);
+      // The next query sits at n_computed and sees n_computed - window + 1 on.
+      if (window > 0 && !opt_.swa_full) bm.release_before(s->seq_id, s->n_computed - window + 1);
       if (!items[i].want_logits) continue;
       const int token = s->sampler->sample(&logits[static_cast<size_t>(row++) * n_vocab], n_vocab);
       FinishReason why;

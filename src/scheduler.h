@@ -47,6 +47,9 @@ struct Completion {
 struct SchedulerOptions {
   int max_parallel = 32;       // sequences running at once
   int max_seq_len = 4096;      // positions per sequence (the context size)
+  // With a sliding window, pages that fall out of the window go back to the
+  // pool (KV memory is window-sized) unless swa_full keeps them.
+  bool swa_full = false;
 };
 
 struct SchedulerProgress {

@@ -29,11 +29,13 @@ const std::vector<std::string> kPrompts = {
     "One day, a boy named Tim went to the park with his mom and dad to play on the swings.",
 };
 
-std::vector<int> alone(const Model& m, const std::vector<int>& prompt, const SamplingParams& sp, int n) {
+std::vector<int> alone(const Model& m, const std::vector<int>& prompt, const SamplingParams& sp, int n,
+                       int window = -1) {
   EngineOptions eo;
   eo.device = Device::Cpu;
   eo.n_threads = 2;
   eo.n_ctx = 512;
+  eo.sliding_window = window;
   auto engine = make_cpu_engine(m, eo);
   Sampler sampler(sp);
   GenerationRequest req;
@@ -43,7 +45,8 @@ std::vector<int> alone(const Model& m, const std::vector<int>& prompt, const Sam
 }
 
 std::map<int, Completion> batched(const Model& m, const std::vector<Request>& reqs, int parallel, int64_t pages,
-                                  int64_t* preemptions = nullptr) {
+                                  int64_t* preemptions = nullptr, int window = -1, bool swa_full = false,
+                                  int* peak_pages = nullptr) {
   EngineOptions eo;
   eo.device = Device::Cpu;
   eo.n_threads = 2;
@@ -51,14 +54,20 @@ std::map<int, Completion> batched(const Model& m, const std::vector<Request>& re
   eo.kv = KvLayout::Paged;
   eo.block_size = 16;
   eo.kv_pages = pages;
+  eo.sliding_window = window;
   auto engine = make_cpu_engine(m, eo);
   SchedulerOptions so;
   so.max_parallel = parallel;
   so.max_seq_len = 512;
+  so.swa_full = swa_full;
   Scheduler s(*engine, m.tokenizer(), so);
   for (const auto& r : reqs) s.submit(r);
   std::map<int, Completion> out;
-  s.run([&](Completion&& c) { out[c.index] = std::move(c); });
+  int peak = 0;
+  s.run([&](Completion&& c) { out[c.index] = std::move(c); }, nullptr, [&](const SchedulerProgress&) {
+    peak = std::max(peak, engine->blocks()->n_pages() - engine->blocks()->n_free());
+  });
+  if (peak_pages) *peak_pages = peak;
   EXPECT_EQ(engine->blocks()->n_free(), engine->blocks()->n_pages()) << "every page is returned";
   if (preemptions) *preemptions = s.preemptions();
   return out;
@@ -137,6 +146,25 @@ TEST(Batch, PrefixSharingReusesPagesOfAFinishedPrompt) {
   EXPECT_EQ(out.at(0).n_prompt_cached, 0);
   EXPECT_GE(out.at(1).n_prompt_cached, 16);
   for (const auto& r : reqs) EXPECT_EQ(out.at(r.index).tokens, alone(*model, r.prompt, r.sampling, r.n_predict));
+}
+
+// A window of 32 tokens: pages that leave every query's window go back to
+// the pool, so each sequence holds about window / block_size + 2 pages, and
+// the tokens are those of a full-cache run with the same window.
+TEST(Batch, SlidingWindowReleasesPagesAndKeepsResults) {
+  auto model = Model::load(shared_model("stories260K.gguf"));
+  SamplingParams sp;
+  sp.temperature = 0;
+  auto reqs = requests(*model, sp, 120);
+  int peak_released = 0, peak_full = 0;
+  const auto released = batched(*model, reqs, 5, 256, nullptr, 32, false, &peak_released);
+  const auto full = batched(*model, reqs, 5, 256, nullptr, 32, true, &peak_full);
+  for (const auto& r : reqs) {
+    EXPECT_EQ(released.at(r.index).tokens, full.at(r.index).tokens);
+    EXPECT_EQ(released.at(r.index).tokens, alone(*model, r.prompt, r.sampling, r.n_predict, 32)) << kPrompts[r.index];
+  }
+  EXPECT_LE(peak_released, 5 * (32 / 16 + 2));
+  EXPECT_GT(peak_full, 2 * peak_released);
 }
 
 TEST(Batch, JsonLinesParseAndBadLinesBecomeErrors) {

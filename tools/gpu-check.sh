@@ -235,6 +235,79 @@ for key in sorted(set(ours) | set(torch)):
 EOF
 }
 
+# The shared models travel in the ignored .carry/shared (../shared does not
+# reach the device): make ../shared point at it when it is missing.
+section_shared() {
+  if [ ! -d "$ROOT/../shared/models" ] && [ -d "$ROOT/.carry/shared/models" ]; then
+    ln -sfn "$ROOT/.carry/shared" "$ROOT/../shared" && echo "../shared -> .carry/shared"
+  fi
+  ls "$ROOT/../shared/models" | head -20
+}
+
+# Random-weight Llama-2-7B models (the project's own tool) for the speed rows.
+MODEL_DIR=${MODEL_DIR:-/tmp/runlm-models}
+MODEL_TYPES=${MODEL_TYPES:-"q4_0 f16"}
+section_models() {
+  mkdir -p "$MODEL_DIR"
+  local t
+  for t in $MODEL_TYPES; do
+    [ -f "$MODEL_DIR/llama2-7b-$t.gguf" ] && continue
+    /usr/bin/time -f "make_random_model $t: %e s, %M KB" "$BUILD/make_random_model" --preset llama2-7b --type "$t" \
+      --tokenizer "$ROOT/../shared/models/llama2-tokenizer.model" -o "$MODEL_DIR/llama2-7b-$t.gguf" || return 1
+  done
+  ls -la "$MODEL_DIR"
+}
+
+# runlm bench (llama-bench style) on each model: pp512 and tg128.
+BENCH_MODEL_ARGS=${BENCH_MODEL_ARGS:-"-p 512 -n 128 -r 3"}
+section_bench_model() {
+  local t rc=0
+  : >"$OUT/bench_model.md"
+  for t in $MODEL_TYPES; do
+    # shellcheck disable=SC2086
+    "$RUNLM" bench -m "$MODEL_DIR/llama2-7b-$t.gguf" $BENCH_MODEL_ARGS -o md >"$OUT/bench_model_$t.md" 2>"$OUT/bench_model_$t.err" || rc=1
+    tail -3 "$OUT/bench_model_$t.err"
+    cat "$OUT/bench_model_$t.md" >>"$OUT/bench_model.md"
+  done
+  cat "$OUT/bench_model.md"
+  return $rc
+}
+
+# The paged decode kernel's sweep (issue 6) and torch's decode anchor.
+section_paged() {
+  RUNLM_BENCH=1 "$TESTS" --gtest_filter='PagedAttentionBench*' >"$OUT/paged_bench.log" 2>&1
+  local rc=$?
+  grep -E '^\{' "$OUT/paged_bench.log" >"$OUT/paged_bench.jsonl"
+  grep -vE '^\{' "$OUT/paged_bench.log" | grep -E '\|' | tail -30
+  if [ -f tools/decode_anchor.py ]; then
+    PYTHONUNBUFFERED=1 python3 tools/decode_anchor.py >"$OUT/decode_anchor.jsonl" 2>"$OUT/decode_anchor.err" || rc=1
+    tail -3 "$OUT/decode_anchor.err"
+  fi
+  return $rc
+}
+
+# The end-to-end batch job of issue 6: 256 prompts of 128 tokens, 128 new
+# tokens each (EOS ignored), on the random 7B models.
+section_batch_model() {
+  local t rc=0
+  python3 - "$OUT/batch_prompts.jsonl" <<'PY'
+import json, random, sys
+random.seed(1)
+words = "the of and to a in that is was he for it with as his on be at by had not are but from or have an they which one you were".split()
+with open(sys.argv[1], "w") as f:
+    for i in range(256):
+        # ~128 tokens: about 100 common words (some split into two tokens).
+        f.write(json.dumps({"id": i, "prompt": " ".join(random.choice(words) for _ in range(100))}) + "\n")
+PY
+  for t in $MODEL_TYPES; do
+    /usr/bin/time -f "batch $t wall %e s" "$RUNLM" batch -m "$MODEL_DIR/llama2-7b-$t.gguf" -f "$OUT/batch_prompts.jsonl" \
+      -o "$OUT/batch_out_$t.jsonl" -n 128 --ignore-eos --temp 0 -np "${BATCH_PARALLEL:-256}" -c 512 -b 4096 \
+      >"$OUT/batch_$t.log" 2>&1 || rc=1
+    tail -2 "$OUT/batch_$t.log"
+  done
+  return $rc
+}
+
 for s in $SECTIONS; do
   log "section $s"
   # Process substitution, not a pipe: a section may set variables (RUNLM).
