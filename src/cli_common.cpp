@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <cstring>
 #include <random>
 
 #include "common.h"
@@ -40,6 +41,9 @@ void add_model_options(cxxopts::Options& opts) {
       ("attn", "prefill attention on the GPU: auto, naive, fa2 or fa3", cxxopts::value<std::string>()->default_value("auto"))
       ("kv", "KV cache layout: contiguous or paged", cxxopts::value<std::string>()->default_value("contiguous"))
       ("block-size", "KV page size in tokens (paged)", cxxopts::value<int>()->default_value("16"))
+      ("cache-type-k", "KV cache type of K (-ctk): f32, f16, bf16, q8_0, q4_0, fp8 (default: f32 on the CPU, f16 on the GPU)",
+       cxxopts::value<std::string>())
+      ("cache-type-v", "KV cache type of V (-ctv): same choices", cxxopts::value<std::string>())
       ("swa", "sliding window: N tokens, or 'off' (default: the model's)",
        cxxopts::value<std::string>()->default_value(""))
       ("h,help", "show this help");
@@ -57,6 +61,14 @@ void add_sampling_options(cxxopts::Options& opts) {
 }
 
 cxxopts::ParseResult parse_options(cxxopts::Options& opts, int argc, char** argv) {
+  // llama.cpp spells some flags with several letters after one dash (-ctk,
+  // -sys, -np); cxxopts takes one-letter short options only, so those become
+  // their long forms here.
+  static const std::pair<const char*, const char*> kMultiLetter[] = {
+      {"-ctk", "--cache-type-k"}, {"-ctv", "--cache-type-v"}, {"-sys", "--system-prompt"}, {"-np", "--parallel"}};
+  for (int i = 1; i < argc; ++i)
+    for (const auto& [from, to] : kMultiLetter)
+      if (std::strcmp(argv[i], from) == 0) argv[i] = const_cast<char*>(to);
   try {
     return opts.parse(argc, argv);
   } catch (const cxxopts::exceptions::incorrect_argument_type& e) {
@@ -95,6 +107,8 @@ EngineOptions engine_options_from(const cxxopts::ParseResult& args, const Model&
   o.device = device_from_name(args["device"].as<std::string>());
   o.attn = attn_backend_from_name(args["attn"].as<std::string>());
   o.kv = kv_layout_from_name(args["kv"].as<std::string>());
+  if (args.count("cache-type-k")) o.type_k = kv_type_from_name(args["cache-type-k"].as<std::string>());
+  if (args.count("cache-type-v")) o.type_v = kv_type_from_name(args["cache-type-v"].as<std::string>());
   o.block_size = args["block-size"].as<int>();
   const int ctx = args["ctx-size"].as<int>();
   RUNLM_CHECK(ctx >= 0, "-c must be >= 0, got %d", ctx);

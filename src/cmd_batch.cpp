@@ -90,9 +90,6 @@ int cmd_batch(int argc, char** argv) {
       ("swa-full", "with a sliding window, keep every page (default: pages that leave the window are freed)")
       ("kv-mem", "KV cache size in MiB (default: parallel x context, within 90% of free GPU memory or 8 GiB on the CPU)",
        cxxopts::value<int64_t>()->default_value("0"));
-  // llama.cpp spells the parallel count -np: rewrite it to the long form.
-  for (int i = 1; i < argc; ++i)
-    if (std::string(argv[i]) == "-np") argv[i] = const_cast<char*>("--parallel");
   auto args = parse_options(opts, argc, argv);
   if (args.count("help")) {
     std::printf("%s\n", opts.help().c_str());

@@ -108,7 +108,8 @@ int cmd_bench(int argc, char** argv) {
   const auto& w = model->weights();
   const double weight_bytes = static_cast<double>(model->weight_bytes() - w.tok_embd.nbytes() + w.tok_embd.row_bytes +
                                                   (c.tied_embeddings ? w.tok_embd.nbytes() : 0));
-  const double kv_elem = std::string(engine->kv_type_name()) == "f32" ? 4.0 : 2.0;
+  const double kv_row = static_cast<double>(kv_row_bytes(engine->type_k(), c.kv_dim()) +
+                                            kv_row_bytes(engine->type_v(), c.kv_dim()));  // K + V of one position
   for (int n : gens) {
     const auto toks = random_tokens(n);
     std::vector<double> tps;
@@ -118,7 +119,7 @@ int cmd_bench(int argc, char** argv) {
       if (r > 0) tps.push_back(n / sw.seconds());
     }
     Row row{strfmt("tg%d", n), stats(tps)};
-    const double avg_kv = 2.0 * c.n_layers * c.kv_dim() * kv_elem * (n - 1) / 2.0;
+    const double avg_kv = c.n_layers * kv_row * (n - 1) / 2.0;
     row.bytes_per_s = (weight_bytes + avg_kv) * row.tps.mean;
     row.bw_fraction = row.bytes_per_s / copy_bw;
     rows.push_back(row);
@@ -137,18 +138,19 @@ int cmd_bench(int argc, char** argv) {
     for (const Row& r : rows) {
       const std::string bw = r.bw_fraction < 0 ? "" : strfmt("%.0f GB/s = %.0f%% of %.0f GB/s copy", r.bytes_per_s / 1e9,
                                                              100 * r.bw_fraction, copy_bw / 1e9);
-      std::printf("| %s | %s | %s | %s | %s | %s | contiguous | %s | %s | %s | %.2f ± %.2f | %s |\n",
-                  name.c_str(), type.c_str(), size.c_str(), n_params.c_str(), engine->backend_name(), attn, engine->kv_type_name(),
-                  engine->kv_type_name(), r.test.c_str(), r.tps.mean, r.tps.stddev, bw.c_str());
+      std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.2f ± %.2f | %s |\n",
+                  name.c_str(), type.c_str(), size.c_str(), n_params.c_str(), engine->backend_name(), attn,
+                  kv_layout_name(eo.kv), kv_type_name(engine->type_k()), kv_type_name(engine->type_v()), r.test.c_str(),
+                  r.tps.mean, r.tps.stddev, bw.c_str());
     }
   } else {
     for (const Row& r : rows) {
       std::printf("{\"model\": \"%s\", \"type\": \"%s\", \"size_bytes\": %zu, \"params\": %lld, \"backend\": \"%s\", "
-                  "\"attn\": \"%s\", \"kv\": \"contiguous\", \"type_k\": \"%s\", \"type_v\": \"%s\", \"test\": \"%s\", "
+                  "\"attn\": \"%s\", \"kv\": \"%s\", \"type_k\": \"%s\", \"type_v\": \"%s\", \"test\": \"%s\", "
                   "\"tps_mean\": %.3f, \"tps_stddev\": %.3f, \"copy_bw\": %.4g, \"bytes_per_s\": %.4g}\n",
                   name.c_str(), type.c_str(), model->weight_bytes(), static_cast<long long>(model->n_params()),
-                  engine->backend_name(), attn, engine->kv_type_name(), engine->kv_type_name(), r.test.c_str(),
-                  r.tps.mean, r.tps.stddev, copy_bw, r.bytes_per_s);
+                  engine->backend_name(), attn, kv_layout_name(eo.kv), kv_type_name(engine->type_k()),
+                  kv_type_name(engine->type_v()), r.test.c_str(), r.tps.mean, r.tps.stddev, copy_bw, r.bytes_per_s);
     }
   }
   return 0;

@@ -49,10 +49,6 @@ int cmd_chat(int argc, char** argv) {
       ("sys,system-prompt", "system message", cxxopts::value<std::string>()->default_value(""))
       ("n,n-predict", "maximum tokens per reply (-1 = until the end of the turn)",
        cxxopts::value<int>()->default_value("-1"));
-  // llama.cpp spells the system prompt -sys; cxxopts takes one-letter short
-  // options only, so "-sys" is rewritten to the long form.
-  for (int i = 1; i < argc; ++i)
-    if (std::string(argv[i]) == "-sys") argv[i] = const_cast<char*>("--system-prompt");
   auto args = parse_options(opts, argc, argv);
   if (args.count("help")) {
     std::printf("%s\n", opts.help().c_str());
@@ -90,16 +86,25 @@ int cmd_chat(int argc, char** argv) {
     }
     if (line.empty()) continue;
     g_interrupt.store(false);
+    bool output_failed = false;
     try {
-      const GenerationResult r = session.reply(line, n_predict, [](const std::string& text) {
-        std::fwrite(text.data(), 1, text.size(), stdout);
-        std::fflush(stdout);
+      const GenerationResult r = session.reply(line, n_predict, [&](const std::string& text) {
+        try {
+          write_stdout(text);
+        } catch (const Error&) {
+          output_failed = true;
+          throw;
+        }
       }, &g_interrupt);
-      std::printf("\n");
+      output_failed = true;  // the newline below is output too
+      write_stdout("\n");
+      output_failed = false;
       if (r.finish == FinishReason::Interrupted) std::fprintf(stderr, "(reply stopped)\n");
       if (interactive) std::fprintf(stderr, "[%s]\n", format_timings(r).c_str());
     } catch (const Error& e) {
-      // A turn that cannot run (context full, template rule) ends the turn, not the chat.
+      // A turn that cannot run (context full, template rule) ends the turn,
+      // not the chat; lost output (stdout failed) ends the chat.
+      if (output_failed) throw;
       std::fprintf(stderr, "error: %s\n", e.what());
     }
   }

@@ -111,8 +111,9 @@ int cmd_perplexity(int argc, char** argv) {
   const int n_vocab = model->config().n_vocab;
 
   const PplChunk& last = plan.chunks.back();
-  std::fprintf(stderr, "model: %s | %s | kv %s | %s mode: %zu chunks of %d tokens%s, %lld tokens scored of %lld\n",
-               args["model"].as<std::string>().c_str(), engine->backend_name(), engine->kv_type_name(),
+  std::fprintf(stderr, "model: %s | %s | kv %s/%s | %s mode: %zu chunks of %d tokens%s, %lld tokens scored of %lld\n",
+               args["model"].as<std::string>().c_str(), engine->backend_name(), kv_type_name(engine->type_k()),
+               kv_type_name(engine->type_v()),
                ppl_mode_name(po.mode), plan.chunks.size(), po.n_ctx,
                last.n < po.n_ctx ? strfmt(" (the last %d)", last.n).c_str() : "",
                static_cast<long long>(plan.n_scored()), static_cast<long long>(plan.n_text_tokens));

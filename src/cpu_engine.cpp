@@ -52,7 +52,9 @@ class CpuEngine final : public Engine {
       if (pages <= 0) {
         // Enough for kv_tokens (or n_ctx), at most --kv-mem or 8 GiB of f32 K and V.
         const int64_t tokens = opt.kv_tokens > 0 ? opt.kv_tokens : n_ctx_;
-        const double page_bytes = 2.0 * 4 * cfg_.n_layers * cfg_.kv_dim() * block_size_;
+        const double page_bytes = static_cast<double>(cfg_.n_layers) * block_size_ *
+                                  static_cast<double>(kv_row_bytes(opt.type_k.value_or(KvType::F32), cfg_.kv_dim()) +
+                                                      kv_row_bytes(opt.type_v.value_or(KvType::F32), cfg_.kv_dim()));
         const double budget = opt.kv_bytes > 0 ? static_cast<double>(opt.kv_bytes) : 8.0 * (1 << 30);
         pages = std::max<int64_t>(1, std::min<int64_t>((tokens + block_size_ - 1) / block_size_,
                                                        static_cast<int64_t>(budget / page_bytes)));
@@ -61,19 +63,22 @@ class CpuEngine final : public Engine {
       blocks_ = std::make_unique<BlockManager>(static_cast<int>(pages), block_size_);
       n_slots = pages * block_size_;
     }
-    // 64-bit: layers x slots x kv_dim overflows 32 bits at 7B shapes.
-    slot_stride_ = cfg_.kv_dim();
-    const uint64_t elems = static_cast<uint64_t>(cfg_.n_layers) * static_cast<uint64_t>(n_slots) *
-                           static_cast<uint64_t>(slot_stride_);
-    layer_stride_ = static_cast<size_t>(n_slots) * slot_stride_;
+    type_k_ = opt.type_k.value_or(KvType::F32);
+    type_v_ = opt.type_v.value_or(KvType::F32);
+    row_bytes_k_ = kv_row_bytes(type_k_, cfg_.kv_dim());
+    row_bytes_v_ = kv_row_bytes(type_v_, cfg_.kv_dim());
+    // 64-bit: layers x slots x row bytes overflows 32 bits at 7B shapes.
+    n_slots_ = n_slots;
+    const uint64_t bytes_k = static_cast<uint64_t>(cfg_.n_layers) * static_cast<uint64_t>(n_slots) * row_bytes_k_;
+    const uint64_t bytes_v = static_cast<uint64_t>(cfg_.n_layers) * static_cast<uint64_t>(n_slots) * row_bytes_v_;
     try {
       // new[] without value-initialisation: pages are touched only as used.
-      k_cache_.reset(new float[elems]);
-      v_cache_.reset(new float[elems]);
+      k_cache_.reset(new uint8_t[bytes_k]);
+      v_cache_.reset(new uint8_t[bytes_v]);
     } catch (const std::bad_alloc&) {
-      fail("out of memory for the KV cache: needs %.2f GiB (2 x %d layers x %lld slots x %d floats); lower -c",
-           2.0 * static_cast<double>(elems) * 4 / (1 << 30), cfg_.n_layers, static_cast<long long>(n_slots),
-           slot_stride_);
+      fail("out of memory for the KV cache: needs %llu bytes (%.2f GiB: %d layers x %lld slots, K %s, V %s); lower -c",
+           static_cast<unsigned long long>(bytes_k + bytes_v), static_cast<double>(bytes_k + bytes_v) / (1 << 30),
+           cfg_.n_layers, static_cast<long long>(n_slots), kv_type_name(type_k_), kv_type_name(type_v_));
     }
     for (const auto& l : model.weights().layers) {
       attn_norm_.push_back(decode_vector(l.attn_norm));
@@ -84,7 +89,8 @@ class CpuEngine final : public Engine {
 
   const char* backend_name() const override { return "cpu"; }
   int n_ctx() const override { return n_ctx_; }
-  const char* kv_type_name() const override { return "f32"; }
+  KvType type_k() const override { return type_k_; }
+  KvType type_v() const override { return type_v_; }
   BlockManager* blocks() override { return blocks_.get(); }
   int max_batch_tokens() const override { return n_batch_; }
   int sliding_window() const override { return window_; }
@@ -172,8 +178,8 @@ class CpuEngine final : public Engine {
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     for (int l = 0; l < c.n_layers; ++l) {
       const LayerWeights& lw = w.layers[l];
-      float* k_layer = k_cache_.get() + static_cast<size_t>(l) * layer_stride_;
-      float* v_layer = v_cache_.get() + static_cast<size_t>(l) * layer_stride_;
+      uint8_t* k_layer = k_cache_.get() + static_cast<size_t>(l) * n_slots_ * row_bytes_k_;
+      uint8_t* v_layer = v_cache_.get() + static_cast<size_t>(l) * n_slots_ * row_bytes_v_;
 
       // Attention block: x += Wo · attn(rope(Wq·h), rope(Wk·h), Wv·h), h = rmsnorm(x).
       for (int t = 0; t < m; ++t) rmsnorm(&xb_[t * dim], &x_[t * dim], attn_norm_[l].data(), dim, c.rms_eps);
@@ -184,15 +190,18 @@ class CpuEngine final : public Engine {
         const int pos = slots[t].pos;
         rope(&q_[t * q_dim], c.n_heads, c.head_dim, pos, c.rope_theta, c.rope_freq_scale);
         rope(&k_[t * kv_dim], c.n_kv_heads, c.head_dim, pos, c.rope_theta, c.rope_freq_scale);
+        // K and V are encoded into the cache's types as they are written.
         const size_t slot = static_cast<size_t>(slot_of(slots[t], pos));
-        std::copy_n(&k_[t * kv_dim], kv_dim, k_layer + slot * slot_stride_);
-        std::copy_n(&v_[t * kv_dim], kv_dim, v_layer + slot * slot_stride_);
+        kv_encode_row(type_k_, &k_[t * kv_dim], k_layer + slot * row_bytes_k_, kv_dim);
+        kv_encode_row(type_v_, &v_[t * kv_dim], v_layer + slot * row_bytes_v_, kv_dim);
       }
       pool_.parallel_for(m, [&](int64_t b, int64_t e, int thread) {
-        for (int64_t t = b; t < e; ++t)
-          attention_one_token(&att_[t * q_dim], &q_[t * q_dim], k_layer, v_layer, slot_stride_, slots[t].pos, c.n_heads,
-                              c.n_kv_heads, c.head_dim, window_, scale, scores_[thread].data(), slots[t].table,
-                              block_size_);
+        KvLayerView kv{k_layer, v_layer, type_k_, type_v_, row_bytes_k_, row_bytes_v_, nullptr, block_size_};
+        for (int64_t t = b; t < e; ++t) {
+          kv.block_table = slots[t].table;
+          attention_one_token(&att_[t * q_dim], &q_[t * q_dim], kv, slots[t].pos, c.n_heads, c.n_kv_heads, c.head_dim,
+                              window_, scale, scores_[thread].data());
+        }
       });
       matmul(qmatrix(lw.wo), att_.data(), xb_.data(), m, pool_);
       for (size_t i = 0; i < static_cast<size_t>(m) * dim; ++i) x_[i] += xb_[i];
@@ -226,7 +235,7 @@ class CpuEngine final : public Engine {
     grow(gate_, static_cast<size_t>(m) * c.hidden_dim);
     grow(up_, static_cast<size_t>(m) * c.hidden_dim);
     scores_.resize(pool_.size());
-    for (auto& s : scores_) grow(s, static_cast<size_t>(n_ctx_) + 1);
+    for (auto& s : scores_) grow(s, static_cast<size_t>(c.n_heads) * (n_ctx_ + 1) + 2 * c.kv_dim());
   }
 
   const Model& model_;
@@ -238,15 +247,16 @@ class CpuEngine final : public Engine {
   int window_ = 0;
   int block_size_ = 0;
   std::unique_ptr<BlockManager> blocks_;  // paged only
-  int slot_stride_ = 0;                   // floats per slot: n_kv_heads * head_dim
-  size_t layer_stride_ = 0;               // floats per layer: n_slots * slot_stride
-  std::unique_ptr<float[]> k_cache_;  // [n_layers, n_slots, n_kv_heads * head_dim]
-  std::unique_ptr<float[]> v_cache_;  // [n_layers, n_slots, n_kv_heads * head_dim]
+  KvType type_k_ = KvType::F32, type_v_ = KvType::F32;
+  size_t row_bytes_k_ = 0, row_bytes_v_ = 0;  // one slot: n_kv_heads * head_dim elements, encoded
+  int64_t n_slots_ = 0;
+  std::unique_ptr<uint8_t[]> k_cache_;  // [n_layers, n_slots, row_bytes_k]
+  std::unique_ptr<uint8_t[]> v_cache_;  // [n_layers, n_slots, row_bytes_v]
   std::vector<std::vector<float>> attn_norm_, ffn_norm_;
   std::vector<float> output_norm_;
   // Activations for a step of m tokens, row-major [m, width].
   std::vector<float> x_, xb_, q_, att_, k_, v_, gate_, up_;
-  std::vector<std::vector<float>> scores_;  // per thread [n_ctx + 1]
+  std::vector<std::vector<float>> scores_;  // per thread: attention scratch (see attention_one_token)
 };
 
 }  // namespace

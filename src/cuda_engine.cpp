@@ -140,6 +140,12 @@ class CudaEngine final : public Engine {
       fail("--device cuda: no CUDA device found");
     }
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    // The GPU kernels read f16 K/V; quantized KV types exist on the CPU only so far.
+    const KvType tk = opt.type_k.value_or(KvType::F16), tv = opt.type_v.value_or(KvType::F16);
+    RUNLM_CHECK(tk == KvType::F16 && tv == KvType::F16,
+                "--device cuda: KV cache types K=%s V=%s are not supported on the GPU yet; supported: f16/f16 "
+                "(the CPU backend supports every type)",
+                kv_type_name(tk), kv_type_name(tv));
     n_ctx_ = opt.n_ctx > 0 ? opt.n_ctx : cfg_.ctx_train;
     n_batch_ = std::max(1, opt.n_batch);
     window_ = opt.sliding_window >= 0 ? opt.sliding_window : cfg_.sliding_window;
@@ -161,7 +167,8 @@ class CudaEngine final : public Engine {
 
   const char* backend_name() const override { return "cuda"; }
   int n_ctx() const override { return n_ctx_; }
-  const char* kv_type_name() const override { return "f16"; }
+  KvType type_k() const override { return KvType::F16; }
+  KvType type_v() const override { return KvType::F16; }
   int max_batch_tokens() const override { return n_batch_; }
   int sliding_window() const override { return window_; }
   BlockManager* blocks() override { return blocks_.get(); }

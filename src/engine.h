@@ -4,11 +4,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "attention.h"
 #include "kv_cache.h"
+#include "kv_quant.h"
 
 namespace runlm {
 
@@ -37,6 +39,8 @@ struct EngineOptions {
   int64_t kv_pages = 0;   // pages in the pool (paged); 0 = sized from kv_tokens and memory
   int64_t kv_tokens = 0;  // paged: wanted capacity in tokens (0 = n_ctx), capped by memory
   int64_t kv_bytes = 0;   // paged: memory for the pool (--kv-mem); 0 = the backend's default cap
+  // KV element types; unset = the backend's default (f32 on the CPU, f16 on the GPU).
+  std::optional<KvType> type_k, type_v;
 };
 
 // One sequence's share of a batched step: its new tokens at positions
@@ -54,8 +58,9 @@ class Engine {
   virtual ~Engine() = default;
   virtual const char* backend_name() const = 0;
   virtual int n_ctx() const = 0;
-  // Element type of the KV cache ("f32" on the CPU, "f16" on the GPU).
-  virtual const char* kv_type_name() const = 0;
+  // Element types of the KV cache (-ctk, -ctv).
+  virtual KvType type_k() const = 0;
+  virtual KvType type_v() const = 0;
   // Copy bandwidth of the engine's memory in bytes/s, measured (a large
   // device-to-device copy, counting bytes read plus bytes written): the
   // ceiling decode is compared with.

@@ -84,31 +84,45 @@ void swiglu(float* gate, const float* up, int64_t n) {
   }
 }
 
-void attention_one_token(float* out, const float* q, const float* k_cache, const float* v_cache,
-                         int64_t kv_stride, int pos, int n_heads, int n_kv_heads, int head_dim,
-                         int window, float scale, float* scratch, const int32_t* block_table, int block_size) {
+void attention_one_token(float* out, const float* q, const KvLayerView& kv, int pos, int n_heads, int n_kv_heads,
+                         int head_dim, int window, float scale, float* scratch) {
   const int first = window > 0 ? std::max(0, pos - window + 1) : 0;
+  const int n = pos - first + 1;
   const int group = n_heads / n_kv_heads;
-  auto slot = [&](int t) -> int64_t {
-    return block_table ? static_cast<int64_t>(block_table[t / block_size]) * block_size + t % block_size : t;
+  const int kv_dim = n_kv_heads * head_dim;
+  float* scores = scratch;                                  // [n_heads, n]
+  float* krow = scratch + static_cast<size_t>(n_heads) * n;  // [kv_dim]
+  float* vrow = krow + kv_dim;                              // [kv_dim]
+  auto slot = [&](int t) -> size_t {
+    return kv.block_table ? static_cast<size_t>(kv.block_table[t / kv.block_size]) * kv.block_size + t % kv.block_size
+                          : static_cast<size_t>(t);
   };
-  for (int h = 0; h < n_heads; ++h) {
-    const int kvh = h / group;
-    const float* qh = q + h * head_dim;
-    float* scores = scratch;
-    for (int t = first; t <= pos; ++t) {
-      const float* k = k_cache + slot(t) * kv_stride + kvh * head_dim;
+  // An f32 row is used in place; other types are decoded once per position.
+  auto row = [&](const uint8_t* base, KvType type, size_t row_bytes, int t, float* buf) -> const float* {
+    const uint8_t* src = base + slot(t) * row_bytes;
+    if (type == KvType::F32) return reinterpret_cast<const float*>(src);
+    kv_decode_row(type, src, buf, kv_dim);
+    return buf;
+  };
+  for (int t = first; t <= pos; ++t) {
+    const float* k = row(kv.k, kv.type_k, kv.row_bytes_k, t, krow);
+    for (int h = 0; h < n_heads; ++h) {
+      const float* qh = q + h * head_dim;
+      const float* kh = k + (h / group) * head_dim;
       float acc = 0;
-      for (int i = 0; i < head_dim; ++i) acc += qh[i] * k[i];
-      scores[t - first] = acc * scale;
+      for (int i = 0; i < head_dim; ++i) acc += qh[i] * kh[i];
+      scores[static_cast<size_t>(h) * n + (t - first)] = acc * scale;
     }
-    softmax(scores, pos - first + 1);
-    float* oh = out + h * head_dim;
-    std::fill(oh, oh + head_dim, 0.0f);
-    for (int t = first; t <= pos; ++t) {
-      const float* v = v_cache + slot(t) * kv_stride + kvh * head_dim;
-      const float a = scores[t - first];
-      for (int i = 0; i < head_dim; ++i) oh[i] += a * v[i];
+  }
+  for (int h = 0; h < n_heads; ++h) softmax(scores + static_cast<size_t>(h) * n, n);
+  std::fill(out, out + static_cast<size_t>(n_heads) * head_dim, 0.0f);
+  for (int t = first; t <= pos; ++t) {
+    const float* v = row(kv.v, kv.type_v, kv.row_bytes_v, t, vrow);
+    for (int h = 0; h < n_heads; ++h) {
+      const float a = scores[static_cast<size_t>(h) * n + (t - first)];
+      const float* vh = v + (h / group) * head_dim;
+      float* oh = out + h * head_dim;
+      for (int i = 0; i < head_dim; ++i) oh[i] += a * vh[i];
     }
   }
 }

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "dtype.h"
+#include "kv_quant.h"
 
 namespace runlm {
 
@@ -43,17 +44,29 @@ void softmax(float* x, int64_t n);
 // gate = silu(gate) * up.
 void swiglu(float* gate, const float* up, int64_t n);
 
-// Attention of one query token at position `pos` over keys/values at
-// positions [first, pos] of a cache of rows ("slots") of n_kv_heads *
-// head_dim floats (row stride kv_stride). Position t lives in slot t, or,
+// One layer of a KV cache on the CPU: rows ("slots") of n_kv_heads *
+// head_dim elements, K and V each encoded in its own KvType
+// (kernels/cpu/kv_quant.h). Position t of a sequence lives in slot t, or,
 // with a block table (src/paged_kv.h), in slot table[t / block_size] *
-// block_size + t % block_size. window > 0 limits keys to the last `window`
-// positions (pos - window + 1 .. pos). out is [n_heads * head_dim]; scratch
-// holds at least pos + 1 floats.
-void attention_one_token(float* out, const float* q, const float* k_cache, const float* v_cache,
-                         int64_t kv_stride, int pos, int n_heads, int n_kv_heads, int head_dim,
-                         int window, float scale, float* scratch, const int32_t* block_table = nullptr,
-                         int block_size = 0);
+// block_size + t % block_size.
+struct KvLayerView {
+  const uint8_t* k = nullptr;
+  const uint8_t* v = nullptr;
+  KvType type_k = KvType::F32;
+  KvType type_v = KvType::F32;
+  size_t row_bytes_k = 0;
+  size_t row_bytes_v = 0;
+  const int32_t* block_table = nullptr;  // nullptr: slot = position
+  int block_size = 0;
+};
+
+// Attention of one query token at position `pos` over keys/values at
+// positions [first, pos], first = pos - window + 1 with a window (> 0), else
+// 0. q and out are [n_heads * head_dim]. Each K and V row is decoded once and
+// used by every head. scratch holds n_heads * (pos + 1) + 2 * n_kv_heads *
+// head_dim floats.
+void attention_one_token(float* out, const float* q, const KvLayerView& kv, int pos, int n_heads, int n_kv_heads,
+                         int head_dim, int window, float scale, float* scratch);
 
 // Vectorisable f32 dot product (8 partial sums). matmul uses it for every
 // token count, so a token's result does not depend on what it is batched with.

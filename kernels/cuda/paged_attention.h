@@ -1,0 +1,46 @@
+// Paged decode attention on the GPU (issue 6): PagedDecodeParams
+// (src/paged_kv.h) over an f16 or bf16 paged KV pool, GQA-aware and split
+// along the KV length (flash-decoding) with a combine step. The kernels are
+// in kernels/cuda/paged_attention.cu; the CPU reference is
+// paged_decode_attention_ref (kernels/cpu/ops.h). Plain C++ header so the
+// engine and the tests include it without nvcc.
+//
+// Every pointer in the params (q, out, cu_q, kv pools, block tables,
+// seq_lens) is device memory. Launches are asynchronous on `stream` and CUDA
+// graph capturable: no allocation and no synchronisation inside, and the
+// grid is sized from the host bounds (n_seqs, max_q_per_seq, max_seq_len),
+// so a captured graph replays for any device-side lengths within them.
+// A sequence whose device-side length breaks the bounds (seq_len >
+// max_seq_len, or fewer keys than query tokens) gets NaN rows rather than a
+// read past its table.
+#pragma once
+
+#include <cstddef>
+
+#include "paged_kv.h"
+
+namespace runlm {
+
+// Device workspace bytes the launch needs at most for these bounds (the
+// split partial states); 0 when it never splits. Allocate once for the
+// largest batch and reuse.
+size_t paged_decode_workspace_bytes(int n_seqs, int total_q, int n_heads, int head_dim, int max_seq_len);
+
+// Supported: kv_type f16 or bf16; head_dim 8, 16, 32, 64, 128, 256;
+// block_size a power of two in 8..256; n_heads a multiple of n_kv_heads;
+// max_q_per_seq 1..16. Anything else throws runlm::Error naming it.
+void paged_decode_attention(const PagedDecodeParams& p, void* workspace, size_t workspace_bytes, void* stream);
+
+// As above with the KV partition chosen by the caller (tests and benches):
+// partition_size 0 = no split (one CTA per sequence, KV head and row chunk
+// reads the whole range), > 0 = keys per partition (a power of two >= 256),
+// -1 = automatic (what the overload above does). Throws if the workspace is
+// too small for the choice.
+void paged_decode_attention(const PagedDecodeParams& p, void* workspace, size_t workspace_bytes, void* stream,
+                            int partition_size);
+
+// The partition size the automatic choice picks for these params on the
+// current device (0 = no split); for the bench's report.
+int paged_decode_auto_partition(const PagedDecodeParams& p);
+
+}  // namespace runlm

@@ -1,0 +1,877 @@
+// Tests for paged decode attention (issue 6). Always run: the CPU reference
+// paged_decode_attention_ref against a direct dense formula (contiguous
+// caches, no paging), the reference's paging (a shuffled table gives the
+// contiguous result), and the flash-decoding state merge
+// (kernels/cuda/attn_state.h) against whole-set softmax. With CUDA and a
+// device: the GPU kernel against the reference over the grid of issue 6
+// (batch, lengths that are not page multiples, block sizes, head dims,
+// GQA/MQA/MHA, query tokens per sequence, window, shuffled tables, split or
+// not), graph capture, NaN rows for out-of-bound lengths, and parameter
+// errors. PagedAttentionBench (RUNLM_BENCH=1) times the decode sweep.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common.h"
+#include "cpu/ops.h"
+#include "cuda/attn_state.h"
+#include "dtype.h"
+#include "paged_kv.h"
+
+#ifdef RUNLM_CUDA
+#include <cuda_runtime.h>
+
+#include "cuda/paged_attention.h"
+#endif
+
+using namespace runlm;
+
+namespace {
+
+// ---------------------------------------------------------------- CPU-only
+
+// Dense attention in double for one query row over keys [first, pos] of a
+// contiguous cache [len][n_kv_heads][hd] of floats.
+void dense_row(const float* q, const std::vector<float>& k, const std::vector<float>& v, int n_kv, int hd, int kvh,
+               int first, int pos, double scale, double* out) {
+  std::vector<double> s;
+  double mx = -INFINITY;
+  for (int t = first; t <= pos; ++t) {
+    double d = 0;
+    for (int j = 0; j < hd; ++j) d += double(q[j]) * k[(size_t(t) * n_kv + kvh) * hd + j];
+    s.push_back(d * scale);
+    mx = std::max(mx, s.back());
+  }
+  double sum = 0;
+  for (double& x : s) sum += (x = std::exp(x - mx));
+  for (int j = 0; j < hd; ++j) {
+    double acc = 0;
+    for (int t = first; t <= pos; ++t) acc += s[t - first] * v[(size_t(t) * n_kv + kvh) * hd + j];
+    out[j] = acc / sum;
+  }
+}
+
+// The reference against dense_row on a tiny case: two sequences, contiguous
+// table (page j of sequence s is s * pages + j), n_q 1 and 3, window on/off.
+TEST(PagedAttentionRef, MatchesDenseFormula) {
+  const int n_heads = 4, n_kv = 2, hd = 8, bs = 4;
+  const std::vector<int> lens = {7, 13}, nq = {1, 3};
+  for (int window : {0, 5}) {
+    std::mt19937 rng(11 + window);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    const int pages_per_seq = 4;  // 16 slots >= 13
+    const int n_pages = 2 * pages_per_seq;
+    std::vector<float> kpool(size_t(n_pages) * bs * n_kv * hd), vpool(kpool.size());
+    for (float& x : kpool) x = u(rng);
+    for (float& x : vpool) x = u(rng);
+    std::vector<int32_t> table(2 * pages_per_seq);
+    std::iota(table.begin(), table.end(), 0);
+    std::vector<int32_t> cu_q = {0, nq[0], nq[0] + nq[1]};
+    const int total_q = cu_q.back();
+    std::vector<float> q(size_t(total_q) * n_heads * hd), out(q.size(), NAN);
+    for (float& x : q) x = 2.0f * u(rng);
+    PagedDecodeParams p;
+    p.q = q.data();
+    p.out = out.data();
+    p.cu_q = cu_q.data();
+    p.n_seqs = 2;
+    p.total_q = total_q;
+    p.max_q_per_seq = 3;
+    p.max_seq_len = 13;
+    p.n_heads = n_heads;
+    p.window = window;
+    p.scale = 1.0f / std::sqrt(float(hd));
+    p.kv.k_pool = kpool.data();
+    p.kv.v_pool = vpool.data();
+    p.kv.kv_type = DType::F32;
+    p.kv.block_tables = table.data();
+    p.kv.max_blocks_per_seq = pages_per_seq;
+    p.kv.seq_lens = lens.data();
+    p.kv.block_size = bs;
+    p.kv.n_kv_heads = n_kv;
+    p.kv.head_dim = hd;
+    paged_decode_attention_ref(p);
+    for (int s = 0; s < 2; ++s) {
+      // Sequence s's cache, contiguous: slots s * 16 ...
+      const size_t row = size_t(n_kv) * hd;
+      std::vector<float> k(kpool.begin() + s * 16 * row, kpool.begin() + (s + 1) * 16 * row);
+      std::vector<float> v(vpool.begin() + s * 16 * row, vpool.begin() + (s + 1) * 16 * row);
+      for (int i = 0; i < nq[s]; ++i) {
+        const int pos = lens[s] - nq[s] + i;
+        const int first = window > 0 ? std::max(0, pos - window + 1) : 0;
+        for (int h = 0; h < n_heads; ++h) {
+          double want[hd];
+          const size_t at = (size_t(cu_q[s] + i) * n_heads + h) * hd;
+          dense_row(&q[at], k, v, n_kv, hd, h / (n_heads / n_kv), first, pos, p.scale, want);
+          for (int j = 0; j < hd; ++j)
+            EXPECT_NEAR(out[at + j], want[j], 1e-5) << "window " << window << " seq " << s << " q " << i << " h " << h;
+        }
+      }
+    }
+  }
+}
+
+// The flash-decoding merge: states of random pieces (some empty) merged in
+// any grouping give the softmax-weighted sum over the whole set.
+TEST(PagedAttentionState, MergeMatchesWholeSet) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  for (int trial = 0; trial < 50; ++trial) {
+    const int n = 1 + int(rng() % 40), dim = 3;
+    std::vector<float> s(n), v(size_t(n) * dim);
+    for (float& x : s) x = nd(rng);
+    for (float& x : v) x = nd(rng);
+    // Whole set in double, base 2 as the kernels use.
+    double mx = -INFINITY, den = 0, num[dim] = {0, 0, 0};
+    for (float x : s) mx = std::max<double>(mx, x);
+    for (int t = 0; t < n; ++t) {
+      const double w = std::exp2(s[t] - mx);
+      den += w;
+      for (int j = 0; j < dim; ++j) num[j] += w * v[t * dim + j];
+    }
+    // Pieces at random cut points (an empty piece where two cuts meet).
+    std::vector<int> cuts = {0, n};
+    for (int c = 0; c < 4; ++c) cuts.push_back(int(rng() % (n + 1)));
+    std::sort(cuts.begin(), cuts.end());
+    float m = -INFINITY, d = 0, o[dim] = {0, 0, 0};
+    for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+      float pm = -INFINITY, pd = 0, po[dim] = {0, 0, 0};
+      for (int t = cuts[c]; t < cuts[c + 1]; ++t) pm = std::max(pm, s[t]);
+      for (int t = cuts[c]; t < cuts[c + 1]; ++t) {
+        const float w = std::exp2(s[t] - pm);
+        pd += w;
+        for (int j = 0; j < dim; ++j) po[j] += w * v[t * dim + j];
+      }
+      float sa, sb;
+      attn_state_merge(m, d, pm, pd, sa, sb);
+      for (int j = 0; j < dim; ++j) o[j] = o[j] * sa + po[j] * sb;
+      ASSERT_FALSE(std::isnan(m) || std::isnan(d)) << "trial " << trial;
+    }
+    EXPECT_FLOAT_EQ(m, float(mx));
+    for (int j = 0; j < dim; ++j) EXPECT_NEAR(o[j] / d, num[j] / den, 1e-4 * (1 + std::fabs(num[j] / den)));
+  }
+  // Two empty states stay empty and NaN-free.
+  float m = -INFINITY, d = 0, sa = -1, sb = -1;
+  attn_state_merge(m, d, -INFINITY, 0.0f, sa, sb);
+  EXPECT_EQ(m, -INFINITY);
+  EXPECT_EQ(d, 0.0f);
+  EXPECT_EQ(sb, 0.0f);
+  EXPECT_FALSE(std::isnan(sa));
+}
+
+// ---------------------------------------------------------------- test cases
+
+// One problem: sequences, query tokens, heads, page size, window, KV type;
+// pools filled with random values (never zero), tables shuffled or
+// contiguous. Host-side, shared by the CPU reference, the GPU tests and the
+// bench's validation.
+struct Case {
+  std::vector<int> lens;   // keys per sequence
+  std::vector<int> nq;     // query tokens per sequence (same size as lens)
+  int n_heads = 32, n_kv = 8, hd = 128, bs = 16, window = 0;
+  int max_seq_slack = 0;   // max_seq_len = max(lens) + slack
+  DType kv_type = DType::F16;
+  bool shuffle = true;
+  uint32_t seed = 1;
+};
+
+struct HostProblem {
+  Case c;
+  int n_pages = 0, max_blocks = 0, total_q = 0, max_q = 1, max_seq_len = 0;
+  std::vector<uint16_t> kpool, vpool;  // [n_pages, bs, n_kv, hd] f16 or bf16 bits
+  std::vector<int32_t> tables;         // [n_seqs, max_blocks]
+  std::vector<int32_t> cu_q;
+  std::vector<float> q;                // [total_q, n_heads, hd]
+
+  PagedDecodeParams params(const void* k, const void* v, const int32_t* tab, const int32_t* lens, const int32_t* cq,
+                           const float* qp, float* out) const {
+    PagedDecodeParams p;
+    p.q = qp;
+    p.out = out;
+    p.cu_q = cq;
+    p.n_seqs = int(c.lens.size());
+    p.total_q = total_q;
+    p.max_q_per_seq = max_q;
+    p.max_seq_len = max_seq_len;
+    p.n_heads = c.n_heads;
+    p.window = c.window;
+    p.scale = 1.0f / std::sqrt(float(c.hd));
+    p.kv.k_pool = k;
+    p.kv.v_pool = v;
+    p.kv.kv_type = c.kv_type;
+    p.kv.block_tables = tab;
+    p.kv.max_blocks_per_seq = max_blocks;
+    p.kv.seq_lens = lens;
+    p.kv.block_size = c.bs;
+    p.kv.n_kv_heads = c.n_kv;
+    p.kv.head_dim = c.hd;
+    return p;
+  }
+};
+
+uint16_t to_bits(float x, DType t) { return t == DType::BF16 ? fp32_to_bf16(x) : fp32_to_fp16(x); }
+int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+HostProblem make_problem(const Case& c) {
+  HostProblem hp;
+  hp.c = c;
+  std::mt19937 rng(c.seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const int n = int(c.lens.size());
+  int used = 0, max_len = 0;
+  for (int s = 0; s < n; ++s) {
+    used += ceil_div(c.lens[s], c.bs);
+    max_len = std::max(max_len, c.lens[s]);
+  }
+  hp.max_seq_len = max_len + c.max_seq_slack;
+  hp.max_blocks = ceil_div(hp.max_seq_len, c.bs) + 1;
+  hp.n_pages = used + 3;  // spare pages hold random data nobody should read
+  const size_t elems = size_t(hp.n_pages) * c.bs * c.n_kv * c.hd;
+  hp.kpool.resize(elems);
+  hp.vpool.resize(elems);
+  for (auto& x : hp.kpool) x = to_bits(u(rng), c.kv_type);
+  for (auto& x : hp.vpool) x = to_bits(u(rng), c.kv_type);
+  std::vector<int32_t> pages(hp.n_pages);
+  std::iota(pages.begin(), pages.end(), 0);
+  if (c.shuffle) std::shuffle(pages.begin(), pages.end(), rng);
+  // Entries past a sequence's pages point far outside the pool: a read of
+  // one would fault rather than pass unnoticed.
+  hp.tables.assign(size_t(n) * hp.max_blocks, 0x3fffffff);
+  int next = 0;
+  for (int s = 0; s < n; ++s)
+    for (int j = 0; j < ceil_div(c.lens[s], c.bs); ++j) hp.tables[size_t(s) * hp.max_blocks + j] = pages[next++];
+  hp.cu_q = {0};
+  for (int s = 0; s < n; ++s) {
+    hp.cu_q.push_back(hp.cu_q.back() + c.nq[s]);
+    hp.max_q = std::max(hp.max_q, c.nq[s]);
+  }
+  hp.total_q = hp.cu_q.back();
+  hp.q.resize(size_t(hp.total_q) * c.n_heads * c.hd);
+  for (float& x : hp.q) x = 3.0f * u(rng);
+  return hp;
+}
+
+// The CPU reference over all sequences, one thread per slice of sequences.
+// bf16 pools go to the reference as f32 (exact).
+std::vector<float> reference(const HostProblem& hp) {
+  std::vector<float> out(hp.q.size(), NAN);
+  std::vector<float> kf, vf;
+  const void* k = hp.kpool.data();
+  const void* v = hp.vpool.data();
+  DType t = hp.c.kv_type;
+  if (t == DType::BF16) {
+    kf.resize(hp.kpool.size());
+    vf.resize(hp.vpool.size());
+    for (size_t i = 0; i < kf.size(); ++i) kf[i] = bf16_to_fp32(hp.kpool[i]);
+    for (size_t i = 0; i < vf.size(); ++i) vf[i] = bf16_to_fp32(hp.vpool[i]);
+    k = kf.data();
+    v = vf.data();
+    t = DType::F32;
+  }
+  PagedDecodeParams p = hp.params(k, v, hp.tables.data(), hp.c.lens.data(), hp.cu_q.data(), hp.q.data(), out.data());
+  p.kv.kv_type = t;
+  const int n = p.n_seqs;
+  const int n_threads = std::max(1, std::min<int>(n, int(std::thread::hardware_concurrency())));
+  std::vector<std::thread> threads;
+  for (int w = 0; w < n_threads; ++w) {
+    threads.emplace_back([&, w] {
+      for (int s = w; s < n; s += n_threads) {  // interleaved: lengths vary
+        PagedDecodeParams sub = p;
+        sub.n_seqs = 1;
+        sub.cu_q = p.cu_q + s;
+        sub.kv.seq_lens = p.kv.seq_lens + s;
+        sub.kv.block_tables = p.kv.block_tables + size_t(s) * p.kv.max_blocks_per_seq;
+        paged_decode_attention_ref(sub);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  return out;
+}
+
+// The reference's own paging: the same sequences in a shuffled and a
+// contiguous table give the same output.
+TEST(PagedAttentionRef, ShuffledTableMatchesContiguous) {
+  Case c;
+  c.lens = {1, 15, 16, 17, 40};
+  c.nq = {1, 1, 2, 1, 3};
+  c.n_heads = 4;
+  c.n_kv = 2;
+  c.hd = 8;
+  c.bs = 8;
+  c.seed = 3;
+  HostProblem a = make_problem(c);
+  c.shuffle = false;
+  HostProblem b = make_problem(c);
+  // Same pages, other placement: move b's page contents to a's places.
+  const size_t page = size_t(c.bs) * c.n_kv * c.hd;
+  for (size_t s = 0; s < c.lens.size(); ++s)
+    for (int j = 0; j < ceil_div(c.lens[s], c.bs); ++j) {
+      const size_t pa = a.tables[s * a.max_blocks + j], pb = b.tables[s * b.max_blocks + j];
+      std::copy_n(&b.kpool[pb * page], page, &a.kpool[pa * page]);
+      std::copy_n(&b.vpool[pb * page], page, &a.vpool[pa * page]);
+    }
+  a.q = b.q;
+  EXPECT_EQ(reference(a), reference(b));
+}
+
+#ifdef RUNLM_CUDA
+// ---------------------------------------------------------------- GPU
+
+bool have_device(std::string* why) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    *why = std::string("no CUDA device") + (e != cudaSuccess ? std::string(": ") + cudaGetErrorString(e) : "");
+    cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
+#define REQUIRE_DEVICE()                       \
+  do {                                         \
+    std::string why_;                          \
+    if (!have_device(&why_)) GTEST_SKIP() << why_; \
+  } while (0)
+
+void ck(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+struct DevBuf {
+  void* p = nullptr;
+  explicit DevBuf(size_t bytes) { ck(cudaMalloc(&p, bytes ? bytes : 16), "cudaMalloc"); }
+  ~DevBuf() { cudaFree(p); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+};
+
+template <typename T>
+void upload(DevBuf& d, const std::vector<T>& h) {
+  ck(cudaMemcpy(d.p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
+}
+
+// A problem on the device.
+struct DevProblem {
+  const HostProblem& hp;
+  size_t ws_bytes;
+  DevBuf k, v, tables, lens, cu_q, q, out, ws;
+  explicit DevProblem(const HostProblem& h)
+      : hp(h),
+        ws_bytes(paged_decode_workspace_bytes(int(h.c.lens.size()), h.total_q, h.c.n_heads, h.c.hd, h.max_seq_len)),
+        k(h.kpool.size() * 2),
+        v(h.vpool.size() * 2),
+        tables(h.tables.size() * 4),
+        lens(h.c.lens.size() * 4),
+        cu_q(h.cu_q.size() * 4),
+        q(h.q.size() * 4),
+        out(h.q.size() * 4),
+        ws(ws_bytes) {
+    upload(k, h.kpool);
+    upload(v, h.vpool);
+    upload(tables, h.tables);
+    upload(lens, h.c.lens);
+    upload(cu_q, h.cu_q);
+    upload(q, h.q);
+  }
+  PagedDecodeParams params() const {
+    return hp.params(k.p, v.p, tables.as<int32_t>(), lens.as<int32_t>(), cu_q.as<int32_t>(), q.as<float>(),
+                     out.as<float>());
+  }
+  // Poisons out with NaN (all-ones bits), runs, and returns out.
+  std::vector<float> run(int partition) {
+    ck(cudaMemset(out.p, 0xff, hp.q.size() * 4), "poison");
+    paged_decode_attention(params(), ws.p, ws_bytes, nullptr, partition);
+    ck(cudaGetLastError(), "launch");
+    ck(cudaDeviceSynchronize(), "sync");
+    std::vector<float> h(hp.q.size());
+    ck(cudaMemcpy(h.data(), out.p, h.size() * 4, cudaMemcpyDeviceToHost), "download");
+    return h;
+  }
+};
+
+// Worst per-row relative error ||out - ref|| / ||ref||; any non-finite value
+// counts as infinite.
+double worst_row_error(const std::vector<float>& out, const std::vector<float>& ref, int hd, std::string* where) {
+  double worst = 0;
+  for (size_t r = 0; r * hd < ref.size(); ++r) {
+    double num = 0, den = 0;
+    bool finite = true;
+    for (int j = 0; j < hd; ++j) {
+      const double o = out[r * hd + j], w = ref[r * hd + j];
+      finite = finite && std::isfinite(o);
+      num += (o - w) * (o - w);
+      den += w * w;
+    }
+    const double e = finite ? std::sqrt(num / std::max(den, 1e-30)) : INFINITY;
+    if (e > worst) {
+      worst = e;
+      *where = "row " + std::to_string(r);
+    }
+  }
+  return worst;
+}
+
+std::string describe(const Case& c, int partition) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "n_seqs=%zu heads=%d/%d hd=%d bs=%d window=%d kv=%s max_q=%d part=%d seed=%u",
+                c.lens.size(), c.n_heads, c.n_kv, c.hd, c.bs, c.window, dtype_name(c.kv_type),
+                *std::max_element(c.nq.begin(), c.nq.end()), partition, c.seed);
+  return buf;
+}
+
+void check_case(const Case& c, std::vector<int> partitions = {-1}) {
+  const HostProblem hp = make_problem(c);
+  const std::vector<float> ref = reference(hp);
+  DevProblem dp(hp);
+  for (int part : partitions) {
+    const std::vector<float> out = dp.run(part);
+    std::string where;
+    const double err = worst_row_error(out, ref, c.hd, &where);
+    EXPECT_LT(err, 1e-3) << describe(c, part) << " at " << where;
+  }
+}
+
+Case make_case(std::vector<int> lens, int nq, int n_heads, int n_kv, int hd, int bs, int window, uint32_t seed) {
+  Case c;
+  c.nq.assign(lens.size(), nq);
+  for (int& l : lens) l = std::max(l, nq);  // a sequence holds at least its query tokens
+  c.lens = lens;
+  c.n_heads = n_heads;
+  c.n_kv = n_kv;
+  c.hd = hd;
+  c.bs = bs;
+  c.window = window;
+  c.seed = seed;
+  return c;
+}
+
+const std::vector<int> kLens = {1, 15, 16, 17, 1000, 5000};
+
+TEST(PagedAttention, LengthsBlockSizesHeadDims) {
+  REQUIRE_DEVICE();
+  uint32_t seed = 100;
+  for (int bs : {8, 16, 32, 256})
+    for (int hd : {64, 128, 256}) check_case(make_case(kLens, 1, 32, 8, hd, bs, 0, seed++), {-1, 0, 256});
+}
+
+TEST(PagedAttention, HeadLayoutsQueryTokensWindow) {
+  REQUIRE_DEVICE();
+  uint32_t seed = 200;
+  struct Heads {
+    int n_heads, n_kv;
+  };
+  for (Heads h : {Heads{32, 8}, Heads{32, 1}, Heads{16, 16}, Heads{6, 2}})
+    for (int nq : {1, 4})
+      for (int window : {0, 300}) check_case(make_case({4, 17, 1000, 2500}, nq, h.n_heads, h.n_kv, 128, 16, window, seed++), {-1, 0, 256});
+}
+
+TEST(PagedAttention, BatchSizes) {
+  REQUIRE_DEVICE();
+  std::mt19937 rng(7);
+  for (int batch : {1, 2, 7, 64}) {
+    Case c;
+    for (int s = 0; s < batch; ++s) {
+      c.nq.push_back(1 + int(rng() % 4));
+      c.lens.push_back(std::max(c.nq.back(), 1 + int(rng() % 3000)));
+    }
+    c.seed = 300 + batch;
+    c.max_seq_slack = 37;  // the bound need not be tight
+    check_case(c, {-1, 0, 512});
+  }
+}
+
+TEST(PagedAttention, SmallHeadDims) {
+  REQUIRE_DEVICE();
+  uint32_t seed = 400;
+  // stories260K: 8 heads, 4 KV heads, head_dim 8.
+  for (int hd : {8, 16, 32})
+    for (int nq : {1, 3}) check_case(make_case(kLens, nq, 8, 4, hd, 8, 0, seed++), {-1, 0, 256});
+  check_case(make_case({1, 300, 700}, 2, 8, 4, 8, 16, 64, seed++), {-1, 0, 256});
+}
+
+TEST(PagedAttention, Bf16Pool) {
+  REQUIRE_DEVICE();
+  Case c = make_case(kLens, 2, 32, 8, 128, 16, 0, 500);
+  c.kv_type = DType::BF16;
+  check_case(c, {-1, 0, 256});
+}
+
+TEST(PagedAttention, WindowEdges) {
+  REQUIRE_DEVICE();
+  uint32_t seed = 600;
+  for (int window : {1, 16, 17, 5000, 6000})
+    for (int nq : {1, 4}) check_case(make_case(kLens, nq, 32, 8, 128, 16, window, seed++), {-1, 0, 256});
+}
+
+// Shuffled and contiguous tables over the same page contents give bitwise
+// equal outputs: the kernel's arithmetic does not depend on where pages sit.
+TEST(PagedAttention, ShuffledEqualsContiguous) {
+  REQUIRE_DEVICE();
+  Case c = make_case(kLens, 1, 32, 8, 128, 16, 0, 700);
+  HostProblem a = make_problem(c);
+  c.shuffle = false;
+  HostProblem b = make_problem(c);
+  const size_t page = size_t(c.bs) * c.n_kv * c.hd;
+  for (size_t s = 0; s < c.lens.size(); ++s)
+    for (int j = 0; j < ceil_div(c.lens[s], c.bs); ++j) {
+      const size_t pa = a.tables[s * a.max_blocks + j], pb = b.tables[s * b.max_blocks + j];
+      std::copy_n(&b.kpool[pb * page], page, &a.kpool[pa * page]);
+      std::copy_n(&b.vpool[pb * page], page, &a.vpool[pa * page]);
+    }
+  a.q = b.q;
+  DevProblem da(a), db(b);
+  for (int part : {-1, 0, 256}) EXPECT_EQ(da.run(part), db.run(part)) << "partition " << part;
+}
+
+// A graph captured once replays for new device-side lengths within the bounds.
+TEST(PagedAttention, GraphReplaysNewLengths) {
+  REQUIRE_DEVICE();
+  // Pages for 3000 keys in every sequence; the replays use shorter lengths.
+  Case c = make_case({3000, 3000, 3000}, 1, 32, 8, 128, 16, 0, 800);
+  HostProblem hp = make_problem(c);
+  DevProblem dp(hp);
+  cudaStream_t st;
+  ck(cudaStreamCreate(&st), "stream");
+  cudaGraph_t graph;
+  ck(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal), "begin capture");
+  paged_decode_attention(dp.params(), dp.ws.p, dp.ws_bytes, st);
+  ck(cudaStreamEndCapture(st, &graph), "end capture");
+  cudaGraphExec_t exec;
+  ck(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  for (const std::vector<int>& lens : {std::vector<int>{3000, 17, 900}, std::vector<int>{1, 2999, 16}}) {
+    hp.c.lens = lens;
+    upload(dp.lens, lens);
+    ck(cudaMemset(dp.out.p, 0xff, hp.q.size() * 4), "poison");
+    ck(cudaGraphLaunch(exec, st), "replay");
+    ck(cudaStreamSynchronize(st), "sync");
+    std::vector<float> out(hp.q.size());
+    ck(cudaMemcpy(out.data(), dp.out.p, out.size() * 4, cudaMemcpyDeviceToHost), "download");
+    const std::vector<float> ref = reference(hp);
+    std::string where;
+    EXPECT_LT(worst_row_error(out, ref, c.hd, &where), 1e-3) << "lens " << lens[0] << "," << lens[1] << " at " << where;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(st);
+}
+
+// A length past max_seq_len (or shorter than its query tokens) makes NaN
+// rows for that sequence only; the others are unaffected.
+TEST(PagedAttention, OutOfBoundLengthsGiveNaNRows) {
+  REQUIRE_DEVICE();
+  Case c = make_case({600, 50, 70}, 2, 8, 4, 64, 16, 0, 900);
+  HostProblem hp = make_problem(c);
+  const std::vector<float> ref = reference(hp);
+  DevProblem dp(hp);
+  for (int part : {0, 256}) {
+    for (int which : {0, 1}) {
+      std::vector<int> lens = hp.c.lens;
+      PagedDecodeParams p = dp.params();
+      if (which == 0) lens[1] = 1;        // 1 key < 2 query tokens
+      if (which == 1) p.max_seq_len = 599;  // sequence 0 (600 keys) breaks the bound
+      const int bad_seq = which == 0 ? 1 : 0;
+      upload(dp.lens, lens);
+      // A finite poison: NaN must be written for the bad rows, not left.
+      ck(cudaMemset(dp.out.p, 0x7f, hp.q.size() * 4), "poison");
+      paged_decode_attention(p, dp.ws.p, dp.ws_bytes, nullptr, part);
+      ck(cudaDeviceSynchronize(), "sync");
+      std::vector<float> out(hp.q.size());
+      ck(cudaMemcpy(out.data(), dp.out.p, out.size() * 4, cudaMemcpyDeviceToHost), "download");
+      const size_t row = size_t(c.n_heads) * c.hd;
+      for (int s = 0; s < 3; ++s)
+        for (size_t i = hp.cu_q[s] * row; i < hp.cu_q[s + 1] * row; ++i) {
+          if (s == bad_seq)
+            ASSERT_TRUE(std::isnan(out[i])) << "part " << part << " seq " << s << " elem " << i;
+          else
+            ASSERT_NEAR(out[i], ref[i], 1e-3 * (1 + std::fabs(ref[i]))) << "part " << part << " seq " << s;
+        }
+    }
+    upload(dp.lens, hp.c.lens);
+  }
+}
+
+TEST(PagedAttention, UnsupportedParamsThrow) {
+  REQUIRE_DEVICE();
+  Case c = make_case({40}, 1, 8, 4, 64, 16, 0, 1000);
+  HostProblem hp = make_problem(c);
+  DevProblem dp(hp);
+  auto expect_error = [&](PagedDecodeParams p, const char* needle, size_t ws_bytes, int part) {
+    try {
+      paged_decode_attention(p, dp.ws.p, ws_bytes, nullptr, part);
+      ADD_FAILURE() << "no error for " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  PagedDecodeParams p = dp.params();
+  p.kv.head_dim = 96;
+  expect_error(p, "head_dim=96", dp.ws_bytes, -1);
+  p = dp.params();
+  p.kv.block_size = 12;
+  expect_error(p, "block_size=12", dp.ws_bytes, -1);
+  p.kv.block_size = 512;
+  expect_error(p, "block_size=512", dp.ws_bytes, -1);
+  p = dp.params();
+  p.kv.kv_type = DType::F32;
+  expect_error(p, "kv type f32", dp.ws_bytes, -1);
+  p = dp.params();
+  p.n_heads = 6;
+  expect_error(p, "n_heads=6", dp.ws_bytes, -1);
+  p = dp.params();
+  expect_error(p, "partition_size=100", dp.ws_bytes, 100);
+  p.max_seq_len = 4096;  // 16 partitions of 256 need room
+  p.kv.max_blocks_per_seq = 4096 / 16;
+  expect_error(p, "workspace", 0, 256);
+}
+
+// ---------------------------------------------------------------- bench
+
+bool bench_enabled() {
+  const char* e = std::getenv("RUNLM_BENCH");
+  return e && std::string(e) == "1";
+}
+
+// Times one launch (median over graph replays of kIters launches that rotate
+// over `n_rot` tables, so that small problems do not run from L2).
+double time_launches(const std::vector<PagedDecodeParams>& ps, void* ws, size_t ws_bytes, int partition) {
+  constexpr int kIters = 20, kReps = 7;
+  cudaStream_t st;
+  ck(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
+  // Warm up outside the capture (occupancy query, module load).
+  paged_decode_attention(ps[0], ws, ws_bytes, st, partition);
+  ck(cudaStreamSynchronize(st), "warm-up");
+  cudaGraph_t graph;
+  ck(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal), "capture");
+  for (int i = 0; i < kIters; ++i) paged_decode_attention(ps[i % ps.size()], ws, ws_bytes, st, partition);
+  ck(cudaStreamEndCapture(st, &graph), "end capture");
+  cudaGraphExec_t exec;
+  ck(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  cudaEvent_t a, b;
+  ck(cudaEventCreate(&a), "event");
+  ck(cudaEventCreate(&b), "event");
+  ck(cudaGraphLaunch(exec, st), "replay");
+  std::vector<float> ms;
+  for (int r = 0; r < kReps; ++r) {
+    ck(cudaEventRecord(a, st), "record");
+    ck(cudaGraphLaunch(exec, st), "replay");
+    ck(cudaEventRecord(b, st), "record");
+    ck(cudaEventSynchronize(b), "sync");
+    float t = 0;
+    ck(cudaEventElapsedTime(&t, a, b), "elapsed");
+    ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(st);
+  return ms[ms.size() / 2] / kIters * 1e-3;  // seconds per launch
+}
+
+double copy_bandwidth() {
+  const size_t bytes = size_t(1) << 30;
+  DevBuf a(bytes), b(bytes);
+  ck(cudaMemset(a.p, 1, bytes), "memset");
+  ck(cudaMemcpy(b.p, a.p, bytes, cudaMemcpyDeviceToDevice), "warm");
+  cudaEvent_t e0, e1;
+  ck(cudaEventCreate(&e0), "event");
+  ck(cudaEventCreate(&e1), "event");
+  std::vector<float> ms;
+  for (int r = 0; r < 9; ++r) {
+    ck(cudaEventRecord(e0), "record");
+    ck(cudaMemcpyAsync(b.p, a.p, bytes, cudaMemcpyDeviceToDevice), "copy");
+    ck(cudaEventRecord(e1), "record");
+    ck(cudaEventSynchronize(e1), "sync");
+    float t;
+    ck(cudaEventElapsedTime(&t, e0, e1), "elapsed");
+    ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return 2.0 * bytes / (ms[ms.size() / 2] * 1e-3);  // read + write
+}
+
+// Issue 6's sweep: batch x context, GQA 32/8, hd 128, f16 KV, page 16;
+// paged (shuffled pages) and contiguous (table 0, 1, 2, ...) over the same
+// pool. Effective bandwidth counts K and V once: 2 * B * L * n_kv * hd * 2.
+TEST(PagedAttentionBench, DecodeSweep) {
+  if (!bench_enabled()) GTEST_SKIP() << "set RUNLM_BENCH=1";
+  REQUIRE_DEVICE();
+  const int n_heads = 32, n_kv = 8, hd = 128, bs = 16;
+  const std::vector<int> batches = {1, 8, 64, 256}, ctxs = {512, 2048, 8192, 32768};
+  const double copy_bw = copy_bandwidth();
+  std::printf("{\"bench\":\"copy\",\"bytes\":%zu,\"gbps\":%.1f}\n", size_t(2) << 30, copy_bw / 1e9);
+
+  // One pool for the largest problem; filled with a repeated 64 MiB block of
+  // random f16 (non-zero, not NaN).
+  const size_t page_elems = size_t(bs) * n_kv * hd;
+  const size_t max_pages = size_t(256) * (32768 / bs);
+  const size_t pool_bytes = max_pages * page_elems * 2;
+  DevBuf kpool(pool_bytes), vpool(pool_bytes);
+  {
+    std::mt19937 rng(42);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    const size_t chunk = size_t(64) << 20;
+    std::vector<uint16_t> h(chunk / 2);
+    for (auto& x : h) x = fp32_to_fp16(u(rng));
+    for (DevBuf* pool : {&kpool, &vpool}) {
+      ck(cudaMemcpy(pool->p, h.data(), chunk, cudaMemcpyHostToDevice), "fill");
+      for (size_t off = chunk; off < pool_bytes; off += chunk)
+        ck(cudaMemcpy(static_cast<char*>(pool->p) + off, pool->p, std::min(chunk, pool_bytes - off),
+                      cudaMemcpyDeviceToDevice),
+           "fill");
+    }
+  }
+
+  struct Row {
+    int b, l;
+    double paged_gbps, contig_gbps;
+    int part;
+  };
+  std::vector<Row> rows;
+  for (int B : batches)
+    for (int L : ctxs) {
+      const int pages = L / bs;
+      const size_t need = size_t(B) * pages;
+      const double kv_bytes = 2.0 * B * L * n_kv * hd * 2;
+      // Rotations: enough distinct page sets to cover 4x the L2, within the pool.
+      const int n_rot = int(std::max<size_t>(1, std::min<size_t>({size_t(20), max_pages / need,
+                                                                  size_t(std::ceil(256e6 / kv_bytes))})));
+      std::mt19937 rng(B * 100003 + L);
+      std::vector<int32_t> lens(B, L), cu(B + 1);
+      for (int s = 0; s <= B; ++s) cu[s] = s;
+      std::vector<float> hq(size_t(B) * n_heads * hd);
+      std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+      for (float& x : hq) x = u(rng);
+      DevBuf dq(hq.size() * 4), dout(hq.size() * 4), dlens(B * 4), dcu((B + 1) * 4);
+      upload(dq, hq);
+      upload(dlens, lens);
+      upload(dcu, cu);
+      const size_t ws_bytes = paged_decode_workspace_bytes(B, B, n_heads, hd, L);
+      DevBuf ws(ws_bytes);
+      // Tables: [rotation][layout] -> [B, pages].
+      std::vector<std::vector<int32_t>> host_tables[2];
+      std::vector<std::unique_ptr<DevBuf>> dev_tables;
+      std::vector<PagedDecodeParams> ps[2];
+      for (int layout = 0; layout < 2; ++layout)
+        for (int r = 0; r < n_rot; ++r) {
+          std::vector<int32_t> t(need);
+          std::iota(t.begin(), t.end(), int32_t(r * need));
+          if (layout == 0) std::shuffle(t.begin(), t.end(), rng);  // paged: pages anywhere in the rotation's range
+          dev_tables.push_back(std::make_unique<DevBuf>(need * 4));
+          upload(*dev_tables.back(), t);
+          host_tables[layout].push_back(std::move(t));
+          PagedDecodeParams p;
+          p.q = dq.as<float>();
+          p.out = dout.as<float>();
+          p.cu_q = dcu.as<int32_t>();
+          p.n_seqs = B;
+          p.total_q = B;
+          p.max_q_per_seq = 1;
+          p.max_seq_len = L;
+          p.n_heads = n_heads;
+          p.scale = 1.0f / std::sqrt(float(hd));
+          p.kv.k_pool = kpool.p;
+          p.kv.v_pool = vpool.p;
+          p.kv.kv_type = DType::F16;
+          p.kv.block_tables = dev_tables.back()->as<int32_t>();
+          p.kv.max_blocks_per_seq = pages;
+          p.kv.seq_lens = dlens.as<int32_t>();
+          p.kv.block_size = bs;
+          p.kv.n_kv_heads = n_kv;
+          p.kv.head_dim = hd;
+          ps[layout].push_back(p);
+        }
+      // Validate first: sequence 0 (and the last) of the paged layout against
+      // the reference, and paged == contiguous bitwise when they hold the same
+      // pages (rotation 0 of each holds the same page set, placed differently,
+      // so compare each against its own reference only where cheap).
+      if (L <= 8192 || B == 1) {
+        paged_decode_attention(ps[0][0], ws.p, ws_bytes, nullptr);
+        ck(cudaDeviceSynchronize(), "sync");
+        std::vector<float> out(hq.size());
+        ck(cudaMemcpy(out.data(), dout.p, out.size() * 4, cudaMemcpyDeviceToHost), "download");
+        // Host copy of the pages sequence s reads, for the reference.
+        for (int s : {0, B - 1}) {
+          if (s > 0 && (L > 2048 || B == 1)) continue;
+          std::vector<uint16_t> hk(size_t(pages) * page_elems), hv(hk.size());
+          for (int j = 0; j < pages; ++j) {
+            const size_t pg = host_tables[0][0][size_t(s) * pages + j];
+            ck(cudaMemcpy(&hk[j * page_elems], kpool.as<uint16_t>() + pg * page_elems, page_elems * 2,
+                          cudaMemcpyDeviceToHost),
+               "page");
+            ck(cudaMemcpy(&hv[j * page_elems], vpool.as<uint16_t>() + pg * page_elems, page_elems * 2,
+                          cudaMemcpyDeviceToHost),
+               "page");
+          }
+          std::vector<int32_t> t(pages), one_len = {L}, one_cu = {0, 1};
+          std::iota(t.begin(), t.end(), 0);
+          std::vector<float> ref(size_t(n_heads) * hd);
+          PagedDecodeParams rp = ps[0][0];
+          rp.q = hq.data() + size_t(s) * n_heads * hd;
+          rp.out = ref.data();
+          rp.cu_q = one_cu.data();
+          rp.n_seqs = 1;
+          rp.total_q = 1;
+          rp.kv.k_pool = hk.data();
+          rp.kv.v_pool = hv.data();
+          rp.kv.block_tables = t.data();
+          rp.kv.seq_lens = one_len.data();
+          paged_decode_attention_ref(rp);
+          std::vector<float> got(out.begin() + size_t(s) * n_heads * hd, out.begin() + size_t(s + 1) * n_heads * hd);
+          std::string where;
+          const double err = worst_row_error(got, ref, hd, &where);
+          EXPECT_LT(err, 1e-3) << "bench B=" << B << " L=" << L << " seq " << s << " " << where;
+        }
+      }
+      const int auto_part = paged_decode_auto_partition(ps[0][0]);
+      double gbps[2];
+      for (int layout = 0; layout < 2; ++layout) {
+        const double t = time_launches(ps[layout], ws.p, ws_bytes, -1);
+        gbps[layout] = kv_bytes / t / 1e9;
+        std::printf("{\"bench\":\"paged_decode\",\"impl\":\"runlm\",\"layout\":\"%s\",\"B\":%d,\"L\":%d,\"part\":%d,"
+                    "\"rot\":%d,\"us\":%.2f,\"gbps\":%.1f,\"frac_copy\":%.3f}\n",
+                    layout == 0 ? "paged" : "contig", B, L, auto_part, n_rot, t * 1e6, gbps[layout],
+                    gbps[layout] * 1e9 / copy_bw);
+      }
+      rows.push_back({B, L, gbps[0], gbps[1], auto_part});
+      // Partition sweep at the issue's target points (is auto right?).
+      if ((B == 1 && L == 32768) || (B == 64 && L == 8192) || (B == 8 && L == 32768)) {
+        for (int part : {0, 256, 512, 1024, 2048, 4096}) {
+          if (part > 0 && size_t(B) * n_heads * ceil_div(L, part) * (hd + 2) * 4 > ws_bytes) continue;
+          const double t = time_launches(ps[0], ws.p, ws_bytes, part);
+          std::printf("{\"bench\":\"paged_decode_part\",\"B\":%d,\"L\":%d,\"part\":%d,\"us\":%.2f,\"gbps\":%.1f}\n", B,
+                      L, part, t * 1e6, kv_bytes / t / 1e9);
+        }
+      }
+      std::fflush(stdout);
+    }
+  std::printf("\npaged decode sweep (GQA 32/8, hd 128, f16 KV, page 16); copy %.0f GB/s\n", copy_bw / 1e9);
+  std::printf("%5s %6s %6s %10s %10s %8s %8s\n", "B", "L", "part", "paged", "contig", "pg/ct", "pg/copy");
+  for (const Row& r : rows)
+    std::printf("%5d %6d %6d %10.1f %10.1f %8.3f %8.3f\n", r.b, r.l, r.part, r.paged_gbps, r.contig_gbps,
+                r.paged_gbps / r.contig_gbps, r.paged_gbps * 1e9 / copy_bw);
+}
+
+#endif  // RUNLM_CUDA
+
+}  // namespace
