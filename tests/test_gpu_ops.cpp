@@ -459,11 +459,16 @@ void check_decode_attention(const AttnCase& c, uint32_t seed) {
   const std::vector<float> kr = f16_to_f32(kh), vr = f16_to_f32(vh);
   const std::vector<float> q = randn(size_t(c.n) * c.n_heads * c.hd, seed + 2);
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
-  std::vector<float> ref(q.size()), scratch(max_ctx);
+  // The CPU reference reads an f32 cache (kernels/cpu/ops.h KvLayerView).
+  KvLayerView kv;
+  kv.k = reinterpret_cast<const uint8_t*>(kr.data());
+  kv.v = reinterpret_cast<const uint8_t*>(vr.data());
+  kv.type_k = kv.type_v = KvType::F32;
+  kv.row_bytes_k = kv.row_bytes_v = kv_row * sizeof(float);
+  std::vector<float> ref(q.size()), scratch(size_t(c.n_heads) * max_ctx + 2 * kv_row);
   for (int i = 0; i < c.n; ++i)
-    attention_one_token(ref.data() + size_t(i) * c.n_heads * c.hd, q.data() + size_t(i) * c.n_heads * c.hd,
-                        kr.data(), vr.data(), static_cast<int64_t>(kv_row), c.pos0 + i, c.n_heads, c.n_kv, c.hd,
-                        c.window, scale, scratch.data());
+    attention_one_token(ref.data() + size_t(i) * c.n_heads * c.hd, q.data() + size_t(i) * c.n_heads * c.hd, kv,
+                        c.pos0 + i, c.n_heads, c.n_kv, c.hd, c.window, scale, scratch.data());
   auto dq = upload(q);
   auto dk = upload(kh);
   auto dv = upload(vh);

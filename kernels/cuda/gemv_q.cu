@@ -20,10 +20,24 @@
 // load of a warp touches 32 different 128-byte lines (q4_0; 16 for q8_0 and
 // the k-quants): 32 L1 wavefronts per load, ~8 q4_0 elements per clock per
 // SM with 2 rows per warp, which is the measured ~6.5.
-// Version 3 (this): 4 rows per warp at n = 1 for q4_0 and q6_k, halving the
+// Version 3: 4 rows per warp at n = 1 for q4_0 and q6_k, halving the
 // x wavefronts per weight (see launch_gemv for the measurements). The real fix is a layout where lane l's 16 bytes
 // hold elements interleaved with the other lanes' (x loads of a warp then
 // read 512 contiguous bytes), or x staged in shared memory with a skew.
+// Version 4 (this; quantized types at every n, f32/f16/bf16 from n = 2,
+// version 3 keeps f32/f16/bf16 at n = 1 where it already reaches 80-99%): x
+// is staged once per block in shared memory, in column chunks of up to 48 KB
+// for all tokens, each float4 at a swizzled slot (x_swizzle) so that the 8
+// lanes of every quarter-warp read 8 different bank groups: a warp's float4
+// x read costs 4 shared-memory wavefronts instead of 32 L1 ones, and the
+// weight layout (shared with the GEMM and embed_rows) stays as it is. Two
+// barriers per chunk; the first step's weight loads are issued before the
+// staging so DRAM stays busy across it. 4 rows per warp, so that each x read
+// serves 4 rows: at n = 8 one float4 x read per token feeds 16 FMAs x 4 rows
+// and shared memory (128 B/clk/SM) stays under the FMA rate.
+#include <algorithm>
+#include <atomic>
+
 #include "cuda/common.cuh"
 #include "cuda/gpu_codec.cuh"
 #include "cuda/gpu_ops.h"
@@ -34,11 +48,23 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
+// Shared memory a block may use without the opt-in attribute.
+constexpr int kSmemDefault = 48 * 1024;
 
 template <DType kT, int kRows, int kUnroll>
 struct Step {
   typename Codec<kT>::Raw raw[kUnroll][kRows];
 };
+
+// Few tokens: DRAM-bound, so the next step's loads are issued before the
+// current step is decoded (register double buffer); many tokens: the FMAs
+// dominate and the registers are better spent on accumulators.
+template <int kTok>
+constexpr bool kPrefetchOf = kTok <= 4;
+// Two steps in flight need 2 x kUnroll x kRows raw units in registers: only
+// the small ones (f32/f16/bf16/q8_0/q4_0, <= 20 bytes) unroll.
+template <DType kT, int kTok>
+constexpr int kUnrollOf = kTok <= 2 && sizeof(typename Codec<kT>::Raw) <= 20 ? 2 : 1;
 
 // Issues the 16-byte loads of units u0, u0 + 32, ... (those inside the row).
 template <DType kT, int kRows, int kUnroll>
@@ -50,10 +76,53 @@ __device__ __forceinline__ void load_step(Step<kT, kRows, kUnroll>& st, const WV
       for (int r = 0; r < kRows; ++r) st.raw[k][r] = Codec<kT>::load(w, rows[r], u0 + 32 * k);
 }
 
+// Where the x of a step comes from: version 3 reads global memory through
+// L1, version 4 the swizzled shared-memory chunk.
+struct XGlobal {
+  const float* __restrict__ x;
+  int64_t cols;
+  template <DType kT>
+  __device__ __forceinline__ float4 get(int u, int g, int t) const {
+    return __ldg(reinterpret_cast<const float4*>(x + Codec<kT>::x_off(u, g) + int64_t(t) * cols));
+  }
+};
+
+// Shared-memory slot of float4 number q of a staged x chunk: q XOR a few of
+// its own higher bits, chosen per type from the lane -> x_off pattern so that
+// lanes 8i..8i+7 (one 128-bit shared-memory phase) hit 8 distinct 16-byte
+// bank groups for every group g. A permutation inside aligned groups of 8
+// float4 (the XOR changes bits 0-2 only and reads bits >= 3), so a chunk of
+// whole steps maps onto itself. Worked out from Codec::x_off (l = lane):
+//   F16/BF16   q = 2l + g                        -> XOR bit 3
+//   Q8_0       q = 4l + g                        -> XOR bits 3-4
+//   Q4_0       q = 8l + g                        -> XOR bits 3-5
+//   Q4_K/Q5_K  q = 16c + 4b + g (+8), l%8 = 2c+b -> XOR bits 4-5
+//   Q6_K       q = 32h + 8a + 4b + g (+16)       -> XOR bits 3 and 5
+//   F32        q = l                             -> none
+template <DType kT>
+__device__ __forceinline__ int x_swizzle(int q) {
+  if constexpr (kT == DType::F16 || kT == DType::BF16) return q ^ ((q >> 3) & 1);
+  else if constexpr (kT == DType::Q8_0) return q ^ ((q >> 3) & 3);
+  else if constexpr (kT == DType::Q4_0) return q ^ ((q >> 3) & 7);
+  else if constexpr (kT == DType::Q4_K || kT == DType::Q5_K) return q ^ ((q >> 4) & 3);
+  else if constexpr (kT == DType::Q6_K) return q ^ (((q >> 3) & 1) | ((q >> 4) & 2));
+  else return q;
+}
+
+struct XShared {
+  const float4* __restrict__ xs;  // [kTok][e4] float4, swizzled
+  int e4;                         // float4 per token in the chunk
+  int c0;                         // first unit of the chunk
+  template <DType kT>
+  __device__ __forceinline__ float4 get(int u, int g, int t) const {
+    return xs[t * e4 + x_swizzle<kT>(Codec<kT>::x_off(u - c0, g) >> 2)];
+  }
+};
+
 // Decodes the step's units and accumulates their dot with every token's x.
-template <DType kT, int kTok, int kRows, int kUnroll>
-__device__ __forceinline__ void dot_step(const Step<kT, kRows, kUnroll>& st, const WView& w,
-                                         const float* __restrict__ x, int u0, float (&acc)[kRows][kTok]) {
+template <DType kT, int kTok, int kRows, int kUnroll, typename X>
+__device__ __forceinline__ void dot_step(const Step<kT, kRows, kUnroll>& st, const WView& w, const X& x, int u0,
+                                         float (&acc)[kRows][kTok]) {
   using C = Codec<kT>;
   constexpr int kGroups = C::kUnit / 4;
 #pragma unroll
@@ -70,10 +139,9 @@ __device__ __forceinline__ void dot_step(const Step<kT, kRows, kUnroll>& st, con
       float4 wv[kRows];
 #pragma unroll
       for (int r = 0; r < kRows; ++r) wv[r] = C::decode(st.raw[k][r], g);
-      const float* xg = x + C::x_off(u, g);
 #pragma unroll
       for (int t = 0; t < kTok; ++t) {
-        const float4 xv = __ldg(reinterpret_cast<const float4*>(xg + int64_t(t) * w.cols));
+        const float4 xv = x.template get<kT>(u, g, t);
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
           float s = part[r][t];
@@ -94,15 +162,34 @@ __device__ __forceinline__ void dot_step(const Step<kT, kRows, kUnroll>& st, con
   }
 }
 
+// Sums each accumulator over the warp; lane t writes token t's sums (lanes
+// 16..31 idle): one store per value.
+template <int kTok, int kRows>
+__device__ __forceinline__ void reduce_store(float (&acc)[kRows][kTok], const WView& w, int64_t row0, int lane,
+                                             float* __restrict__ y) {
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int t = 0; t < kTok; ++t) {
+      float s = acc[r][t];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      acc[r][t] = s;
+    }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    if (row0 + r >= w.rows) break;
+#pragma unroll
+    for (int t = 0; t < kTok; ++t)
+      if (lane == t) y[int64_t(t) * w.rows + row0 + r] = acc[r][t];
+  }
+}
+
+// Version 3: x through L1.
 template <DType kT, int kTok, int kRows>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(WView w, const float* __restrict__ x, float* __restrict__ y) {
-  // Few tokens: DRAM-bound, so the next step's loads are issued before the
-  // current step is decoded (register double buffer); many tokens: the FMAs
-  // dominate and the registers are better spent on accumulators.
-  constexpr bool kPrefetch = kTok <= 4;
-  // Two steps in flight need 2 x kUnroll x kRows raw units in registers: only
-  // the small ones (f32/f16/bf16/q8_0/q4_0, <= 20 bytes) unroll.
-  constexpr int kUnroll = kTok <= 2 && sizeof(typename Codec<kT>::Raw) <= 20 ? 2 : 1;
+  constexpr bool kPrefetch = kPrefetchOf<kTok>;
+  constexpr int kUnroll = kUnrollOf<kT, kTok>;
   constexpr int kStep = 32 * kUnroll;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row0 = (int64_t(blockIdx.x) * kWarps + warp) * kRows;
@@ -117,56 +204,128 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(WView w, const float* __
 #pragma unroll
     for (int t = 0; t < kTok; ++t) acc[r][t] = 0.0f;
 
+  const XGlobal xg{x, w.cols};
   if constexpr (kPrefetch) {
     Step<kT, kRows, kUnroll> cur;
     load_step(cur, w, rows, lane);
     for (int u0 = lane; u0 < w.units; u0 += kStep) {
       Step<kT, kRows, kUnroll> next;
       load_step(next, w, rows, u0 + kStep);
-      dot_step<kT, kTok>(cur, w, x, u0, acc);
+      dot_step<kT, kTok>(cur, w, xg, u0, acc);
       cur = next;
     }
   } else {
     for (int u0 = lane; u0 < w.units; u0 += kStep) {
       Step<kT, kRows, kUnroll> cur;
       load_step(cur, w, rows, u0);
-      dot_step<kT, kTok>(cur, w, x, u0, acc);
+      dot_step<kT, kTok>(cur, w, xg, u0, acc);
     }
   }
+  reduce_store<kTok>(acc, w, row0, lane, y);
+}
 
+// Version 4: x staged in shared memory per column chunk of chunk_units
+// units (a multiple of the step, 32 x kUnroll units); the dynamic shared
+// memory holds kTok x chunk_units x kUnit floats.
+template <DType kT, int kTok, int kRows>
+__global__ void __launch_bounds__(kThreads)
+    gemv_smem_kernel(WView w, const float* __restrict__ x, float* __restrict__ y, int chunk_units) {
+  using C = Codec<kT>;
+  extern __shared__ float4 xs[];  // [kTok][e4]: float4 q of token t at t * e4 + x_swizzle(q)
+  constexpr bool kPrefetch = kPrefetchOf<kTok>;
+  constexpr int kUnroll = kUnrollOf<kT, kTok>;
+  constexpr int kStep = 32 * kUnroll;
+  const int e4 = chunk_units * (C::kUnit / 4);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t row0 = (int64_t(blockIdx.x) * kWarps + warp) * kRows;
+  // No early return: every warp takes part in the staging barriers. Rows
+  // past the end re-read the last valid row and are not stored.
+  int64_t rows[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) rows[r] = min(row0 + r, w.rows - 1);
+
+  float acc[kRows][kTok];
 #pragma unroll
   for (int r = 0; r < kRows; ++r)
 #pragma unroll
-    for (int t = 0; t < kTok; ++t) {
-      float s = acc[r][t];
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-      acc[r][t] = s;
-    }
-  // Lane t writes token t's sums (lanes 16..31 idle): one store per value.
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    if (row0 + r >= w.rows) break;
-#pragma unroll
+    for (int t = 0; t < kTok; ++t) acc[r][t] = 0.0f;
+
+  Step<kT, kRows, kUnroll> cur;
+  // The first step's weight loads go out before the staging below, so DRAM
+  // is busy while x is copied in.
+  if constexpr (kPrefetch) load_step(cur, w, rows, lane);
+  for (int c0 = 0; c0 < w.units; c0 += chunk_units) {
+    const int cu = min(chunk_units, w.units - c0);
+    // Every warp has finished reading the previous chunk before it is
+    // overwritten.
+    if (c0 > 0) __syncthreads();
+    const int n4 = cu * (C::kUnit / 4);
+    const float* xc = x + int64_t(c0) * C::kUnit;
+#pragma unroll 1
     for (int t = 0; t < kTok; ++t)
-      if (lane == t) y[int64_t(t) * w.rows + row0 + r] = acc[r][t];
+      for (int q = threadIdx.x; q < n4; q += kThreads)
+        xs[t * e4 + x_swizzle<kT>(q)] = __ldg(reinterpret_cast<const float4*>(xc + int64_t(t) * w.cols) + q);
+    // The staged chunk is complete before any warp reads it.
+    __syncthreads();
+    const XShared xsh{xs, e4, c0};
+    for (int u0 = c0 + lane; u0 < c0 + cu; u0 += kStep) {
+      if constexpr (kPrefetch) {
+        Step<kT, kRows, kUnroll> next;
+        load_step(next, w, rows, u0 + kStep);
+        dot_step<kT, kTok>(cur, w, xsh, u0, acc);
+        cur = next;
+      } else {
+        load_step(cur, w, rows, u0);
+        dot_step<kT, kTok>(cur, w, xsh, u0, acc);
+      }
+    }
   }
+  reduce_store<kTok>(acc, w, row0, lane, y);
+}
+
+// Raises gemv_smem_kernel<kT, kTok, kRows>'s dynamic shared-memory limit
+// once per device (at most 64 devices): needed only where one step of x for
+// all tokens exceeds 48 KB. Host-side only (no stream work), so it is also
+// safe when the first call happens during a graph capture.
+template <DType kT, int kTok, int kRows>
+void allow_smem(int bytes) {
+  static std::atomic<uint64_t> done{0};  // one per instantiation: bit d = device d done
+  int dev = 0;
+  cudaCheck(cudaGetDevice(&dev));
+  RUNLM_CHECK(dev >= 0 && dev < 64, "gemv: device %d beyond 64", dev);
+  const uint64_t bit = uint64_t{1} << dev;
+  if (done.load(std::memory_order_acquire) & bit) return;
+  cudaCheck(cudaFuncSetAttribute(gemv_smem_kernel<kT, kTok, kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 bytes));
+  done.fetch_or(bit, std::memory_order_acq_rel);
 }
 
 template <DType kT, int kTok>
 void launch_gemv(const WView& v, const float* x, float* y, cudaStream_t s) {
-  // x is read through L1 as float4 per lane with a lane stride of one unit
-  // (128 bytes for q4_0: 32 L1 wavefronts per load); rows sharing an x load
-  // divide that traffic. Measured at n = 1 with 4 rows per warp: q4_0 went
-  // from 24-33% to 30-56% of the copy bandwidth and q6_k from 46-70% to
-  // 44-76%, but q4_k/q5_k fell (25-41% -> 17-35%: their large raw units cut
-  // occupancy) and q8_0 was unchanged, so only q4_0 and q6_k take 4.
-  constexpr int kRows = kTok == 1 && (kT == DType::Q4_0 || kT == DType::Q6_K) ? 4 : 2;
-  const int64_t blocks = (v.rows + kWarps * kRows - 1) / (kWarps * kRows);
-  gemv_kernel<kT, kTok, kRows><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(v, x, y);
+  constexpr bool kPlain = kT == DType::F32 || kT == DType::F16 || kT == DType::BF16;
+  if constexpr (kPlain && kTok == 1) {
+    // Version 3 measured 80-99% of the copy bandwidth here.
+    constexpr int kRows = 2;
+    const int64_t blocks = (v.rows + kWarps * kRows - 1) / (kWarps * kRows);
+    gemv_kernel<kT, kTok, kRows><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(v, x, y);
+  } else {
+    // 4 rows per warp: each x read from shared memory serves 4 rows (see the
+    // file comment); past 8 tokens the accumulators of 4 rows (2 x 4 x kTok
+    // registers with the per-unit partial sums) would spill, so 2.
+    constexpr int kRows = kTok <= 8 ? 4 : 2;
+    constexpr int kStepUnits = 32 * kUnrollOf<kT, kTok>;
+    constexpr int kStepBytes = kStepUnits * Codec<kT>::kUnit * 4 * kTok;  // x of one step, all tokens
+    constexpr int kMaxSteps = kStepBytes >= kSmemDefault ? 1 : kSmemDefault / kStepBytes;
+    const int steps = static_cast<int>(std::min<int64_t>(kMaxSteps, (v.units + kStepUnits - 1) / kStepUnits));
+    const int chunk_units = steps * kStepUnits;
+    const int smem = steps * kStepBytes;
+    auto* kernel = gemv_smem_kernel<kT, kTok, kRows>;
+    if constexpr (kStepBytes > kSmemDefault) allow_smem<kT, kTok, kRows>(kStepBytes);
+    const int64_t blocks = (v.rows + kWarps * kRows - 1) / (kWarps * kRows);
+    kernel<<<static_cast<unsigned>(blocks), kThreads, smem, s>>>(v, x, y, chunk_units);
+  }
   cudaCheckLaunch();
 }
-
 template <DType kT>
 void gemv_typed(const WView& v, const float* x, float* y, int n, cudaStream_t s) {
   switch (n) {
