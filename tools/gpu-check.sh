@@ -308,6 +308,14 @@ PY
   return $rc
 }
 
+# The last lines of the run: the engine's numbers in one place.
+section_final() {
+  [ -s "$OUT/bench_model.md" ] && { echo "runlm bench (Llama-2-7B shape, random weights):"; grep -E '^\| (random|llama|model)' "$OUT/bench_model.md" | sort -u; }
+  for f in "$OUT"/batch_*.log; do [ -f "$f" ] && { echo "$(basename "$f"):"; grep -E "^batch:|wall" "$f"; }; done
+  [ -s "$OUT/paged_bench.log" ] && { echo "paged decode:"; grep -E '\|' "$OUT/paged_bench.log" | tail -20; }
+  return 0
+}
+
 for s in $SECTIONS; do
   log "section $s"
   # Process substitution, not a pipe: a section may set variables (RUNLM).

@@ -20,7 +20,14 @@ __global__ void gather_kv_kernel(const uint4* __restrict__ k_pool, const uint4* 
   int s = 0;
   while (s + 1 < n_seqs && cu_k[s + 1] <= row) ++s;
   const int pos = row - cu_k[s];
-  const int64_t slot = int64_t(tables[int64_t(s) * max_blocks + pos / block_size]) * block_size + pos % block_size;
+  const int32_t page = tables[int64_t(s) * max_blocks + pos / block_size];
+  if (page < 0) {
+    // Released by the sliding window: attention never reads it; keep it finite.
+    for (int i = threadIdx.x; i < row_vecs; i += blockDim.x)
+      k_out[int64_t(row) * row_vecs + i] = v_out[int64_t(row) * row_vecs + i] = make_uint4(0, 0, 0, 0);
+    return;
+  }
+  const int64_t slot = int64_t(page) * block_size + pos % block_size;
   for (int i = threadIdx.x; i < row_vecs; i += blockDim.x) {
     k_out[int64_t(row) * row_vecs + i] = k_pool[slot * row_vecs + i];
     v_out[int64_t(row) * row_vecs + i] = v_pool[slot * row_vecs + i];
