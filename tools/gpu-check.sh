@@ -238,8 +238,9 @@ EOF
 # The shared models travel in the ignored .carry/shared (../shared does not
 # reach the device): make ../shared point at it when it is missing.
 section_shared() {
-  if [ ! -d "$ROOT/../shared/models" ] && [ -d "$ROOT/.carry/shared/models" ]; then
-    ln -sfn "$ROOT/.carry/shared" "$ROOT/../shared" && echo "../shared -> .carry/shared"
+  if [ ! -f "$ROOT/../shared/models/stories260K.gguf" ] && [ -d "$ROOT/.carry/shared/models" ]; then
+    mkdir -p "$ROOT/../shared"
+    ln -sfn "$ROOT/.carry/shared/models" "$ROOT/../shared/models" && echo "../shared/models -> .carry/shared/models"
   fi
   ls "$ROOT/../shared/models" | head -20
 }
