@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "attention.h"
@@ -79,6 +80,9 @@ struct GpuLayer {
   DeviceBuffer<float> attn_norm, ffn_norm;
 };
 
+// The feed-forward width the GPU uses: a multiple of 8 (see upload_padded).
+int64_t padded_hidden(const ModelConfig& c) { return (c.hidden_dim + 7) / 8 * 8; }
+
 // Items of at most this many tokens run through the paged decode kernel.
 constexpr int kMaxDecodeQ = 16;
 
@@ -92,7 +96,7 @@ struct BatchPlan {
   // Long items (prefill attention on gathered K/V): query and key prefix sums.
   std::vector<int> pre_cu_q{0}, pre_cu_k{0};
   std::vector<std::vector<int32_t>> pre_tables;
-  int dec_tokens = 0, max_dec_q = 0, max_pre_q = 0, max_pre_k = 0, max_len = 0;
+  int dec_tokens = 0, max_dec_q = 0, max_dec_len = 0, max_pre_q = 0, max_pre_k = 0;
   // Rows of the step whose logits are wanted, in the items' order.
   std::vector<std::pair<int, int>> wanted;  // (item index, token row)
   std::vector<int32_t> logit_rows;
@@ -105,8 +109,8 @@ struct BatchPlan {
       slots.push_back(table[p / block_size] * block_size + p % block_size);
     }
     const int len = it.pos + it.n_tokens;
-    max_len = std::max(max_len, len);
     if (short_item) {
+      max_dec_len = std::max(max_dec_len, len);
       dec_cu_q.push_back(dec_cu_q.back() + it.n_tokens);
       dec_seq_lens.push_back(len);
       dec_tables.push_back(table);
@@ -268,6 +272,7 @@ class CudaEngine final : public Engine {
  private:
   void upload_weights() {
     const ModelWeights& w = model_.weights();
+    hidden_ = padded_hidden(cfg_);
     tok_embd_ = gpu::upload_matrix(qmatrix(w.tok_embd));
     output_ = cfg_.tied_embeddings ? tok_embd_ : gpu::upload_matrix(qmatrix(w.output));
     upload_vector_into(w.output_norm, output_norm_);
@@ -279,12 +284,24 @@ class CudaEngine final : public Engine {
       g.wk = gpu::upload_matrix(qmatrix(lw.wk));
       g.wv = gpu::upload_matrix(qmatrix(lw.wv));
       g.wo = gpu::upload_matrix(qmatrix(lw.wo));
-      g.w_gate = gpu::upload_matrix(qmatrix(lw.w_gate));
-      g.w_up = gpu::upload_matrix(qmatrix(lw.w_up));
-      g.w_down = gpu::upload_matrix(qmatrix(lw.w_down));
+      g.w_gate = upload_padded(lw.w_gate, hidden_, lw.w_gate.ne0);
+      g.w_up = upload_padded(lw.w_up, hidden_, lw.w_up.ne0);
+      g.w_down = upload_padded(lw.w_down, lw.w_down.ne1, hidden_);
       upload_vector_into(lw.attn_norm, g.attn_norm);
       upload_vector_into(lw.ffn_norm, g.ffn_norm);
     }
+  }
+
+  // Uploads w as a rows x cols matrix, zero-padded where it is smaller. The
+  // feed-forward width is padded to a multiple of 8 (the GPU layout of plain
+  // float types needs it): the extra gate/up rows give silu(0) * 0 = 0 and the
+  // extra down columns multiply those zeros, so the result is exact.
+  gpu::GpuMatrix upload_padded(const WeightView& w, int64_t rows, int64_t cols) {
+    if (rows == w.ne1 && cols == w.ne0) return gpu::upload_matrix(qmatrix(w));
+    const size_t row_bytes = dtype_row_bytes(w.type, cols);
+    std::vector<uint8_t> buf(row_bytes * static_cast<size_t>(rows), 0);  // zero bits are 0.0 in every plain type
+    for (int64_t r = 0; r < w.ne1; ++r) std::memcpy(buf.data() + r * row_bytes, w.row(r), w.row_bytes);
+    return gpu::upload_matrix(QMatrix{w.type, buf.data(), row_bytes, cols, rows});
   }
 
   void upload_vector_into(const WeightView& v, DeviceBuffer<float>& dst) {
@@ -297,7 +314,7 @@ class CudaEngine final : public Engine {
   void allocate_buffers() {
     const ModelConfig& c = cfg_;
     const size_t m = static_cast<size_t>(n_batch_);
-    const size_t widest = std::max({c.dim, c.q_dim(), c.hidden_dim});
+    const size_t widest = std::max<size_t>({static_cast<size_t>(c.dim), static_cast<size_t>(c.q_dim()), static_cast<size_t>(hidden_)});
     x_.allocate(m * c.dim);
     xb_.allocate(m * widest);
     xh_.allocate(m * widest);
@@ -307,8 +324,8 @@ class CudaEngine final : public Engine {
     v_.allocate(m * c.kv_dim());
     att_.allocate(m * c.q_dim());
     atth_.allocate(m * c.q_dim());
-    gate_.allocate(m * c.hidden_dim);
-    up_.allocate(m * c.hidden_dim);
+    gate_.allocate(m * hidden_);
+    up_.allocate(m * hidden_);
     logits_.allocate(m * c.n_vocab);
     rows_.allocate(m * c.dim);
     tokens_.allocate(m);
@@ -450,7 +467,7 @@ class CudaEngine final : public Engine {
     const int pre_tokens = m - plan.dec_tokens;
     const int total_k = plan.pre_cu_k.back();
     if (plan.n_dec() > 0) {
-      const size_t ws = paged_decode_workspace_bytes(plan.n_dec(), plan.dec_tokens, c.n_heads, c.head_dim, plan.max_len);
+      const size_t ws = paged_decode_workspace_bytes(plan.n_dec(), plan.dec_tokens, c.n_heads, c.head_dim, plan.max_dec_len);
       decode_ws_.reserve(std::max<size_t>(ws, 1));
     }
     if (plan.n_pre() > 0) {
@@ -484,7 +501,7 @@ class CudaEngine final : public Engine {
         p.n_seqs = plan.n_dec();
         p.total_q = plan.dec_tokens;
         p.max_q_per_seq = plan.max_dec_q;
-        p.max_seq_len = plan.max_len;
+        p.max_seq_len = plan.max_dec_len;
         p.n_heads = c.n_heads;
         p.window = window_;
         p.scale = scale;
@@ -535,7 +552,7 @@ class CudaEngine final : public Engine {
       norm(g.ffn_norm);
       project(g.w_gate, gate_.get());
       project(g.w_up, up_.get());
-      gpu::swiglu(gate_.get(), up_.get(), gemv_path ? nullptr : xh_.get(), static_cast<int64_t>(m) * c.hidden_dim,
+      gpu::swiglu(gate_.get(), up_.get(), gemv_path ? nullptr : xh_.get(), static_cast<int64_t>(m) * hidden_,
                   stream_);
       if (gemv_path) gpu::gemv(g.w_down, gate_.get(), xb_.get(), m, stream_);
       else gpu::gemm(g.w_down, xh_.get(), xb_.get(), m, gemm_scratch_.get(), stream_);
@@ -590,7 +607,7 @@ class CudaEngine final : public Engine {
       gpu::rmsnorm(x_.get(), g.ffn_norm.get(), xb_.get(), nullptr, m, c.dim, c.rms_eps, stream_);
       gpu::gemv(g.w_gate, xb_.get(), gate_.get(), m, stream_);
       gpu::gemv(g.w_up, xb_.get(), up_.get(), m, stream_);
-      gpu::swiglu(gate_.get(), up_.get(), nullptr, static_cast<int64_t>(m) * c.hidden_dim, stream_);
+      gpu::swiglu(gate_.get(), up_.get(), nullptr, static_cast<int64_t>(m) * hidden_, stream_);
       gpu::gemv(g.w_down, gate_.get(), xb_.get(), m, stream_);
       gpu::add_inplace(x_.get(), xb_.get(), static_cast<int64_t>(m) * c.dim, stream_);
     }
@@ -652,7 +669,7 @@ class CudaEngine final : public Engine {
       gpu::rmsnorm(x_.get(), g.ffn_norm.get(), nullptr, xh_.get(), m, c.dim, c.rms_eps, stream_);
       gpu::gemm(g.w_gate, xh_.get(), gate_.get(), m, scratch, stream_);
       gpu::gemm(g.w_up, xh_.get(), up_.get(), m, scratch, stream_);
-      gpu::swiglu(gate_.get(), up_.get(), xh_.get(), static_cast<int64_t>(m) * c.hidden_dim, stream_);
+      gpu::swiglu(gate_.get(), up_.get(), xh_.get(), static_cast<int64_t>(m) * hidden_, stream_);
       gpu::gemm(g.w_down, xh_.get(), xb_.get(), m, scratch, stream_);
       gpu::add_inplace(x_.get(), xb_.get(), static_cast<int64_t>(m) * c.dim, stream_);
     }
@@ -674,6 +691,7 @@ class CudaEngine final : public Engine {
   cudaStream_t stream_ = nullptr;
   cudaGraphExec_t graph_exec_ = nullptr;
   int n_ctx_ = 0, n_batch_ = 512, window_ = 0;
+  int64_t hidden_ = 0;  // feed-forward width on the GPU (padded_hidden)
 
   gpu::GpuMatrix tok_embd_, output_;
   DeviceBuffer<float> output_norm_;
@@ -715,6 +733,32 @@ bool cuda_device_available() {
     return false;
   }
   return n > 0;
+}
+
+std::string cuda_model_unsupported_reason(const Model& model) {
+  const ModelWeights& w = model.weights();
+  std::vector<const WeightView*> all = {&w.tok_embd, &w.output};
+  for (const auto& l : w.layers)
+    for (const WeightView* v : {&l.wq, &l.wk, &l.wv, &l.wo}) all.push_back(v);
+  for (const WeightView* v : all) {
+    const std::string why = gpu::upload_unsupported_reason(qmatrix(*v));
+    if (!why.empty()) return v->name + ": " + why;
+  }
+  // The feed-forward matrices go up padded to padded_hidden().
+  const int64_t h = padded_hidden(model.config());
+  for (const auto& l : w.layers) {
+    for (const WeightView* v : {&l.w_gate, &l.w_up}) {
+      const std::string why = gpu::upload_unsupported_reason(QMatrix{v->type, v->data, v->row_bytes, v->ne0, h});
+      if (!why.empty()) return v->name + ": " + why;
+    }
+    // Quantized widths are whole blocks of 32 or more, so only plain types get padded.
+    const bool pad = l.w_down.ne0 != h && dtype_info(l.w_down.type).block_size == 1;
+    const std::string why = gpu::upload_unsupported_reason(
+        pad ? QMatrix{l.w_down.type, l.w_down.data, dtype_row_bytes(l.w_down.type, h), h, l.w_down.ne1}
+            : qmatrix(l.w_down));
+    if (!why.empty()) return l.w_down.name + ": " + why;
+  }
+  return "";
 }
 
 std::unique_ptr<Engine> make_cuda_engine(const Model& model, const EngineOptions& options) {

@@ -2,7 +2,10 @@
 
 #include <unistd.h>
 
+#include <cstdio>
+
 #include "common.h"
+#include "model.h"
 #include "llama.h"
 
 namespace runlm {
@@ -74,6 +77,7 @@ void reserve_sequence0(BlockManager& blocks, int pos, int n) {
 
 #ifndef RUNLM_CUDA
 bool cuda_device_available() { return false; }
+std::string cuda_model_unsupported_reason(const Model&) { return "runlm was built without CUDA"; }
 std::unique_ptr<Engine> make_cuda_engine(const Model&, const EngineOptions&) {
   fail("--device cuda: runlm was built without CUDA (no nvcc at configure time); use --device cpu");
 }
@@ -81,7 +85,16 @@ std::unique_ptr<Engine> make_cuda_engine(const Model&, const EngineOptions&) {
 
 std::unique_ptr<Engine> make_engine(const Model& model, const EngineOptions& options) {
   Device device = options.device;
-  if (device == Device::Auto) device = cuda_device_available() ? Device::Cuda : Device::Cpu;
+  if (device == Device::Auto) {
+    // Auto takes the GPU when there is one that can hold the model, and says
+    // why when it cannot; --device cuda turns the same reason into an error.
+    device = Device::Cpu;
+    if (cuda_device_available()) {
+      const std::string why = cuda_model_unsupported_reason(model);
+      if (why.empty()) device = Device::Cuda;
+      else std::fprintf(stderr, "device auto: using the CPU, the GPU cannot run this model: %s\n", why.c_str());
+    }
+  }
   if (device == Device::Cuda) return make_cuda_engine(model, options);
   // The CPU engine has one attention implementation; asking it for a GPU
   // backend is an error, never a silent substitute.

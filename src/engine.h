@@ -107,6 +107,8 @@ std::unique_ptr<Engine> make_cpu_engine(const Model& model, const EngineOptions&
 // Only in CUDA builds (RUNLM_CUDA); make_engine reports a build without it.
 std::unique_ptr<Engine> make_cuda_engine(const Model& model, const EngineOptions& options);
 bool cuda_device_available();
+// Why the CUDA engine cannot hold this model's weights ("" when it can).
+std::string cuda_model_unsupported_reason(const Model& model);
 // Picks the device (Auto: CUDA when a GPU is present and built in, else CPU).
 std::unique_ptr<Engine> make_engine(const Model& model, const EngineOptions& options);
 

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "cpu/ops.h"  // QMatrix
 #include "dtype.h"
@@ -33,6 +34,8 @@ bool gemv_supports(DType t);
 // Copies and repacks a host matrix; throws runlm::Error naming the type when
 // unsupported, and on allocation failure with the bytes needed and free.
 GpuMatrix upload_matrix(const QMatrix& host);
+// Why upload_matrix would refuse this matrix, or "" when it can take it.
+std::string upload_unsupported_reason(const QMatrix& host);
 void free_matrix(GpuMatrix& m);
 
 // Decode: y[t, r] = sum_c W[r, c] * x[t, c] for t < n_tokens (1..16), x and y

@@ -64,20 +64,29 @@ void repack_row(DType t, const uint8_t* src, int64_t r, int64_t cols, const Pack
 
 }  // namespace
 
-GpuMatrix upload_matrix(const QMatrix& host) {
+std::string upload_unsupported_reason(const QMatrix& host) {
   const PackedLayout l = packed_layout(host.type, host.rows, host.cols);
-  RUNLM_CHECK(l.ok, "upload_matrix: weight type %s unsupported on the GPU; supported: f32, f16, bf16, q8_0, q4_0, "
-              "q4_k, q5_k, q6_k", dtype_name(host.type));
-  RUNLM_CHECK(host.rows > 0 && host.cols > 0, "upload_matrix: empty %s matrix (%lld x %lld)",
-              dtype_name(host.type), static_cast<long long>(host.rows), static_cast<long long>(host.cols));
+  if (!l.ok)
+    return strfmt("weight type %s unsupported on the GPU; supported: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k",
+                  dtype_name(host.type));
+  if (host.rows <= 0 || host.cols <= 0)
+    return strfmt("empty %s matrix (%lld x %lld)", dtype_name(host.type), static_cast<long long>(host.rows),
+                  static_cast<long long>(host.cols));
   // Plain types need cols % 8 so that rows stay 16-byte aligned; block types
   // need whole blocks (the GGUF loader already guarantees that).
   const int64_t granule = host.type == DType::F32 || host.type == DType::F16 || host.type == DType::BF16
                               ? 8
                               : dtype_info(host.type).block_size;
-  RUNLM_CHECK(host.cols % granule == 0, "upload_matrix: %s matrix with %lld columns; the GPU layout needs a "
-              "multiple of %lld", dtype_name(host.type), static_cast<long long>(host.cols),
-              static_cast<long long>(granule));
+  if (host.cols % granule != 0)
+    return strfmt("%s matrix with %lld columns; the GPU layout needs a multiple of %lld", dtype_name(host.type),
+                  static_cast<long long>(host.cols), static_cast<long long>(granule));
+  return "";
+}
+
+GpuMatrix upload_matrix(const QMatrix& host) {
+  const std::string why = upload_unsupported_reason(host);
+  RUNLM_CHECK(why.empty(), "upload_matrix: %s", why.c_str());
+  const PackedLayout l = packed_layout(host.type, host.rows, host.cols);
   RUNLM_CHECK(host.rows <= INT32_MAX / 8 && host.cols / l.unit <= INT32_MAX,
               "upload_matrix: %lld x %lld too large", static_cast<long long>(host.rows),
               static_cast<long long>(host.cols));
