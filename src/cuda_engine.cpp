@@ -365,6 +365,12 @@ class CudaEngine final : public Engine {
       n_slots_ = pages * block_size_;
     }
     const size_t cache = static_cast<size_t>(c.n_layers) * static_cast<size_t>(n_slots_) * c.kv_dim();
+    size_t free_b = 0, total_b = 0;
+    check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+    RUNLM_CHECK(2 * cache * sizeof(uint16_t) <= free_b,
+                "out of GPU memory for the KV cache: needs %zu bytes (%d layers x %lld slots, f16 K and V), %zu bytes "
+                "free; lower -c",
+                2 * cache * sizeof(uint16_t), c.n_layers, static_cast<long long>(n_slots_), free_b);
     k_cache_.allocate(cache);
     v_cache_.allocate(cache);
   }
