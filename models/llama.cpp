@@ -1,5 +1,8 @@
 #include "llama.h"
 
+#include <cmath>
+#include <cstdint>
+
 #include "common.h"
 #include "gguf.h"
 
@@ -80,11 +83,30 @@ ModelConfig read_model_config(const GgufFile& g) {
     RUNLM_CHECK(factor > 0, "%s: rope.scaling.factor must be positive", g.path().c_str());
     c.rope_freq_scale = static_cast<float>(1.0 / factor);
   }
-  if (auto w = g.get_int_opt(p + "attention.sliding_window"); w && *w > 0) c.sliding_window = static_cast<int>(*w);
+  if (auto w = g.get_int_opt(p + "attention.sliding_window"); w && *w > 0) {
+    RUNLM_CHECK(*w < (int64_t{1} << 31), "%s: %s = %lld is out of range", g.path().c_str(),
+                (p + "attention.sliding_window").c_str(), static_cast<long long>(*w));
+    c.sliding_window = static_cast<int>(*w);
+  }
+  // NaN or non-positive values would silently turn every logit into NaN.
+  RUNLM_CHECK(std::isfinite(c.rms_eps) && c.rms_eps > 0, "%s: %sattention.layer_norm_rms_epsilon = %g must be positive",
+              g.path().c_str(), p.c_str(), static_cast<double>(c.rms_eps));
+  RUNLM_CHECK(std::isfinite(c.rope_theta) && c.rope_theta > 0, "%s: %srope.freq_base = %g must be positive",
+              g.path().c_str(), p.c_str(), static_cast<double>(c.rope_theta));
+  RUNLM_CHECK(std::isfinite(c.rope_freq_scale) && c.rope_freq_scale > 0, "%s: %srope.scaling.factor gives the scale %g",
+              g.path().c_str(), p.c_str(), static_cast<double>(c.rope_freq_scale));
 
   RUNLM_CHECK(c.n_heads % c.n_kv_heads == 0, "%s: head_count %d is not a multiple of head_count_kv %d",
               g.path().c_str(), c.n_heads, c.n_kv_heads);
+  // dim / n_heads is 0 when there are more heads than dimensions.
+  RUNLM_CHECK(c.head_dim > 0, "%s: head dimension is 0 (embedding_length %d < head_count %d)", g.path().c_str(), c.dim,
+              c.n_heads);
   RUNLM_CHECK(c.head_dim % 2 == 0, "%s: head dimension %d must be even for RoPE", g.path().c_str(), c.head_dim);
+  // q_dim() and kv_dim() are ints: n_heads * head_dim must fit (the engines
+  // index activations with them).
+  RUNLM_CHECK(static_cast<int64_t>(c.n_heads) * c.head_dim <= INT32_MAX,
+              "%s: head_count %d x head dimension %d overflows the query width", g.path().c_str(), c.n_heads,
+              c.head_dim);
   if (auto rd = g.get_int_opt(p + "rope.dimension_count"))
     RUNLM_CHECK(*rd == c.head_dim, "%s: partial rotary embedding (rope.dimension_count %lld of head dim %d) is not supported",
                 g.path().c_str(), static_cast<long long>(*rd), c.head_dim);
@@ -92,6 +114,8 @@ ModelConfig read_model_config(const GgufFile& g) {
   const GgufTensorInfo* embd = g.find_tensor(tensor_name(TensorRole::TokenEmbd));
   RUNLM_CHECK(embd, "%s: tensor not found in model: %s", g.path().c_str(), tensor_name(TensorRole::TokenEmbd).c_str());
   RUNLM_CHECK(embd->ne.size() == 2, "%s: token_embd.weight must be 2-D", g.path().c_str());
+  RUNLM_CHECK(embd->ne[1] > 0 && embd->ne[1] <= INT32_MAX, "%s: token_embd.weight has %lld rows (the vocabulary size); "
+              "expected 1..%d", g.path().c_str(), static_cast<long long>(embd->ne[1]), INT32_MAX);
   c.n_vocab = static_cast<int>(embd->ne[1]);
   c.tied_embeddings = g.find_tensor(tensor_name(TensorRole::Output)) == nullptr;
   return c;

@@ -31,6 +31,11 @@ SamplingParams sampling_params_from(const cxxopts::ParseResult& args);
 // True when stderr is a terminal (progress output is shown only then).
 bool stderr_is_tty();
 
+// Writes text to stdout and flushes it. A failed write (a full disk,
+// /dev/full, a closed pipe with SIGPIPE ignored) is an Error naming the
+// cause: output is never lost silently with exit code 0.
+void write_stdout(const std::string& text);
+
 class Stopwatch {
  public:
   Stopwatch() : start_(std::chrono::steady_clock::now()) {}

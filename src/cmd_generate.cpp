@@ -61,15 +61,14 @@ int cmd_generate(int argc, char** argv) {
   Sampler sampler(sp);
   std::fprintf(stderr, "model: %s | %s | %d tokens of context | sampling: %s\n", args["model"].as<std::string>().c_str(),
                engine->backend_name(), engine->n_ctx(), sampler.describe().c_str());
-  if (!args.count("no-display-prompt")) std::fwrite(prompt.data(), 1, prompt.size(), stdout);
-  std::fflush(stdout);
+  // write_stdout throws on a failed write (e.g. > /dev/full): generation
+  // stops with an error and exit code 1 instead of succeeding silently.
+  if (!args.count("no-display-prompt")) write_stdout(prompt);
   const GenerationResult r = generate(*engine, sampler, tok, req, [](int, const std::string& piece) {
-    std::fwrite(piece.data(), 1, piece.size(), stdout);
-    std::fflush(stdout);
+    write_stdout(piece);
     return true;
   });
-  std::fputc('\n', stdout);
-  std::fflush(stdout);
+  write_stdout("\n");
   std::fprintf(stderr, "%s | stop: %s\n", format_timings(r).c_str(), finish_reason_name(r.finish));
   return 0;
 }

@@ -255,7 +255,9 @@ std::string read_chat_template(const std::string& dir) {
   if (ct.is_string()) return ct.get<std::string>();
   if (ct.is_array())
     for (const auto& e : ct)
-      if (e.is_object() && e.value("name", "") == "default" && e.contains("template") && e["template"].is_string())
+      // value() would throw nlohmann's type_error on a non-string name.
+      if (e.is_object() && e.contains("name") && e["name"].is_string() && e["name"].get<std::string>() == "default" &&
+          e.contains("template") && e["template"].is_string())
         return e["template"].get<std::string>();
   return "";
 }
@@ -289,6 +291,24 @@ ConvertResult convert_hf(const std::string& dir, const std::string& out_path, st
   hp.tied_embeddings = cfg.tie_word_embeddings;
   RUNLM_CHECK(hp.tied_embeddings || st->find("lm_head.weight"),
               "%s: tie_word_embeddings is false but tensor 'lm_head.weight' is missing", dir.c_str());
+  // config.json sizes are checked against the tensors before anything is
+  // built from them: a vocab_size of 2e9 would otherwise pad the vocabulary
+  // to 2e9 entries, and num_hidden_layers of 2e9 list 2e9 layers of tensors.
+  RUNLM_CHECK(embed.shape == std::vector<int64_t>({cfg.vocab_size, cfg.hidden_size}),
+              "%s: tensor 'model.embed_tokens.weight' has shape %s, expected [%lld, %lld] (vocab_size, hidden_size "
+              "in config.json)",
+              embed.file.c_str(), shape_str(embed.shape).c_str(), static_cast<long long>(cfg.vocab_size),
+              static_cast<long long>(cfg.hidden_size));
+  const std::string last_layer = strfmt("model.layers.%lld.input_layernorm.weight",
+                                        static_cast<long long>(cfg.num_hidden_layers - 1));
+  RUNLM_CHECK(st->find(last_layer), "%s: config.json has num_hidden_layers=%lld but tensor '%s' is missing",
+              dir.c_str(), static_cast<long long>(cfg.num_hidden_layers), last_layer.c_str());
+  constexpr int64_t kTensorsPerLayer = 9;  // 2 norms, q k v o, gate up down
+  const int64_t n_tensors = static_cast<int64_t>(st->names().size());
+  RUNLM_CHECK(n_tensors / kTensorsPerLayer >= cfg.num_hidden_layers,
+              "%s: config.json has num_hidden_layers=%lld but the checkpoint holds only %lld tensors (%lld per layer)",
+              dir.c_str(), static_cast<long long>(cfg.num_hidden_layers), static_cast<long long>(n_tensors),
+              static_cast<long long>(kTensorsPerLayer));
 
   const std::string tok_path = tokenizer_model.empty() ? dir + "/tokenizer.model" : tokenizer_model;
   RUNLM_CHECK(is_regular_file(tok_path), "%s: tokenizer '%s' not found; pass --tokenizer PATH/tokenizer.model",

@@ -69,8 +69,17 @@ class CpuEngine final : public Engine {
     row_bytes_v_ = kv_row_bytes(type_v_, cfg_.kv_dim());
     // 64-bit: layers x slots x row bytes overflows 32 bits at 7B shapes.
     n_slots_ = n_slots;
-    const uint64_t bytes_k = static_cast<uint64_t>(cfg_.n_layers) * static_cast<uint64_t>(n_slots) * row_bytes_k_;
-    const uint64_t bytes_v = static_cast<uint64_t>(cfg_.n_layers) * static_cast<uint64_t>(n_slots) * row_bytes_v_;
+    const uint64_t rows = static_cast<uint64_t>(cfg_.n_layers) * static_cast<uint64_t>(n_slots);  // both < 2^31
+    uint64_t bytes_k = 0, bytes_v = 0, bytes_kv = 0;
+    RUNLM_CHECK(!mul_overflows(rows, row_bytes_k_, &bytes_k) && !mul_overflows(rows, row_bytes_v_, &bytes_v) &&
+                    !add_overflows(bytes_k, bytes_v, &bytes_kv),
+                "KV cache of %lld slots overflows 64 bits; lower -c", static_cast<long long>(n_slots));
+    // Checked against the machine first (issue 8): under overcommit a
+    // too-large new[] succeeds and the OOM killer strikes once the pages are
+    // touched, and under AddressSanitizer a failed new[] aborts.
+    check_host_allocation(bytes_kv, strfmt("the KV cache (%d layers x %lld slots, K %s, V %s)", cfg_.n_layers,
+                                           static_cast<long long>(n_slots), kv_type_name(type_k_),
+                                           kv_type_name(type_v_)));
     try {
       // new[] without value-initialisation: pages are touched only as used.
       k_cache_.reset(new uint8_t[bytes_k]);

@@ -1,11 +1,13 @@
 // Parses a Hugging Face config.json into HfConfig (see hf_config.h).
 #include "hf_config.h"
 
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "common.h"
+#include "json_brief.h"
 
 namespace runlm {
 
@@ -29,21 +31,22 @@ int64_t positive(const json& j, const char* key, const std::string& src, std::op
     return *dflt;
   }
   RUNLM_CHECK(v->is_number_integer() && v->get<int64_t>() > 0 && v->get<int64_t>() < (int64_t{1} << 31),
-              "%s: %s must be a positive integer, got %s", src.c_str(), key, v->dump().c_str());
+              "%s: %s must be a positive integer, got %s", src.c_str(), key, json_brief(*v).c_str());
   return v->get<int64_t>();
 }
 
 double number(const json& j, const char* key, const std::string& src, double dflt) {
   const json* v = member(j, key);
   if (!v) return dflt;
-  RUNLM_CHECK(v->is_number(), "%s: %s must be a number, got %s", src.c_str(), key, v->dump().c_str());
+  RUNLM_CHECK(v->is_number() && std::isfinite(v->get<double>()), "%s: %s must be a finite number, got %s", src.c_str(),
+              key, json_brief(*v).c_str());
   return v->get<double>();
 }
 
 bool flag(const json& j, const char* key, const std::string& src, bool dflt) {
   const json* v = member(j, key);
   if (!v) return dflt;
-  RUNLM_CHECK(v->is_boolean(), "%s: %s must be true or false, got %s", src.c_str(), key, v->dump().c_str());
+  RUNLM_CHECK(v->is_boolean(), "%s: %s must be true or false, got %s", src.c_str(), key, json_brief(*v).c_str());
   return v->get<bool>();
 }
 
@@ -51,10 +54,10 @@ bool flag(const json& j, const char* key, const std::string& src, bool dflt) {
 // under "rope_type" or "type", a "factor", and optionally the original
 // context length.
 void read_rope_scaling(const json& s, const char* key, const std::string& src, HfConfig& c) {
-  RUNLM_CHECK(s.is_object(), "%s: %s must be an object, got %s", src.c_str(), key, s.dump().c_str());
+  RUNLM_CHECK(s.is_object(), "%s: %s must be an object, got %s", src.c_str(), key, json_brief(s).c_str());
   std::string type;
-  if (const json* t = member(s, "rope_type")) type = t->is_string() ? t->get<std::string>() : t->dump();
-  else if (const json* t2 = member(s, "type")) type = t2->is_string() ? t2->get<std::string>() : t2->dump();
+  if (const json* t = member(s, "rope_type")) type = t->is_string() ? t->get<std::string>() : json_brief(*t);
+  else if (const json* t2 = member(s, "type")) type = t2->is_string() ? t2->get<std::string>() : json_brief(*t2);
   if (type.empty() || type == "default") return;
   RUNLM_CHECK(type == "linear", "%s: %s type '%s' is not supported (supported: default, linear)", src.c_str(), key,
               type.c_str());
@@ -84,7 +87,7 @@ HfConfig parse_hf_config(const std::string& text, const std::string& src) {
     for (const char* ok : kArchitectures)
       if (a.is_string() && a.get<std::string>() == ok && c.architecture.empty()) c.architecture = ok;
   RUNLM_CHECK(!c.architecture.empty(), "%s: architectures %s not supported (supported: LlamaForCausalLM, MistralForCausalLM)",
-              src.c_str(), archs->dump().c_str());
+              src.c_str(), json_brief(*archs).c_str());
   const bool mistral = c.architecture == "MistralForCausalLM";
   if (const json* mt = member(j, "model_type"); mt && mt->is_string()) c.model_type = mt->get<std::string>();
 
@@ -136,7 +139,7 @@ HfConfig parse_hf_config(const std::string& text, const std::string& src) {
   RUNLM_CHECK(!flag(j, "mlp_bias", src, false), "%s: mlp_bias=true is not supported", src.c_str());
   if (const json* act = member(j, "hidden_act")) {
     RUNLM_CHECK(act->is_string() && act->get<std::string>() == "silu",
-                "%s: hidden_act %s is not supported (supported: silu)", src.c_str(), act->dump().c_str());
+                "%s: hidden_act %s is not supported (supported: silu)", src.c_str(), json_brief(*act).c_str());
   }
   for (const char* key : {"torch_dtype", "dtype"})
     if (const json* d = member(j, key); d && d->is_string()) c.torch_dtype = d->get<std::string>();

@@ -37,9 +37,15 @@ Model::Model() = default;
 Model::~Model() = default;
 
 std::unique_ptr<Model> Model::load(const std::string& path, const std::string& tokenizer_path) {
+  return from_gguf(GgufFile::open(path), tokenizer_path);
+}
+
+std::unique_ptr<Model> Model::from_gguf(std::unique_ptr<GgufFile> gguf, const std::string& tokenizer_path) {
+  RUNLM_CHECK(gguf != nullptr, "Model::from_gguf: no GGUF");
   std::unique_ptr<Model> m(new Model());
-  m->gguf_ = GgufFile::open(path);
+  m->gguf_ = std::move(gguf);
   const GgufFile& g = *m->gguf_;
+  const std::string& path = g.path();
   m->config_ = read_model_config(g);
   const ModelConfig& c = m->config_;
 

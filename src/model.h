@@ -50,6 +50,9 @@ class Model {
  public:
   // tokenizer_path: a sentencepiece .model to use instead of the GGUF vocab.
   static std::unique_ptr<Model> load(const std::string& path, const std::string& tokenizer_path = "");
+  // The same from an already parsed GGUF (e.g. GgufFile::from_memory, used by
+  // the fuzzers); the Model takes ownership of it.
+  static std::unique_ptr<Model> from_gguf(std::unique_ptr<GgufFile> gguf, const std::string& tokenizer_path = "");
   ~Model();
 
   const ModelConfig& config() const { return config_; }

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common.h"
+#include "json_brief.h"
 #include "mapped_file.h"
 
 namespace runlm {
@@ -36,7 +37,7 @@ bool file_exists(const std::string& path) {
 uint64_t json_uint(const json& v, const std::string& file, const std::string& tensor, const char* what) {
   RUNLM_CHECK(v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0),
               "%s: tensor '%s': %s must be non-negative integers, got %s", file.c_str(), tensor.c_str(), what,
-              v.dump().c_str());
+              json_brief(v).c_str());
   return v.get<uint64_t>();
 }
 
@@ -86,14 +87,27 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
   f->path_ = path;
   f->map_ = std::make_unique<MappedFile>(path);
+  f->data_ = f->map_->data();
+  f->size_ = f->map_->size();
+  f->parse();
+  return f;
+}
+
+std::unique_ptr<SafetensorsFile> SafetensorsFile::from_memory(const uint8_t* data, size_t size,
+                                                              const std::string& name) {
+  std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
+  f->path_ = name;
+  f->data_ = data;
+  f->size_ = size;
   f->parse();
   return f;
 }
 
 void SafetensorsFile::parse() {
   const char* p = path_.c_str();
-  const size_t size = map_->size();
-  const uint8_t* base = map_->data();
+  const size_t size = size_;
+  const uint8_t* base = data_;
+  RUNLM_CHECK(base != nullptr || size == 0, "%s: null data pointer", p);
   RUNLM_CHECK(size >= kHeaderLenBytes, "%s: file of %zu bytes is too small for a safetensors header", p, size);
   uint64_t header_len = 0;
   for (size_t i = 0; i < kHeaderLenBytes; ++i) header_len |= static_cast<uint64_t>(base[i]) << (8 * i);
@@ -145,7 +159,7 @@ void SafetensorsFile::parse() {
       RUNLM_CHECK(dim <= static_cast<uint64_t>(INT64_MAX), "%s: tensor '%s': dimension %llu too large", p, tn,
                   static_cast<unsigned long long>(dim));
       RUNLM_CHECK(!mul_overflows(expect_bytes, dim, &expect_bytes), "%s: tensor '%s': shape %s overflows", p, tn,
-                  v["shape"].dump().c_str());
+                  json_brief(v["shape"]).c_str());
       t.shape.push_back(static_cast<int64_t>(dim));
     }
     const uint64_t begin = json_uint(v["data_offsets"][0], path_, name, "data_offsets");
@@ -156,7 +170,7 @@ void SafetensorsFile::parse() {
                 static_cast<unsigned long long>(data_size));
     RUNLM_CHECK(end - begin == expect_bytes,
                 "%s: tensor '%s': shape %s of %s needs %llu bytes but data_offsets span %llu", p, tn,
-                v["shape"].dump().c_str(), dt.c_str(), static_cast<unsigned long long>(expect_bytes),
+                json_brief(v["shape"]).c_str(), dt.c_str(), static_cast<unsigned long long>(expect_bytes),
                 static_cast<unsigned long long>(end - begin));
     t.data = data + begin;
     t.nbytes = static_cast<size_t>(end - begin);

@@ -5,6 +5,8 @@
 // or the shards listed by model.safetensors.index.json.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -37,6 +39,11 @@ struct SafetensorsTensor {
 class SafetensorsFile {
  public:
   static std::unique_ptr<SafetensorsFile> open(const std::string& path);
+  // Parses an in-memory image (used by tests and fuzzers): the same checks as
+  // open(); `data` must outlive the SafetensorsFile, `name` stands for the
+  // path in messages.
+  static std::unique_ptr<SafetensorsFile> from_memory(const uint8_t* data, size_t size,
+                                                      const std::string& name = "<memory>");
   ~SafetensorsFile();
 
   const std::string& path() const { return path_; }
@@ -50,7 +57,9 @@ class SafetensorsFile {
   void parse();
 
   std::string path_;
-  std::unique_ptr<MappedFile> map_;
+  std::unique_ptr<MappedFile> map_;  // null for from_memory()
+  const uint8_t* data_ = nullptr;    // the whole file image
+  size_t size_ = 0;
   std::vector<SafetensorsTensor> tensors_;
   std::map<std::string, std::string> metadata_;
 };

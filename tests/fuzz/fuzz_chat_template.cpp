@@ -1,0 +1,66 @@
+// libFuzzer target: the chat-template renderer (chat_template_apply) with
+// fuzzed conversations, template detection on arbitrary Jinja text, and the
+// rendered prompt tokenized as chat does it (parse_special on, stories260K
+// vocabulary). A runlm::Error (e.g. a role order the template forbids) is a
+// correct rejection; anything else is a bug.
+//
+// Input: byte 0 picks the template (0-4 the known ones, 5 an unknown name)
+// and bit 3 add_generation_prompt; the rest is split at 0x00 into messages,
+// whose first byte picks the role (system, user, assistant, "tool", "")
+// and whose remaining bytes are the content.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "chat_template.h"
+#include "common.h"
+#include "gguf.h"
+#include "tokenizer.h"
+
+using namespace runlm;
+
+namespace {
+
+const Tokenizer& tokenizer() {
+  static const std::unique_ptr<Tokenizer> tok = Tokenizer::from_gguf(
+      *GgufFile::open(std::string(RUNLM_SOURCE_DIR) + "/../shared/models/stories260K.gguf"));
+  return *tok;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 1) return 0;
+  const auto& names = chat_template_names();
+  const size_t pick = (data[0] & 7) % (names.size() + 1);
+  const std::string name = pick < names.size() ? names[pick] : std::string("no-such-template");
+  const bool add_generation_prompt = data[0] & 8;
+  const std::string rest(reinterpret_cast<const char*>(data + 1), size - 1);
+
+  static const char* const kRoles[] = {"system", "user", "assistant", "tool", ""};
+  std::vector<ChatMessage> messages;
+  size_t start = 0;
+  while (start < rest.size()) {
+    size_t end = rest.find('\0', start);
+    if (end == std::string::npos) end = rest.size();
+    const std::string part = rest.substr(start, end - start);
+    if (!part.empty())
+      messages.push_back({kRoles[static_cast<uint8_t>(part[0]) % 5], part.substr(1)});
+    start = end + 1;
+  }
+
+  try {
+    (void)chat_template_detect(rest);
+  } catch (const Error&) {
+  }
+  try {
+    (void)chat_template_end_marker(name);
+    const std::string prompt = chat_template_apply(name, messages, add_generation_prompt);
+    const std::vector<int> ids = tokenizer().encode(prompt, /*add_bos=*/true, /*parse_special=*/true);
+    (void)tokenizer().decode(ids);
+  } catch (const Error&) {
+  }
+  return 0;
+}
