@@ -15,6 +15,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
+#include <initializer_list>
 #include <vector>
 
 #include "attention.h"
@@ -331,6 +333,9 @@ class CudaEngine final : public Engine {
     tokens_.allocate(m);
     positions_.allocate(m);
     cu_seqlens_.allocate(4);
+    const char* f32x = std::getenv("RUNLM_GEMV_F32X");
+    gemv_x8_ = !(f32x && std::strcmp(f32x, "1") == 0);
+    x8_.allocate(gpu::x8_bytes(kMaxGemvTokens, static_cast<int64_t>(widest)));
     size_t scratch = 0;
     for (const auto& l : layers_)
       for (const gpu::GpuMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
@@ -480,9 +485,9 @@ class CudaEngine final : public Engine {
       k_gather_.reserve(static_cast<size_t>(total_k) * c.kv_dim());
       v_gather_.reserve(static_cast<size_t>(total_k) * c.kv_dim());
     }
+    // Long steps: f16 activations through the GEMM (short ones: project_gemv).
     auto project = [&](const gpu::GpuMatrix& w, float* out) {
-      if (gemv_path) gpu::gemv(w, xb_.get(), out, m, stream_);
-      else gpu::gemm(w, xh_.get(), out, m, gemm_scratch_.get(), stream_);
+      gpu::gemm(w, xh_.get(), out, m, gemm_scratch_.get(), stream_);
     };
     auto norm = [&](const DeviceBuffer<float>& w) {
       gpu::rmsnorm(x_.get(), w.get(), gemv_path ? xb_.get() : nullptr, gemv_path ? nullptr : xh_.get(), m, c.dim,
@@ -493,9 +498,13 @@ class CudaEngine final : public Engine {
     for (int l = 0; l < c.n_layers; ++l) {
       GpuLayer& g = layers_[l];
       norm(g.attn_norm);
-      project(g.wq, q_.get());
-      project(g.wk, k_.get());
-      project(g.wv, v_.get());
+      if (gemv_path) {
+        project_gemv({{&g.wq, q_.get()}, {&g.wk, k_.get()}, {&g.wv, v_.get()}}, xb_.get(), m);
+      } else {
+        project(g.wq, q_.get());
+        project(g.wk, k_.get());
+        project(g.wv, v_.get());
+      }
       gpu::rope_and_store_kv_slots(q_.get(), k_.get(), v_.get(), d + o.positions, d + o.slots, m, c.n_heads,
                                    c.n_kv_heads, c.head_dim, c.rope_theta, c.rope_freq_scale, k_cache(l), v_cache(l),
                                    gemv_path ? nullptr : qh_.get(), stream_);
@@ -548,7 +557,7 @@ class CudaEngine final : public Engine {
         attention_dispatch(attn_, p);
       }
       if (gemv_path) {
-        gpu::gemv(g.wo, att_.get(), xb_.get(), m, stream_);  // only short items: att_ holds every row
+        project_gemv({{&g.wo, xb_.get()}}, att_.get(), m);  // only short items: att_ holds every row
       } else {
         if (plan.dec_tokens > 0)
           gpu::to_f16(att_.get(), atth_.get(), static_cast<int64_t>(plan.dec_tokens) * c.q_dim(), stream_);
@@ -556,11 +565,15 @@ class CudaEngine final : public Engine {
       }
       gpu::add_inplace(x_.get(), xb_.get(), static_cast<int64_t>(m) * c.dim, stream_);
       norm(g.ffn_norm);
-      project(g.w_gate, gate_.get());
-      project(g.w_up, up_.get());
+      if (gemv_path) {
+        project_gemv({{&g.w_gate, gate_.get()}, {&g.w_up, up_.get()}}, xb_.get(), m);
+      } else {
+        project(g.w_gate, gate_.get());
+        project(g.w_up, up_.get());
+      }
       gpu::swiglu(gate_.get(), up_.get(), gemv_path ? nullptr : xh_.get(), static_cast<int64_t>(m) * hidden_,
                   stream_);
-      if (gemv_path) gpu::gemv(g.w_down, gate_.get(), xb_.get(), m, stream_);
+      if (gemv_path) project_gemv({{&g.w_down, xb_.get()}}, gate_.get(), m);
       else gpu::gemm(g.w_down, xh_.get(), xb_.get(), m, gemm_scratch_.get(), stream_);
       gpu::add_inplace(x_.get(), xb_.get(), static_cast<int64_t>(m) * c.dim, stream_);
     }
@@ -571,7 +584,7 @@ class CudaEngine final : public Engine {
     const bool gemv_logits = rows <= kMaxGemvTokens;
     gpu::rmsnorm(rows_.get(), output_norm_.get(), gemv_logits ? xb_.get() : nullptr, gemv_logits ? nullptr : xh_.get(),
                  rows, c.dim, c.rms_eps, stream_);
-    if (gemv_logits) gpu::gemv(output_, xb_.get(), logits_.get(), rows, stream_);
+    if (gemv_logits) project_gemv({{&output_, logits_.get()}}, xb_.get(), rows);
     else gpu::gemm(output_, xh_.get(), logits_.get(), rows, gemm_scratch_.get(), stream_);
   }
 
@@ -601,20 +614,17 @@ class CudaEngine final : public Engine {
     for (int l = 0; l < c.n_layers; ++l) {
       GpuLayer& g = layers_[l];
       gpu::rmsnorm(x_.get(), g.attn_norm.get(), xb_.get(), nullptr, m, c.dim, c.rms_eps, stream_);
-      gpu::gemv(g.wq, xb_.get(), q_.get(), m, stream_);
-      gpu::gemv(g.wk, xb_.get(), k_.get(), m, stream_);
-      gpu::gemv(g.wv, xb_.get(), v_.get(), m, stream_);
+      project_gemv({{&g.wq, q_.get()}, {&g.wk, k_.get()}, {&g.wv, v_.get()}}, xb_.get(), m);
       gpu::rope_and_store_kv(q_.get(), k_.get(), v_.get(), positions_.get(), m, c.n_heads, c.n_kv_heads, c.head_dim,
                              c.rope_theta, c.rope_freq_scale, k_cache(l), v_cache(l), nullptr, stream_);
       gpu::decode_attention(q_.get(), k_cache(l), v_cache(l), m, positions_.get(), c.n_heads, c.n_kv_heads,
                             c.head_dim, window_, scale, n_ctx_, att_.get(), stream_);
-      gpu::gemv(g.wo, att_.get(), xb_.get(), m, stream_);
+      project_gemv({{&g.wo, xb_.get()}}, att_.get(), m);
       gpu::add_inplace(x_.get(), xb_.get(), static_cast<int64_t>(m) * c.dim, stream_);
       gpu::rmsnorm(x_.get(), g.ffn_norm.get(), xb_.get(), nullptr, m, c.dim, c.rms_eps, stream_);
-      gpu::gemv(g.w_gate, xb_.get(), gate_.get(), m, stream_);
-      gpu::gemv(g.w_up, xb_.get(), up_.get(), m, stream_);
+      project_gemv({{&g.w_gate, gate_.get()}, {&g.w_up, up_.get()}}, xb_.get(), m);
       gpu::swiglu(gate_.get(), up_.get(), nullptr, static_cast<int64_t>(m) * hidden_, stream_);
-      gpu::gemv(g.w_down, gate_.get(), xb_.get(), m, stream_);
+      project_gemv({{&g.w_down, xb_.get()}}, gate_.get(), m);
       gpu::add_inplace(x_.get(), xb_.get(), static_cast<int64_t>(m) * c.dim, stream_);
     }
   }
@@ -625,7 +635,30 @@ class CudaEngine final : public Engine {
     const int rows = m - first;
     gpu::rmsnorm(x_.get() + static_cast<size_t>(first) * c.dim, output_norm_.get(), xb_.get(), nullptr, rows, c.dim,
                  c.rms_eps, stream_);
-    gpu::gemv(output_, xb_.get(), logits_.get(), rows, stream_);
+    project_gemv({{&output_, logits_.get()}}, xb_.get(), rows);
+  }
+
+  // y_i = W_i x for up to kMaxGemvTokens rows of x (f32, [m, cols]). Q4_0
+  // and Q8_0 matrices read x quantized to int8 once (gpu::gemv_x8, ~4x fewer
+  // instructions per weight; RUNLM_GEMV_F32X=1 keeps f32 x for comparison);
+  // the others the f32 kernels. Consecutive matrices of one type share one
+  // launch (q/k/v, gate/up). No allocation: safe inside graph capture.
+  void project_gemv(std::initializer_list<gpu::GemvOut> outs, const float* x, int m) {
+    const gpu::GemvOut* p = outs.begin();
+    const int n = static_cast<int>(outs.size());
+    bool x_quantized = false;
+    for (int i = 0; i < n;) {
+      int j = i + 1;
+      while (j < n && p[j].w->type == p[i].w->type && p[j].w->cols == p[i].w->cols) ++j;
+      if (gemv_x8_ && gpu::gemv_x8_supports(p[i].w->type)) {
+        if (!x_quantized) gpu::quantize_x8(x, m, p[i].w->cols, x8_.get(), stream_);  // every out reads this x
+        x_quantized = true;
+        gpu::gemv_x8(p + i, j - i, x8_.get(), m, stream_);
+      } else {
+        gpu::gemv_multi(p + i, j - i, x, m, stream_);
+      }
+      i = j;
+    }
   }
 
   // Transformer layers for a long chunk: f16 activations into tensor-core
@@ -717,6 +750,8 @@ class CudaEngine final : public Engine {
   DeviceBuffer<int> tokens_, positions_;      // [n_batch]
   DeviceBuffer<int> cu_seqlens_;              // [0, m, 0, pos + m]
   DeviceBuffer<uint8_t> gemm_scratch_;
+  DeviceBuffer<uint8_t> x8_;  // x quantized for gemv_x8 ([16, widest] int8 + scales)
+  bool gemv_x8_ = true;
   int* host_io_ = nullptr;  // pinned: tokens [n_batch], positions [n_batch], cu_seqlens [4]
   // Paged cache and batched steps.
   int block_size_ = 16;

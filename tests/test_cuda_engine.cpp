@@ -94,9 +94,12 @@ TEST(CudaEngine, Sotu29mMatchesTransformersAndTheCpu) {
 }
 
 // Llama-2-7B layer shapes (dim 4096, hidden 11008, 32 heads, vocab 32000)
-// with 2 layers so the CPU reference runs in seconds. Decode (GEMV, f32
-// activations) must be within 1e-4 of the CPU: the same decoded weights, only
-// the summation order differs. Prefill (f16 activations) within 1e-2.
+// with 2 layers so the CPU reference runs in seconds. Decode of q4_k and
+// f16 (GEMV, f32 activations) must be within 2e-3 of the CPU: the same
+// decoded weights, only the summation order differs (measured ~2e-4).
+// Decode of q4_0 and q8_0 reads int8 activations (gemv_x8): ~5e-3 relative
+// error per matrix product (see GpuOps.GemvX8MatchesInt8Reference), diluted
+// by the residual stream; bound 1e-2, as for the f16 activations of prefill.
 TEST(CudaEngine, Llama7BShapeLogitsMatchTheCpu) {
   REQUIRE_GPU();
   for (const char* type : {"q4_0", "q8_0", "q4_k", "f16"}) {
@@ -127,7 +130,8 @@ TEST(CudaEngine, Llama7BShapeLogitsMatchTheCpu) {
     }
     std::printf("%s: GPU vs CPU relative logit error: prefill %.2e, decode %.2e\n", type, prefill, decode);
     EXPECT_LT(prefill, 1e-2) << type;
-    EXPECT_LT(decode, 2e-3) << type;
+    const bool int8_x = std::string(type) == "q4_0" || std::string(type) == "q8_0";
+    EXPECT_LT(decode, int8_x ? 1e-2 : 2e-3) << type;
   }
 }
 

@@ -239,6 +239,161 @@ TEST(GpuOps, GemvEveryTypeAndTokenCount) {
   }
 }
 
+// Several matrices in one launch give what each gives alone (bit for bit:
+// the same kernel and the same per-row work), and only their own rows.
+TEST(GpuOps, GemvMultiEqualsSingleLaunches) {
+  REQUIRE_GPU();
+  for (DType t : {DType::F16, DType::Q4_0, DType::Q6_K}) {
+    const int64_t cols = 1280;
+    const int64_t rows[3] = {333, 128, 96};
+    std::vector<HostMatrix> hm;
+    std::vector<gpu::GpuMatrix> gm;
+    for (int i = 0; i < 3; ++i) hm.push_back(make_matrix(t, rows[i], cols, 50 + i));
+    for (int i = 0; i < 3; ++i) gm.push_back(gpu::upload_matrix(hm[i].q));
+    const std::vector<float> x = randn(static_cast<size_t>(16 * cols), 9);
+    auto dx = upload(x);
+    for (int n : {1, 5, 16}) {
+      std::vector<std::unique_ptr<DevBuf>> multi, single;
+      gpu::GemvOut outs[3];
+      for (int i = 0; i < 3; ++i) {
+        multi.push_back(std::make_unique<DevBuf>(sizeof(float) * 16 * rows[i]));
+        single.push_back(std::make_unique<DevBuf>(sizeof(float) * 16 * rows[i]));
+        multi[i]->poison();
+        single[i]->poison();
+        outs[i] = gpu::GemvOut{&gm[i], multi[i]->as<float>()};
+        gpu::gemv(gm[i], dx->as<float>(), single[i]->as<float>(), n, nullptr);
+      }
+      gpu::gemv_multi(outs, 3, dx->as<float>(), n, nullptr);
+      for (int i = 0; i < 3; ++i) {
+        const std::vector<float> a = multi[i]->get<float>(static_cast<size_t>(16 * rows[i]));
+        const std::vector<float> b = single[i]->get<float>(static_cast<size_t>(16 * rows[i]));
+        for (size_t k = 0; k < static_cast<size_t>(n * rows[i]); ++k)
+          ASSERT_EQ(a[k], b[k]) << dtype_name(t) << " n=" << n << " matrix " << i << " at " << k;
+        EXPECT_TRUE(std::isnan(a[static_cast<size_t>(n * rows[i])]) || n == 16) << "wrote past its rows";
+      }
+    }
+    for (auto& m : gm) gpu::free_matrix(m);
+  }
+}
+
+// ---- gemv_x8 (int8 activations) ---------------------------------------------
+namespace {
+
+// Host copy of quantize_x8: d = amax / 127 and q = round(x / d) per 32
+// values, in the same float operations as the kernel (round half to even
+// like __float2int_rn; ties need x / d exactly k + 0.5, which random
+// Gaussian inputs do not produce).
+struct HostX8 {
+  std::vector<int8_t> q;
+  std::vector<float> d;
+};
+HostX8 host_quantize_x8(const std::vector<float>& x) {
+  HostX8 h;
+  h.q.resize(x.size());
+  h.d.resize(x.size() / 32);
+  for (size_t b = 0; b < h.d.size(); ++b) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[b * 32 + j]));
+    const float d = amax / 127.0f;
+    const float id = d > 0.0f ? 1.0f / d : 0.0f;
+    for (int j = 0; j < 32; ++j) h.q[b * 32 + j] = static_cast<int8_t>(std::nearbyint(x[b * 32 + j] * id));
+    h.d[b] = d;
+  }
+  return h;
+}
+
+}  // namespace
+
+// Against the dequantized matrix dotted in double with the same int8 x
+// (host_quantize_x8): the only differences are the fp32 sums of the
+// per-block results and their order, ~1e-7, so 1e-5. Also against the f32
+// x, where the error is x's rounding: step amax/127 with amax ~2 sigma over
+// 32 Gaussian values, uniform error of std step/sqrt(12) ~ 0.5% of sigma,
+// so ~5e-3 relative per dot product; bound 1.5e-2.
+TEST(GpuOps, GemvX8MatchesInt8Reference) {
+  REQUIRE_GPU();
+  struct Shape { int64_t rows, cols; };
+  for (DType t : {DType::Q4_0, DType::Q8_0}) {
+    ASSERT_TRUE(gpu::gemv_x8_supports(t));
+    for (const Shape& s : {Shape{333, 1056}, Shape{4096, 11008}}) {
+      if (small_only() && s.rows > 1000) continue;
+      const HostMatrix hm = make_matrix(t, s.rows, s.cols, 2000 + static_cast<uint32_t>(t));
+      const std::vector<float> wf = dequantize(hm.q);
+      constexpr int kMaxTok = 16;
+      const std::vector<float> x = randn(static_cast<size_t>(kMaxTok * s.cols), 11);
+      gpu::GpuMatrix gm = gpu::upload_matrix(hm.q);
+      auto dx = upload(x);
+      DevBuf x8(gpu::x8_bytes(kMaxTok, s.cols));
+      DevBuf dy(sizeof(float) * kMaxTok * s.rows);
+      for (int n : {1, 2, 3, 8, 9, 16}) {
+        const std::vector<float> xn(x.begin(), x.begin() + n * s.cols);
+        const HostX8 hx = host_quantize_x8(xn);
+        std::vector<float> xq(xn.size());
+        for (size_t i = 0; i < xq.size(); ++i) xq[i] = hx.q[i] * hx.d[i / 32];
+        const std::vector<double> ref_q = ref_matmul(wf, s.rows, s.cols, xq, n);
+        const std::vector<double> ref_f = ref_matmul(wf, s.rows, s.cols, xn, n);
+        x8.poison();
+        dy.poison();
+        gpu::quantize_x8(dx->as<float>(), n, s.cols, x8.p, nullptr);
+        const gpu::GemvOut out{&gm, dy.as<float>()};
+        gpu::gemv_x8(&out, 1, x8.p, n, nullptr);
+        const std::vector<float> all = dy.get<float>(static_cast<size_t>(kMaxTok * s.rows));
+        const std::vector<float> y(all.begin(), all.begin() + n * s.rows);
+        EXPECT_LT(rel_err(y, ref_q), 1e-5) << dtype_name(t) << " " << s.rows << "x" << s.cols << " n=" << n;
+        const double err_f = rel_err(y, ref_f);
+        EXPECT_LT(err_f, 1.5e-2) << dtype_name(t) << " n=" << n;
+        EXPECT_GT(err_f, 1e-4) << "x was not quantized?";
+        if (n < kMaxTok) EXPECT_TRUE(std::isnan(all[n * s.rows])) << dtype_name(t) << " n=" << n;
+      }
+      gpu::free_matrix(gm);
+    }
+  }
+  EXPECT_FALSE(gpu::gemv_x8_supports(DType::Q4_K));
+  EXPECT_FALSE(gpu::gemv_x8_supports(DType::F16));
+}
+
+// Three matrices in one gemv_x8 launch equal three single launches.
+TEST(GpuOps, GemvX8MultiEqualsSingleLaunches) {
+  REQUIRE_GPU();
+  const int64_t cols = 2048;
+  const int64_t rows[3] = {200, 64, 72};
+  std::vector<HostMatrix> hm;
+  std::vector<gpu::GpuMatrix> gm;
+  for (int i = 0; i < 3; ++i) hm.push_back(make_matrix(DType::Q4_0, rows[i], cols, 70 + i));
+  for (int i = 0; i < 3; ++i) gm.push_back(gpu::upload_matrix(hm[i].q));
+  const std::vector<float> x = randn(static_cast<size_t>(4 * cols), 12);
+  auto dx = upload(x);
+  DevBuf x8(gpu::x8_bytes(4, cols));
+  gpu::quantize_x8(dx->as<float>(), 4, cols, x8.p, nullptr);
+  std::vector<std::unique_ptr<DevBuf>> multi, single;
+  gpu::GemvOut outs[3];
+  for (int i = 0; i < 3; ++i) {
+    multi.push_back(std::make_unique<DevBuf>(sizeof(float) * 4 * rows[i]));
+    single.push_back(std::make_unique<DevBuf>(sizeof(float) * 4 * rows[i]));
+    multi[i]->poison();
+    outs[i] = gpu::GemvOut{&gm[i], multi[i]->as<float>()};
+    const gpu::GemvOut one{&gm[i], single[i]->as<float>()};
+    gpu::gemv_x8(&one, 1, x8.p, 4, nullptr);
+  }
+  gpu::gemv_x8(outs, 3, x8.p, 4, nullptr);
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(multi[i]->get<float>(static_cast<size_t>(4 * rows[i])),
+              single[i]->get<float>(static_cast<size_t>(4 * rows[i])))
+        << "matrix " << i;
+  // One launch needs one type and width.
+  const HostMatrix other = make_matrix(DType::Q8_0, 64, cols, 80);
+  gpu::GpuMatrix go = gpu::upload_matrix(other.q);
+  const gpu::GemvOut mixed[2] = {outs[0], gpu::GemvOut{&go, multi[1]->as<float>()}};
+  try {
+    gpu::gemv_x8(mixed, 2, x8.p, 4, nullptr);
+    FAIL() << "mixed types in one launch";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("share type and width"), std::string::npos) << e.what();
+  }
+  gpu::free_matrix(go);
+  for (auto& m : gm) gpu::free_matrix(m);
+}
+
 TEST(GpuOps, UnsupportedTypeAndArgumentsThrow) {
   REQUIRE_GPU();
   std::vector<uint8_t> bytes(dtype_row_bytes(DType::Q4_1, 64) * 4, 1);
@@ -604,6 +759,22 @@ TEST(GpuOpsBench, GemvLlama7bShapes) {
         std::printf("[bench] gemv %-5s %6lldx%-6lld %3d %9.1f %9.0f %6.1f%%\n", dtype_name(t),
                     static_cast<long long>(s.rows), static_cast<long long>(s.cols), n, t_ms * 1e3, gbs,
                     100.0 * gbs / copy_gbs);
+        if (gpu::gemv_x8_supports(t)) {
+          // The int8-activation kernel, x quantized once outside the timing
+          // (the engine shares it between matrices).
+          DevBuf x8(gpu::x8_bytes(n, s.cols));
+          gpu::quantize_x8(dx->as<float>(), n, s.cols, x8.p, nullptr);
+          const float x8_ms = time_ms(
+              [&](int i) {
+                const gpu::GemvOut out{&ms[i % copies], dy.as<float>()};
+                gpu::gemv_x8(&out, 1, x8.p, n, nullptr);
+              },
+              50);
+          const double x8_gbs = (double(base.bytes) + double(n) * s.cols + 4.0 * n * s.rows) / (x8_ms * 1e6);
+          std::printf("[bench] gemv_x8 %-5s %6lldx%-6lld %3d %9.1f %9.0f %6.1f%%\n", dtype_name(t),
+                      static_cast<long long>(s.rows), static_cast<long long>(s.cols), n, x8_ms * 1e3, x8_gbs,
+                      100.0 * x8_gbs / copy_gbs);
+        }
       }
       gpu::free_matrix(base);
     }

@@ -309,6 +309,34 @@ PY
   return $rc
 }
 
+# The decode GEMV kernels on the Llama-2-7B shapes (f32-x and int8-x).
+section_gemv() {
+  RUNLM_BENCH_GPU_OPS=1 timeout "$BENCH_TIMEOUT" "$TESTS" --gtest_filter='GpuOpsBench.GemvLlama7bShapes' \
+    >"$OUT/gemv_bench.log" 2>&1
+  local rc=$?
+  grep -E '^\[bench\]' "$OUT/gemv_bench.log" | grep -E ' (q4_0|q8_0|f16) |copy|type' | head -40
+  return $rc
+}
+
+# tg with the int8-activation GEMV off (RUNLM_GEMV_F32X=1) for comparison.
+section_bench_f32x() {
+  local t
+  for t in $MODEL_TYPES; do
+    case $t in q4_0|q8_0) ;; *) continue ;; esac
+    RUNLM_GEMV_F32X=1 "$RUNLM" bench -m "$MODEL_DIR/llama2-7b-$t.gguf" -p 0 -n 128 -r 2 -o md 2>/dev/null |
+      sed 's/$/ (RUNLM_GEMV_F32X=1)/' | grep -E '^\| (random|llama)'
+  done
+}
+
+# fa3's tile order: default (m-block slowest) against RUNLM_FA3_SCHED=head.
+section_fa3_sched() {
+  local v
+  for v in default head; do
+    echo "-- RUNLM_FA3_SCHED=$v"
+    RUNLM_FA3_SCHED=$([ $v = head ] && echo head) "$RUNLM" bench-attn --attn fa3 --hdim 128 --seqlen 2048,8192,16384 2>&1 | tail -8
+  done
+}
+
 # The last lines of the run: the engine's numbers in one place.
 section_final() {
   [ -s "$OUT/bench_model.md" ] && { echo "runlm bench (Llama-2-7B shape, random weights):"; grep -E '^\| (random|llama|model)' "$OUT/bench_model.md" | sort -u; }

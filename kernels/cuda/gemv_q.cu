@@ -39,6 +39,7 @@
 #include <atomic>
 
 #include "cuda/common.cuh"
+#include "cuda/gemv_common.cuh"
 #include "cuda/gpu_codec.cuh"
 #include "cuda/gpu_ops.h"
 
@@ -51,11 +52,6 @@ constexpr int kThreads = kWarps * 32;
 // Shared memory a block may use without the opt-in attribute.
 constexpr int kSmemDefault = 48 * 1024;
 
-template <DType kT, int kRows, int kUnroll>
-struct Step {
-  typename Codec<kT>::Raw raw[kUnroll][kRows];
-};
-
 // Few tokens: DRAM-bound, so the next step's loads are issued before the
 // current step is decoded (register double buffer); many tokens: the FMAs
 // dominate and the registers are better spent on accumulators.
@@ -65,16 +61,6 @@ constexpr bool kPrefetchOf = kTok <= 4;
 // the small ones (f32/f16/bf16/q8_0/q4_0, <= 20 bytes) unroll.
 template <DType kT, int kTok>
 constexpr int kUnrollOf = kTok <= 2 && sizeof(typename Codec<kT>::Raw) <= 20 ? 2 : 1;
-
-// Issues the 16-byte loads of units u0, u0 + 32, ... (those inside the row).
-template <DType kT, int kRows, int kUnroll>
-__device__ __forceinline__ void load_step(Step<kT, kRows, kUnroll>& st, const WView& w, const int64_t* rows, int u0) {
-#pragma unroll
-  for (int k = 0; k < kUnroll; ++k)
-    if (u0 + 32 * k < w.units)
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) st.raw[k][r] = Codec<kT>::load(w, rows[r], u0 + 32 * k);
-}
 
 // Where the x of a step comes from: version 3 reads global memory through
 // L1, version 4 the swizzled shared-memory chunk.
@@ -162,37 +148,18 @@ __device__ __forceinline__ void dot_step(const Step<kT, kRows, kUnroll>& st, con
   }
 }
 
-// Sums each accumulator over the warp; lane t writes token t's sums (lanes
-// 16..31 idle): one store per value.
-template <int kTok, int kRows>
-__device__ __forceinline__ void reduce_store(float (&acc)[kRows][kTok], const WView& w, int64_t row0, int lane,
-                                             float* __restrict__ y) {
-#pragma unroll
-  for (int r = 0; r < kRows; ++r)
-#pragma unroll
-    for (int t = 0; t < kTok; ++t) {
-      float s = acc[r][t];
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-      acc[r][t] = s;
-    }
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    if (row0 + r >= w.rows) break;
-#pragma unroll
-    for (int t = 0; t < kTok; ++t)
-      if (lane == t) y[int64_t(t) * w.rows + row0 + r] = acc[r][t];
-  }
-}
-
 // Version 3: x through L1.
 template <DType kT, int kTok, int kRows>
-__global__ void __launch_bounds__(kThreads) gemv_kernel(WView w, const float* __restrict__ x, float* __restrict__ y) {
+__global__ void __launch_bounds__(kThreads) gemv_kernel(GemvTargets tg, const float* __restrict__ x) {
   constexpr bool kPrefetch = kPrefetchOf<kTok>;
   constexpr int kUnroll = kUnrollOf<kT, kTok>;
   constexpr int kStep = 32 * kUnroll;
+  int blk = blockIdx.x;
+  const int ti = target_of(tg, blk);
+  const WView w = view_of(tg, ti);
+  float* __restrict__ y = y_of(tg, ti);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t row0 = (int64_t(blockIdx.x) * kWarps + warp) * kRows;
+  const int64_t row0 = (int64_t(blk) * kWarps + warp) * kRows;
   if (row0 >= w.rows) return;
   int64_t rows[kRows];
 #pragma unroll
@@ -229,15 +196,19 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(WView w, const float* __
 // memory holds kTok x chunk_units x kUnit floats.
 template <DType kT, int kTok, int kRows>
 __global__ void __launch_bounds__(kThreads)
-    gemv_smem_kernel(WView w, const float* __restrict__ x, float* __restrict__ y, int chunk_units) {
+    gemv_smem_kernel(GemvTargets tg, const float* __restrict__ x, int chunk_units) {
   using C = Codec<kT>;
+  int blk = blockIdx.x;
+  const int ti = target_of(tg, blk);
+  const WView w = view_of(tg, ti);
+  float* __restrict__ y = y_of(tg, ti);
   extern __shared__ float4 xs[];  // [kTok][e4]: float4 q of token t at t * e4 + x_swizzle(q)
   constexpr bool kPrefetch = kPrefetchOf<kTok>;
   constexpr int kUnroll = kUnrollOf<kT, kTok>;
   constexpr int kStep = 32 * kUnroll;
   const int e4 = chunk_units * (C::kUnit / 4);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t row0 = (int64_t(blockIdx.x) * kWarps + warp) * kRows;
+  const int64_t row0 = (int64_t(blk) * kWarps + warp) * kRows;
   // No early return: every warp takes part in the staging barriers. Rows
   // past the end re-read the last valid row and are not stored.
   int64_t rows[kRows];
@@ -300,56 +271,58 @@ void allow_smem(int bytes) {
   done.fetch_or(bit, std::memory_order_acq_rel);
 }
 
+// The rows a CTA covers at kTok tokens (see launch_gemv).
 template <DType kT, int kTok>
-void launch_gemv(const WView& v, const float* x, float* y, cudaStream_t s) {
+constexpr int kRowsOf = (kT == DType::F32 || kT == DType::F16 || kT == DType::BF16) && kTok == 1 ? 2
+                        : kTok <= 8                                                             ? 4
+                                                                                                : 2;
+
+template <DType kT, int kTok>
+void launch_gemv(const GemvOut* outs, int n_outs, const float* x, cudaStream_t s) {
   constexpr bool kPlain = kT == DType::F32 || kT == DType::F16 || kT == DType::BF16;
+  constexpr int kRows = kRowsOf<kT, kTok>;
+  const GemvTargets tg = make_targets(outs, n_outs, kWarps * kRows, "gemv");
+  const unsigned blocks = static_cast<unsigned>(tg.end[n_outs - 1]);
   if constexpr (kPlain && kTok == 1) {
     // Version 3 measured 80-99% of the copy bandwidth here.
-    constexpr int kRows = 2;
-    const int64_t blocks = (v.rows + kWarps * kRows - 1) / (kWarps * kRows);
-    gemv_kernel<kT, kTok, kRows><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(v, x, y);
+    gemv_kernel<kT, kTok, kRows><<<blocks, kThreads, 0, s>>>(tg, x);
   } else {
     // 4 rows per warp: each x read from shared memory serves 4 rows (see the
     // file comment); past 8 tokens the accumulators of 4 rows (2 x 4 x kTok
     // registers with the per-unit partial sums) would spill, so 2.
-    constexpr int kRows = kTok <= 8 ? 4 : 2;
+    const int units = tg.w[0].units;
     constexpr int kStepUnits = 32 * kUnrollOf<kT, kTok>;
     constexpr int kStepBytes = kStepUnits * Codec<kT>::kUnit * 4 * kTok;  // x of one step, all tokens
     constexpr int kMaxSteps = kStepBytes >= kSmemDefault ? 1 : kSmemDefault / kStepBytes;
-    const int steps = static_cast<int>(std::min<int64_t>(kMaxSteps, (v.units + kStepUnits - 1) / kStepUnits));
+    const int steps = std::min(kMaxSteps, (units + kStepUnits - 1) / kStepUnits);
     const int chunk_units = steps * kStepUnits;
     const int smem = steps * kStepBytes;
-    auto* kernel = gemv_smem_kernel<kT, kTok, kRows>;
     if constexpr (kStepBytes > kSmemDefault) allow_smem<kT, kTok, kRows>(kStepBytes);
-    const int64_t blocks = (v.rows + kWarps * kRows - 1) / (kWarps * kRows);
-    kernel<<<static_cast<unsigned>(blocks), kThreads, smem, s>>>(v, x, y, chunk_units);
+    gemv_smem_kernel<kT, kTok, kRows><<<blocks, kThreads, smem, s>>>(tg, x, chunk_units);
   }
   cudaCheckLaunch();
 }
-template <DType kT>
-void gemv_typed(const WView& v, const float* x, float* y, int n, cudaStream_t s) {
-  switch (n) {
-#define RUNLM_GEMV_CASE(N) \
-  case N: launch_gemv<kT, N>(v, x, y, s); break;
-    RUNLM_GEMV_CASE(1) RUNLM_GEMV_CASE(2) RUNLM_GEMV_CASE(3) RUNLM_GEMV_CASE(4)
-    RUNLM_GEMV_CASE(5) RUNLM_GEMV_CASE(6) RUNLM_GEMV_CASE(7) RUNLM_GEMV_CASE(8)
-    RUNLM_GEMV_CASE(9) RUNLM_GEMV_CASE(10) RUNLM_GEMV_CASE(11) RUNLM_GEMV_CASE(12)
-    RUNLM_GEMV_CASE(13) RUNLM_GEMV_CASE(14) RUNLM_GEMV_CASE(15) RUNLM_GEMV_CASE(16)
-#undef RUNLM_GEMV_CASE
-    default: fail("gemv: n_tokens=%d unsupported; supported: 1..16", n);
-  }
+
+void gemv_outs(const GemvOut* outs, int n_outs, const float* x, int n_tokens, Stream stream) {
+  RUNLM_CHECK(n_outs >= 1 && n_outs <= kMaxGemvOuts, "gemv: %d matrices; supported: 1..%d", n_outs, kMaxGemvOuts);
+  RUNLM_CHECK(n_tokens >= 1 && n_tokens <= 16, "gemv: n_tokens=%d unsupported; supported: 1..16", n_tokens);
+  const DType type = outs[0].w->type;
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const bool ok = RUNLM_GPU_TYPE_SWITCH(
+      type, KT, RUNLM_GEMV_TOKEN_SWITCH(n_tokens, N, launch_gemv<KT, N>(outs, n_outs, x, s)));
+  RUNLM_CHECK(ok, "gemv: weight type %s unsupported; supported: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k",
+              dtype_name(type));
 }
 
 }  // namespace
 
 void gemv(const GpuMatrix& w, const float* x, float* y, int n_tokens, Stream stream) {
-  RUNLM_CHECK(w.data != nullptr, "gemv: matrix not uploaded");
-  RUNLM_CHECK(n_tokens >= 1 && n_tokens <= 16, "gemv: n_tokens=%d unsupported; supported: 1..16", n_tokens);
-  const WView v = make_view(w);
-  const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const bool ok = RUNLM_GPU_TYPE_SWITCH(w.type, KT, gemv_typed<KT>(v, x, y, n_tokens, s));
-  RUNLM_CHECK(ok, "gemv: weight type %s unsupported; supported: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k",
-              dtype_name(w.type));
+  const GemvOut out{&w, y};
+  gemv_outs(&out, 1, x, n_tokens, stream);
+}
+
+void gemv_multi(const GemvOut* outs, int n_outs, const float* x, int n_tokens, Stream stream) {
+  gemv_outs(outs, n_outs, x, n_tokens, stream);
 }
 
 }  // namespace runlm::gpu

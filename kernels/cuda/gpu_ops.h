@@ -43,6 +43,32 @@ void free_matrix(GpuMatrix& m);
 // Each weight byte is read once for all n_tokens.
 void gemv(const GpuMatrix& w, const float* x, float* y, int n_tokens, Stream stream);
 
+// Several matrices of one type and width that read the same x (q/k/v,
+// gate/up) in one launch: out i gets y_i = W_i x as gemv() would.
+struct GemvOut {
+  const GpuMatrix* w;
+  float* y;
+};
+constexpr int kMaxGemvOuts = 3;
+void gemv_multi(const GemvOut* outs, int n_outs, const float* x, int n_tokens, Stream stream);
+
+// ---- decode GEMV with int8 activations (kernels/cuda/gemv_x8.cu) ------------
+//
+// Q4_0 and Q8_0 weights against activations quantized to int8 with one f32
+// scale per 32 values (llama.cpp's q8_1 scheme), summed with integer dot
+// products (dp4a): about a quarter of the instructions per weight of
+// decoding to f32, which is what bounded these types (see gemv_x8.cu). The
+// price is x's rounding: ~0.5% relative error per dot product on
+// Gaussian-like activations (step amax/127, amax ~2 sigma over 32 values).
+bool gemv_x8_supports(DType t);
+// Bytes of the quantized x of n_tokens rows of cols (cols % 32 == 0).
+size_t x8_bytes(int n_tokens, int64_t cols);
+// x f32 [n_tokens, cols] -> x8 (device memory of x8_bytes).
+void quantize_x8(const float* x, int n_tokens, int64_t cols, void* x8, Stream stream);
+// y_i[t, r] = sum_c W_i[r, c] * x8[t, c] for each out (same type and width
+// = the quantized cols), n_tokens 1..16.
+void gemv_x8(const GemvOut* outs, int n_outs, const void* x8, int n_tokens, Stream stream);
+
 // Prefill: y[t, r] = W[r, :] . x[t, :] for any n_tokens, x f16 [n_tokens,
 // cols], y f32 [n_tokens, rows]; tensor cores, fp32 accumulation. `scratch`
 // is device memory of at least gemm_scratch_bytes(w) (a dequantized tile
