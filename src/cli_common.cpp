@@ -65,7 +65,8 @@ cxxopts::ParseResult parse_options(cxxopts::Options& opts, int argc, char** argv
   // -sys, -np); cxxopts takes one-letter short options only, so those become
   // their long forms here.
   static const std::pair<const char*, const char*> kMultiLetter[] = {
-      {"-ctk", "--cache-type-k"}, {"-ctv", "--cache-type-v"}, {"-sys", "--system-prompt"}, {"-np", "--parallel"}};
+      {"-ctk", "--cache-type-k"}, {"-ctv", "--cache-type-v"}, {"-sys", "--system-prompt"}, {"-np", "--parallel"},
+      {"-npl", "--npl"},           {"-npp", "--npp"},           {"-ntg", "--ntg"}};
   for (int i = 1; i < argc; ++i)
     for (const auto& [from, to] : kMultiLetter)
       if (std::strcmp(argv[i], from) == 0) argv[i] = const_cast<char*>(to);

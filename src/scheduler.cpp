@@ -21,6 +21,7 @@ struct Scheduler::Sequence {
   int n_prompt_cached = 0;
   int n_preemptions = 0;
   bool started = false;
+  bool first_token_seen = false;  // sampled at least once (EOS included)
   Stopwatch since_submit;
   double queue_seconds = 0;
   int admit_order = 0;          // larger = admitted later (preempted first)
@@ -165,9 +166,18 @@ void Scheduler::run(const std::function<void(Completion&&)>& on_done, const std:
       const bool db = static_cast<int>(b->ctx.size()) - b->n_computed == 1;
       return da > db;
     });
+    // A sequence decodes when one token is pending and it has sampled before;
+    // otherwise it is (re)computing its prompt.
+    auto decoding = [](const Sequence* s) {
+      return static_cast<int>(s->ctx.size()) - s->n_computed == 1 && !s->generated.empty();
+    };
+    const bool hold_decode = opt_.prefill_first && std::any_of(order.begin(), order.end(), [&](const Sequence* s) {
+                               return s->seq_id >= 0 && !decoding(s);
+                             });
     for (Sequence* s : order) {
       if (budget == 0) break;
       if (s->seq_id < 0) continue;  // preempted earlier in this planning pass
+      if (hold_decode && decoding(s)) continue;
       const int pending = static_cast<int>(s->ctx.size()) - s->n_computed;
       const int n = std::min(pending, budget);
       // Reserve pages, preempting the latest-admitted other sequences if needed.
@@ -224,6 +234,10 @@ void Scheduler::run(const std::function<void(Completion&&)>& on_done, const std:
       if (window > 0 && !opt_.swa_full) bm.release_before(s->seq_id, s->n_computed - window + 1);
       if (!items[i].want_logits) continue;
       const int token = s->sampler->sample(&logits[static_cast<size_t>(row++) * n_vocab], n_vocab);
+      if (!s->first_token_seen) {
+        s->first_token_seen = true;
+        ++first_tokens_;
+      }
       FinishReason why;
       if (accept_token(*s, token, &why)) {
         finished.push_back(s);
@@ -235,7 +249,7 @@ void Scheduler::run(const std::function<void(Completion&&)>& on_done, const std:
       running_.erase(std::find_if(running_.begin(), running_.end(),
                                   [&](const auto& p) { return p.get() == finished[i]; }));
     }
-    if (on_progress) on_progress({done_, total_, generated_, static_cast<int>(running_.size())});
+    if (on_progress) on_progress({done_, total_, generated_, static_cast<int>(running_.size()), first_tokens_});
   }
 }
 

@@ -50,6 +50,12 @@ struct SchedulerOptions {
   // With a sliding window, pages that fall out of the window go back to the
   // pool (KV memory is window-sized) unless swa_full keeps them.
   bool swa_full = false;
+  // Benchmark hook (runlm bench -npl): while any running sequence still has
+  // prompt tokens to evaluate, steps carry prefill chunks only and decode
+  // waits, so prefill and decode are separate phases that can be timed
+  // apart (llama-batched-bench's split). Off for serving: decode latency
+  // would suffer.
+  bool prefill_first = false;
 };
 
 struct SchedulerProgress {
@@ -57,6 +63,7 @@ struct SchedulerProgress {
   int total = 0;
   int64_t tokens_generated = 0;
   int running = 0;
+  int first_tokens = 0;        // requests that have sampled at least one token (prefill done)
 };
 
 class Scheduler {
@@ -93,6 +100,7 @@ class Scheduler {
   int total_ = 0;
   int done_ = 0;
   int64_t generated_ = 0;
+  int first_tokens_ = 0;
 };
 
 }  // namespace runlm

@@ -128,6 +128,44 @@ TEST(Batch, PreemptionWhenPagesRunOutChangesNoResult) {
     EXPECT_EQ(out.at(r.index).tokens, alone(*model, r.prompt, r.sampling, r.n_predict)) << kPrompts[r.index];
 }
 
+// The bench hook (SchedulerOptions::prefill_first): with a token budget of 8
+// the prompts take many steps; no sequence decodes until every one has its
+// first token, first_tokens counts them, and the tokens do not change.
+TEST(Batch, PrefillFirstKeepsDecodeOutOfPrefill) {
+  auto model = Model::load(shared_model("stories260K.gguf"));
+  SamplingParams sp;
+  sp.temperature = 0;
+  const auto reqs = requests(*model, sp, 10);
+  for (bool prefill_first : {false, true}) {
+    SCOPED_TRACE(prefill_first);
+    EngineOptions eo;
+    eo.device = Device::Cpu;
+    eo.n_threads = 2;
+    eo.n_ctx = 512;
+    eo.n_batch = 8;
+    eo.kv = KvLayout::Paged;
+    eo.kv_pages = 256;
+    auto engine = make_cpu_engine(*model, eo);
+    SchedulerOptions so;
+    so.max_parallel = static_cast<int>(reqs.size());
+    so.max_seq_len = 512;
+    so.prefill_first = prefill_first;
+    Scheduler s(*engine, model->tokenizer(), so);
+    for (const auto& r : reqs) s.submit(r);
+    std::map<int, Completion> out;
+    bool decoded_during_prefill = false;
+    int last_first_tokens = 0;
+    s.run([&](Completion&& c) { out[c.index] = std::move(c); }, nullptr, [&](const SchedulerProgress& p) {
+      EXPECT_GE(p.first_tokens, last_first_tokens);
+      last_first_tokens = p.first_tokens;
+      if (p.first_tokens < p.total && p.tokens_generated > p.first_tokens) decoded_during_prefill = true;
+    });
+    EXPECT_EQ(last_first_tokens, static_cast<int>(reqs.size()));
+    EXPECT_EQ(decoded_during_prefill, !prefill_first);
+    for (const auto& r : reqs) EXPECT_EQ(out.at(r.index).tokens, alone(*model, r.prompt, r.sampling, r.n_predict));
+  }
+}
+
 TEST(Batch, PrefixSharingReusesPagesOfAFinishedPrompt) {
   auto model = Model::load(shared_model("stories260K.gguf"));
   SamplingParams sp;

@@ -1,0 +1,95 @@
+// runlm bench -npl (parallel sequences, llama-batched-bench style) through
+// the binary on stories260K on the CPU: the rows, their token counts, the
+// JSON, and bad values that must fail cleanly.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "test_support.h"
+
+using namespace runlm::test;
+
+namespace {
+
+std::string bench_cmd(const std::string& extra) {
+  return runlm_binary() + " bench -m " + shared_model("stories260K.gguf") + " --device cpu -t 2 " + extra;
+}
+
+void expect_clean_error(const CommandResult& r, const std::string& words) {
+  EXPECT_EQ(r.signal, 0) << "crashed with signal " << r.signal << "\n" << r.err;
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("error: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(words), std::string::npos) << "expected '" << words << "' in: " << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+}
+
+std::vector<std::string> lines_of(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string line;
+  while (std::getline(ss, line))
+    if (!line.empty()) out.push_back(line);
+  return out;
+}
+
+}  // namespace
+
+TEST(BenchParallel, JsonRows) {
+  const CommandResult r = run_command(bench_cmd("-npl 1,4 -npp 16 -ntg 8 -o json"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto lines = lines_of(r.out);
+  ASSERT_EQ(lines.size(), 2u) << r.out;
+  const int pls[] = {1, 4};
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const auto j = nlohmann::json::parse(lines[i]);
+    const int pl = pls[i];
+    EXPECT_EQ(j["pl"], pl);
+    EXPECT_EQ(j["pp"], 16);
+    EXPECT_EQ(j["tg"], 8);
+    EXPECT_EQ(j["n_kv"], pl * (16 + 8));
+    EXPECT_EQ(j["backend"], "cpu");
+    EXPECT_EQ(j["kv"], "paged");
+    EXPECT_FALSE(j["model"].get<std::string>().empty());
+    EXPECT_FALSE(j["type"].get<std::string>().empty());
+    const double t_pp = j["t_pp"], t_tg = j["t_tg"], t = j["t"];
+    EXPECT_GT(t_pp, 0);
+    EXPECT_GT(t_tg, 0);
+    EXPECT_NEAR(t, t_pp + t_tg, 1e-9);
+    EXPECT_NEAR(j["speed_pp"].get<double>(), pl * 16 / t_pp, 1e-6 * pl * 16 / t_pp);
+    EXPECT_NEAR(j["speed_tg"].get<double>(), pl * 8 / t_tg, 1e-6 * pl * 8 / t_tg);
+    EXPECT_NEAR(j["speed"].get<double>(), pl * 24 / t, 1e-6 * pl * 24 / t);
+    EXPECT_GE(j["n_kv_max"].get<int>(), pl * 24);
+  }
+}
+
+TEST(BenchParallel, MarkdownRows) {
+  const CommandResult r = run_command(bench_cmd("-npl 1,4 -npp 16 -ntg 8"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto lines = lines_of(r.out);
+  ASSERT_EQ(lines.size(), 4u) << r.out;  // header, separator, two rows
+  EXPECT_NE(lines[0].find("| PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s |"),
+            std::string::npos)
+      << lines[0];
+  EXPECT_NE(lines[2].find("| cpu | cpu | f32 | f32 | 16 | 8 | 1 | 24 |"), std::string::npos) << lines[2];
+  EXPECT_NE(lines[3].find("| cpu | cpu | f32 | f32 | 16 | 8 | 4 | 96 |"), std::string::npos) << lines[3];
+}
+
+TEST(BenchParallel, BadValues) {
+  for (const char* v : {"0", "-3", "abc", "1,0", "4,x", "1,,4", ","}) {
+    SCOPED_TRACE(v);
+    expect_clean_error(run_command(bench_cmd(std::string("-npl ") + v + " -npp 16 -ntg 8")), "-npl");
+  }
+  expect_clean_error(run_command(bench_cmd("-npl 2 -npp 0 -ntg 8")), "-npp");
+  expect_clean_error(run_command(bench_cmd("-npl 2 -npp 16 -ntg -1")), "-ntg");
+  expect_clean_error(run_command(bench_cmd("-npl 2 -p 16")), "-p");
+  expect_clean_error(run_command(bench_cmd("-npp 16")), "-npl");
+  expect_clean_error(run_command(bench_cmd("-npl 2 --kv contiguous")), "paged");
+}
+
+TEST(BenchParallel, KvDoesNotFit) {
+  // -c is per sequence: 16 + 8 tokens need 25 positions.
+  expect_clean_error(run_command(bench_cmd("-npl 1,4 -npp 16 -ntg 8 -c 20")), "-c is 20");
+  // 1 MiB of f32 KV holds about 50 pages of stories260K; 64 x 2 pages do not fit.
+  expect_clean_error(run_command(bench_cmd("-npl 1,64 -npp 16 -ntg 8 --kv-mem 1")), "-npl 64");
+}
