@@ -489,9 +489,10 @@ class CudaEngine final : public Engine {
     auto project = [&](const gpu::GpuMatrix& w, float* out) {
       gpu::gemm(w, xh_.get(), out, m, gemm_scratch_.get(), stream_);
     };
+    // Short steps: f32 (and int8 for gemv_x8) into project_gemv; long: f16.
     auto norm = [&](const DeviceBuffer<float>& w) {
-      gpu::rmsnorm(x_.get(), w.get(), gemv_path ? xb_.get() : nullptr, gemv_path ? nullptr : xh_.get(), m, c.dim,
-                   c.rms_eps, stream_);
+      if (gemv_path) norm_for_gemv(w, nullptr, m, true);
+      else gpu::rmsnorm(x_.get(), w.get(), nullptr, xh_.get(), m, c.dim, c.rms_eps, stream_);
     };
 
     gpu::embed_rows(tok_embd_, d + o.tokens, m, x_.get(), stream_);
@@ -499,7 +500,7 @@ class CudaEngine final : public Engine {
       GpuLayer& g = layers_[l];
       norm(g.attn_norm);
       if (gemv_path) {
-        project_gemv({{&g.wq, q_.get()}, {&g.wk, k_.get()}, {&g.wv, v_.get()}}, xb_.get(), m);
+        project_gemv({{&g.wq, q_.get()}, {&g.wk, k_.get()}, {&g.wv, v_.get()}}, xb_.get(), m, true);
       } else {
         project(g.wq, q_.get());
         project(g.wk, k_.get());
@@ -566,7 +567,7 @@ class CudaEngine final : public Engine {
       gpu::add_inplace(x_.get(), xb_.get(), static_cast<int64_t>(m) * c.dim, stream_);
       norm(g.ffn_norm);
       if (gemv_path) {
-        project_gemv({{&g.w_gate, gate_.get()}, {&g.w_up, up_.get()}}, xb_.get(), m);
+        project_gemv({{&g.w_gate, gate_.get()}, {&g.w_up, up_.get()}}, xb_.get(), m, true);
       } else {
         project(g.w_gate, gate_.get());
         project(g.w_up, up_.get());
@@ -611,22 +612,39 @@ class CudaEngine final : public Engine {
     const ModelConfig& c = cfg_;
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     gpu::embed_rows(tok_embd_, tokens_.get(), m, x_.get(), stream_);
+    // Each residual add is folded into the RMSNorm after it (rmsnorm_fused),
+    // and the norms and SwiGLU write the int8 x of the GEMVs that read it.
+    const float* pending = nullptr;  // the previous layer's down projection, not yet added to x
     for (int l = 0; l < c.n_layers; ++l) {
       GpuLayer& g = layers_[l];
-      gpu::rmsnorm(x_.get(), g.attn_norm.get(), xb_.get(), nullptr, m, c.dim, c.rms_eps, stream_);
-      project_gemv({{&g.wq, q_.get()}, {&g.wk, k_.get()}, {&g.wv, v_.get()}}, xb_.get(), m);
+      norm_for_gemv(g.attn_norm, pending, m, uses_x8(g.wq) || uses_x8(g.wk) || uses_x8(g.wv));
+      project_gemv({{&g.wq, q_.get()}, {&g.wk, k_.get()}, {&g.wv, v_.get()}}, xb_.get(), m, true);
       gpu::rope_and_store_kv(q_.get(), k_.get(), v_.get(), positions_.get(), m, c.n_heads, c.n_kv_heads, c.head_dim,
                              c.rope_theta, c.rope_freq_scale, k_cache(l), v_cache(l), nullptr, stream_);
       gpu::decode_attention(q_.get(), k_cache(l), v_cache(l), m, positions_.get(), c.n_heads, c.n_kv_heads,
                             c.head_dim, window_, scale, n_ctx_, att_.get(), stream_);
       project_gemv({{&g.wo, xb_.get()}}, att_.get(), m);
-      gpu::add_inplace(x_.get(), xb_.get(), static_cast<int64_t>(m) * c.dim, stream_);
-      gpu::rmsnorm(x_.get(), g.ffn_norm.get(), xb_.get(), nullptr, m, c.dim, c.rms_eps, stream_);
-      project_gemv({{&g.w_gate, gate_.get()}, {&g.w_up, up_.get()}}, xb_.get(), m);
-      gpu::swiglu(gate_.get(), up_.get(), nullptr, static_cast<int64_t>(m) * hidden_, stream_);
-      project_gemv({{&g.w_down, xb_.get()}}, gate_.get(), m);
-      gpu::add_inplace(x_.get(), xb_.get(), static_cast<int64_t>(m) * c.dim, stream_);
+      norm_for_gemv(g.ffn_norm, xb_.get(), m, uses_x8(g.w_gate) || uses_x8(g.w_up));
+      project_gemv({{&g.w_gate, gate_.get()}, {&g.w_up, up_.get()}}, xb_.get(), m, true);
+      if (uses_x8(g.w_down)) {
+        gpu::swiglu_x8(gate_.get(), up_.get(), x8_.get(), m, hidden_, stream_);
+        project_gemv({{&g.w_down, xb_.get()}}, gate_.get(), m, true);
+      } else {
+        gpu::swiglu(gate_.get(), up_.get(), nullptr, static_cast<int64_t>(m) * hidden_, stream_);
+        project_gemv({{&g.w_down, xb_.get()}}, gate_.get(), m);
+      }
+      pending = xb_.get();
     }
+    if (pending) gpu::add_inplace(x_.get(), pending, static_cast<int64_t>(m) * cfg_.dim, stream_);
+  }
+
+  bool uses_x8(const gpu::GpuMatrix& w) const { return gemv_x8_ && gpu::gemv_x8_supports(w.type); }
+
+  // xb = rmsnorm(x += add) in f32, and into x8_ too when a reader wants int8.
+  void norm_for_gemv(const DeviceBuffer<float>& w, const float* add, int m, bool want_x8) {
+    want_x8 = want_x8 && gemv_x8_ && cfg_.dim % 32 == 0;  // int8 x comes in blocks of 32
+    gpu::rmsnorm_fused(x_.get(), add, w.get(), xb_.get(), nullptr, want_x8 ? x8_.get() : nullptr, m, cfg_.dim,
+                       cfg_.rms_eps, stream_);
   }
 
   void logits_gemv(int m, bool all_logits) {
@@ -643,14 +661,15 @@ class CudaEngine final : public Engine {
   // instructions per weight; RUNLM_GEMV_F32X=1 keeps f32 x for comparison);
   // the others the f32 kernels. Consecutive matrices of one type share one
   // launch (q/k/v, gate/up). No allocation: safe inside graph capture.
-  void project_gemv(std::initializer_list<gpu::GemvOut> outs, const float* x, int m) {
+  // x8_ready: x8_ already holds x quantized (written by the op before).
+  void project_gemv(std::initializer_list<gpu::GemvOut> outs, const float* x, int m, bool x8_ready = false) {
     const gpu::GemvOut* p = outs.begin();
     const int n = static_cast<int>(outs.size());
-    bool x_quantized = false;
+    bool x_quantized = x8_ready;
     for (int i = 0; i < n;) {
       int j = i + 1;
       while (j < n && p[j].w->type == p[i].w->type && p[j].w->cols == p[i].w->cols) ++j;
-      if (gemv_x8_ && gpu::gemv_x8_supports(p[i].w->type)) {
+      if (uses_x8(*p[i].w)) {
         if (!x_quantized) gpu::quantize_x8(x, m, p[i].w->cols, x8_.get(), stream_);  // every out reads this x
         x_quantized = true;
         gpu::gemv_x8(p + i, j - i, x8_.get(), m, stream_);

@@ -548,6 +548,87 @@ TEST(GpuOps, SwigluToF16Add) {
   EXPECT_EQ(mismatches, 0);  // both round to nearest even
 }
 
+// The x8 bytes of a device buffer: q and d per 32 values (x8_layout.cuh).
+HostX8 read_x8(DevBuf& buf, int rows, int64_t cols) {
+  const size_t q_bytes = (static_cast<size_t>(rows) * cols + 15) / 16 * 16;
+  const size_t nb = static_cast<size_t>(rows) * cols / 32;
+  const std::vector<uint8_t> raw = buf.get<uint8_t>(q_bytes + nb * 8);
+  HostX8 h;
+  h.q.resize(static_cast<size_t>(rows) * cols);
+  std::memcpy(h.q.data(), raw.data(), h.q.size());
+  h.d.resize(nb);
+  for (size_t b = 0; b < nb; ++b) std::memcpy(&h.d[b], raw.data() + q_bytes + 8 * b, 4);  // (d, d*sum): d
+  return h;
+}
+
+// rmsnorm_fused: the residual add written back bit-exact (one fp32 add),
+// the norm as gpu::rmsnorm's (same operations: bit-exact), and the int8 x
+// equal to the host quantizer applied to that f32 output, value for value.
+TEST(GpuOps, RmsNormFusedAddAndInt8) {
+  REQUIRE_GPU();
+  const int rows = 3, cols = 4096;
+  const std::vector<float> x = randn(static_cast<size_t>(rows) * cols, 23, 3.0f);
+  const std::vector<float> add = randn(x.size(), 24);
+  const std::vector<float> w = randn(cols, 25);
+  std::vector<float> sum(x.size());
+  for (size_t i = 0; i < x.size(); ++i) sum[i] = x[i] + add[i];
+  auto dsum = upload(sum);
+  auto dw = upload(w);
+  DevBuf plain(x.size() * 4);
+  gpu::rmsnorm(dsum->as<float>(), dw->as<float>(), plain.as<float>(), nullptr, rows, cols, 1e-5f, nullptr);
+  auto dx = upload(x);
+  auto dadd = upload(add);
+  DevBuf o32(x.size() * 4), o16(x.size() * 2), x8(gpu::x8_bytes(rows, cols));
+  o32.poison();
+  o16.poison();
+  x8.poison();
+  gpu::rmsnorm_fused(dx->as<float>(), dadd->as<float>(), dw->as<float>(), o32.as<float>(), o16.as<uint16_t>(), x8.p,
+                     rows, cols, 1e-5f, nullptr);
+  EXPECT_EQ(dx->get<float>(x.size()), sum);
+  const std::vector<float> y = o32.get<float>(x.size());
+  EXPECT_EQ(y, plain.get<float>(x.size()));
+  EXPECT_LT(rel_err(f16_to_f32(o16.get<uint16_t>(x.size())), y), 1e-3);
+  const HostX8 want = host_quantize_x8(y);
+  const HostX8 got = read_x8(x8, rows, cols);
+  EXPECT_EQ(got.q, want.q);
+  EXPECT_EQ(got.d, want.d);
+  // Without add and outputs: x untouched, only x8 written.
+  gpu::rmsnorm_fused(dsum->as<float>(), nullptr, dw->as<float>(), nullptr, nullptr, x8.p, rows, cols, 1e-5f, nullptr);
+  EXPECT_EQ(dsum->get<float>(x.size()), sum);
+  EXPECT_EQ(read_x8(x8, rows, cols).q, want.q);
+  EXPECT_THROW(gpu::rmsnorm_fused(dsum->as<float>(), nullptr, dw->as<float>(), nullptr, nullptr, x8.p, rows, 1000,
+                                  1e-5f, nullptr),
+               Error);  // int8 x needs whole blocks of 32
+}
+
+// swiglu_x8 against the host SwiGLU quantized: the device expf may differ
+// from std::exp by an ulp, which can move a value across a rounding
+// boundary, so each dequantized value is within half a step (+ that ulp)
+// of the exact one rather than bit-equal.
+TEST(GpuOps, SwigluInt8) {
+  REQUIRE_GPU();
+  const int rows = 2;
+  const int64_t cols = 11008;
+  const std::vector<float> g = randn(static_cast<size_t>(rows * cols), 35, 4.0f), u = randn(g.size(), 36);
+  std::vector<float> ref = g;
+  swiglu(ref.data(), u.data(), static_cast<int64_t>(ref.size()));
+  auto dg = upload(g);
+  auto du = upload(u);
+  DevBuf x8(gpu::x8_bytes(rows, cols));
+  x8.poison();
+  gpu::swiglu_x8(dg->as<float>(), du->as<float>(), x8.p, rows, cols, nullptr);
+  const HostX8 got = read_x8(x8, rows, cols);
+  const HostX8 want = host_quantize_x8(ref);
+  size_t differ = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const float d = got.d[i / 32];
+    ASSERT_NEAR(got.q[i] * d, ref[i], 0.5f * d * 1.001f + 1e-6f) << i;
+    differ += got.q[i] != want.q[i];
+  }
+  EXPECT_LT(differ, ref.size() / 1000) << "more than 0.1% of levels differ from the host's";
+  EXPECT_EQ(dg->get<float>(g.size()), g);  // inputs untouched
+}
+
 // ---- rope_and_store_kv ------------------------------------------------------------
 
 TEST(GpuOps, RopeAndStoreKvLongPositions) {

@@ -102,6 +102,8 @@ section_test() {
   local rc=$?
   grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$OUT/tests.log" | sort | uniq -c | head -5
   grep -E "^\[  FAILED  \]" "$OUT/tests.log" | head -40
+  grep -A6 "Failure$" "$OUT/tests.log" | head -60
+  grep -E "GPU vs CPU" "$OUT/tests.log" | head -10
   grep -E "tests? ran|PASSED|FAILED" "$OUT/tests.log" | tail -3
   [ $rc -eq 124 ] && echo "tests timed out after ${TEST_TIMEOUT}s (hung kernel?)"
   return $rc
@@ -318,13 +320,48 @@ section_gemv() {
   return $rc
 }
 
-# tg with the int8-activation GEMV off (RUNLM_GEMV_F32X=1) for comparison.
-section_bench_f32x() {
+# tg with the int8-activation GEMV off (RUNLM_GEMV_F32X=1) and without
+# programmatic dependent launch (RUNLM_PDL=0), for comparison.
+section_bench_ab() {
+  local t v
+  for t in $MODEL_TYPES; do
+    for v in RUNLM_GEMV_F32X=1 RUNLM_PDL=0; do
+      [ $v = RUNLM_GEMV_F32X=1 ] && case $t in q4_0|q8_0) ;; *) continue ;; esac
+      env $v "$RUNLM" bench -m "$MODEL_DIR/llama2-7b-$t.gguf" -p 0 -n 128 -r 2 -o md 2>/dev/null |
+        sed "s/\$/ ($v)/" | grep -E '^\| (random|llama)'
+    done
+  done
+}
+
+# Where a decode token's time goes: nsys over a short tg run on the first
+# model, kernels summed (graph nodes traced one by one).
+section_profile_tg() {
+  command -v nsys >/dev/null || { echo "no nsys"; return 1; }
+  local t=${MODEL_TYPES%% *}
+  timeout 240 nsys profile -o "$OUT/tg_$t" --force-overwrite true --cuda-graph-trace=node -t cuda \
+    "$RUNLM" bench -m "$MODEL_DIR/llama2-7b-$t.gguf" -p 0 -n 32 -r 1 >"$OUT/nsys_$t.log" 2>&1 || { tail -5 "$OUT/nsys_$t.log"; return 1; }
+  nsys stats --report cuda_gpu_kern_sum --format csv "$OUT/tg_$t.nsys-rep" 2>/dev/null >"$OUT/tg_kern_$t.csv"
+  python3 - "$OUT/tg_kern_$t.csv" <<'PY'
+import csv, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if r]
+hdr = next(i for i, r in enumerate(rows) if r and r[0].startswith("Time"))
+cols = rows[hdr]
+data = [dict(zip(cols, r)) for r in rows[hdr + 1:] if len(r) == len(cols)]
+tot = sum(float(d["Total Time (ns)"]) for d in data)
+print("kernel time total %.1f ms over %d kernel names" % (tot / 1e6, len(data)))
+for d in sorted(data, key=lambda d: -float(d["Total Time (ns)"]))[:14]:
+    print("%5.1f%% %9.1f us x%-6s avg %7.2f us  %s" % (100 * float(d["Total Time (ns)"]) / tot, float(d["Total Time (ns)"]) / 1e3,
+          d["Instances"], float(d["Avg (ns)"]) / 1e3, d["Name"][:90]))
+PY
+}
+
+# runlm bench's parallel-sequences mode (llama-batched-bench columns).
+section_bench_npl() {
   local t
   for t in $MODEL_TYPES; do
-    case $t in q4_0|q8_0) ;; *) continue ;; esac
-    RUNLM_GEMV_F32X=1 "$RUNLM" bench -m "$MODEL_DIR/llama2-7b-$t.gguf" -p 0 -n 128 -r 2 -o md 2>/dev/null |
-      sed 's/$/ (RUNLM_GEMV_F32X=1)/' | grep -E '^\| (random|llama)'
+    timeout 200 "$RUNLM" bench -m "$MODEL_DIR/llama2-7b-$t.gguf" -npl ${NPL:-1,16,64,256} -npp 128 -ntg 128 -b 4096 -o md \
+      2>"$OUT/bench_npl_$t.err" | tee "$OUT/bench_npl_$t.md" | grep -E '^\|'
+    tail -2 "$OUT/bench_npl_$t.err"
   done
 }
 

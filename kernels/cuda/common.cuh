@@ -58,7 +58,38 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// Programmatic dependent launch (sm_90; no-ops elsewhere and for kernels
+// launched the ordinary way). A kernel launched with launch_pdl may start
+// while the kernel before it still runs: it does only work that depends on
+// nothing earlier (loading weights), then wait_for_previous_kernel() blocks
+// until that kernel has finished and its writes are visible.
+__device__ __forceinline__ void wait_for_previous_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// Called by a kernel whose successor is launched with launch_pdl: lets that
+// successor's CTAs start now (they still wait for this kernel's results).
+__device__ __forceinline__ void allow_next_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
 __host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// Sum of v over the block (blockDim.x a multiple of 32, scratch holds one
+// float per warp); every thread gets the sum. Ends with the barrier that
+// makes scratch complete, so a second call needs another barrier first.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float s = 0.0f;
+  for (int i = 0; i < int(blockDim.x / 32); ++i) s += scratch[i];
+  return s;
+}
 
 // log2(e): the kernels work in base 2 (exp2 is one MUFU instruction).
 constexpr float kLog2e = 1.4426950408889634f;

@@ -49,16 +49,6 @@ __global__ void embed_kernel(WView w, const int* __restrict__ tokens, int n, flo
 
 // ---- rmsnorm ------------------------------------------------------------
 
-__device__ float block_sum(float v, float* scratch) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float s = 0.0f;
-  for (int i = 0; i < int(blockDim.x / 32); ++i) s += scratch[i];
-  return s;
-}
-
 // One block per row. Phase two rereads x, so out_f32 may alias x.
 __global__ void rmsnorm_kernel(const float* x, const float* __restrict__ w, float* out_f32, __half* out_f16,
                                int n_cols, float eps) {

@@ -42,6 +42,7 @@
 #include "cuda/gemv_common.cuh"
 #include "cuda/gpu_codec.cuh"
 #include "cuda/gpu_ops.h"
+#include "cuda/launch_pdl.h"
 
 namespace runlm::gpu {
 
@@ -175,6 +176,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvTargets tg, const fl
   if constexpr (kPrefetch) {
     Step<kT, kRows, kUnroll> cur;
     load_step(cur, w, rows, lane);
+    wait_for_previous_kernel();  // x comes from the kernel before (launch_pdl)
     for (int u0 = lane; u0 < w.units; u0 += kStep) {
       Step<kT, kRows, kUnroll> next;
       load_step(next, w, rows, u0 + kStep);
@@ -182,6 +184,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvTargets tg, const fl
       cur = next;
     }
   } else {
+    wait_for_previous_kernel();
     for (int u0 = lane; u0 < w.units; u0 += kStep) {
       Step<kT, kRows, kUnroll> cur;
       load_step(cur, w, rows, u0);
@@ -225,6 +228,7 @@ __global__ void __launch_bounds__(kThreads)
   // The first step's weight loads go out before the staging below, so DRAM
   // is busy while x is copied in.
   if constexpr (kPrefetch) load_step(cur, w, rows, lane);
+  wait_for_previous_kernel();  // x comes from the kernel before (launch_pdl)
   for (int c0 = 0; c0 < w.units; c0 += chunk_units) {
     const int cu = min(chunk_units, w.units - c0);
     // Every warp has finished reading the previous chunk before it is
@@ -285,7 +289,7 @@ void launch_gemv(const GemvOut* outs, int n_outs, const float* x, cudaStream_t s
   const unsigned blocks = static_cast<unsigned>(tg.end[n_outs - 1]);
   if constexpr (kPlain && kTok == 1) {
     // Version 3 measured 80-99% of the copy bandwidth here.
-    gemv_kernel<kT, kTok, kRows><<<blocks, kThreads, 0, s>>>(tg, x);
+    launch_pdl(gemv_kernel<kT, kTok, kRows>, dim3(blocks), dim3(kThreads), 0, s, tg, x);
   } else {
     // 4 rows per warp: each x read from shared memory serves 4 rows (see the
     // file comment); past 8 tokens the accumulators of 4 rows (2 x 4 x kTok
@@ -298,9 +302,9 @@ void launch_gemv(const GemvOut* outs, int n_outs, const float* x, cudaStream_t s
     const int chunk_units = steps * kStepUnits;
     const int smem = steps * kStepBytes;
     if constexpr (kStepBytes > kSmemDefault) allow_smem<kT, kTok, kRows>(kStepBytes);
-    gemv_smem_kernel<kT, kTok, kRows><<<blocks, kThreads, smem, s>>>(tg, x, chunk_units);
+    launch_pdl(gemv_smem_kernel<kT, kTok, kRows>, dim3(blocks), dim3(kThreads), static_cast<size_t>(smem), s, tg, x,
+               chunk_units);
   }
-  cudaCheckLaunch();
 }
 
 void gemv_outs(const GemvOut* outs, int n_outs, const float* x, int n_tokens, Stream stream) {

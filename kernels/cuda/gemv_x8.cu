@@ -28,59 +28,24 @@
 #include "cuda/gemv_common.cuh"
 #include "cuda/gpu_codec.cuh"
 #include "cuda/gpu_ops.h"
+#include "cuda/launch_pdl.h"
+#include "cuda/x8_layout.cuh"
 
 namespace runlm::gpu {
 
 namespace {
 
-constexpr int kQBlock = 32;  // values per x scale
+constexpr int kQBlock = kX8Block;
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 
-// Quantized x: q int8 [n][cols], then (16-byte aligned) ds float2 [n][cols/32].
-struct X8View {
-  const int8_t* q;
-  const float2* ds;
-  int64_t cols;
-};
-size_t x8_q_bytes(int n, int64_t cols) { return align_up(static_cast<size_t>(n) * static_cast<size_t>(cols), 16); }
-X8View x8_view(const void* x8, int n, int64_t cols) {
-  const auto* base = static_cast<const uint8_t*>(x8);
-  return X8View{reinterpret_cast<const int8_t*>(base), reinterpret_cast<const float2*>(base + x8_q_bytes(n, cols)),
-                cols};
-}
-
-// One thread per 32-value block: d = amax / 127, q = round(x / d) (as
-// llama.cpp's quantize_q8_1), ds = (d, d * sum(q)).
-__global__ void quantize_x8_kernel(const float* __restrict__ x, int64_t cols, int blocks_per_row, int total,
-                                   int8_t* __restrict__ q, float2* __restrict__ ds) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= total) return;
-  const int t = i / blocks_per_row, b = i % blocks_per_row;
-  const int64_t off = int64_t(t) * cols + int64_t(b) * kQBlock;
-  const float4* src = reinterpret_cast<const float4*>(x + off);
-  float4 v[8];
-  float amax = 0.0f;
-#pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    v[k] = __ldg(src + k);
-    amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[k].x), fabsf(v[k].y)), fmaxf(fabsf(v[k].z), fabsf(v[k].w))));
-  }
-  const float d = amax / 127.0f;
-  const float id = d > 0.0f ? 1.0f / d : 0.0f;
-  uint32_t words[8];
-  int sum = 0;
-#pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    const int a = __float2int_rn(v[k].x * id), b2 = __float2int_rn(v[k].y * id);
-    const int c = __float2int_rn(v[k].z * id), e = __float2int_rn(v[k].w * id);
-    sum += a + b2 + c + e;
-    words[k] = (uint32_t(a) & 0xFF) | (uint32_t(b2) & 0xFF) << 8 | (uint32_t(c) & 0xFF) << 16 | uint32_t(e) << 24;
-  }
-  uint4* dst = reinterpret_cast<uint4*>(q + off);
-  dst[0] = make_uint4(words[0], words[1], words[2], words[3]);
-  dst[1] = make_uint4(words[4], words[5], words[6], words[7]);
-  ds[int64_t(t) * blocks_per_row + b] = make_float2(d, d * static_cast<float>(sum));
+// One thread per value, a warp per 32-value block (warp_quantize_x8).
+__global__ void quantize_x8_kernel(const float* __restrict__ x, int64_t n_values, int8_t* __restrict__ q,
+                                   float2* __restrict__ ds) {
+  allow_next_kernel();  // the GEMV after this may start loading its weights
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n_values) return;  // whole warps: n_values is a multiple of 32
+  warp_quantize_x8(x[i], q + i, ds + i / kQBlock);
 }
 
 __device__ __forceinline__ uint4 ldg16(const int8_t* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
@@ -205,6 +170,7 @@ __global__ void __launch_bounds__(kThreads) gemv_x8_kernel(GemvTargets tg, X8Vie
   if constexpr (kPrefetchOf<kTok>) {
     Step<kT, kRows, kUnroll> cur;
     load_step(cur, w, rows, lane);
+    wait_for_previous_kernel();  // x comes from the kernel before (launch_pdl)
     for (int u0 = lane; u0 < w.units; u0 += kStep) {
       Step<kT, kRows, kUnroll> next;
       load_step(next, w, rows, u0 + kStep);
@@ -212,6 +178,7 @@ __global__ void __launch_bounds__(kThreads) gemv_x8_kernel(GemvTargets tg, X8Vie
       cur = next;
     }
   } else {
+    wait_for_previous_kernel();
     for (int u0 = lane; u0 < w.units; u0 += kStep) {
       Step<kT, kRows, kUnroll> cur;
       load_step(cur, w, rows, u0);
@@ -224,8 +191,7 @@ __global__ void __launch_bounds__(kThreads) gemv_x8_kernel(GemvTargets tg, X8Vie
 template <DType kT, int kTok>
 void launch_x8(const GemvOut* outs, int n_outs, const X8View& x, cudaStream_t s) {
   const GemvTargets tg = make_targets(outs, n_outs, kWarps * kRowsOf<kTok>, "gemv_x8");
-  gemv_x8_kernel<kT, kTok><<<static_cast<unsigned>(tg.end[n_outs - 1]), kThreads, 0, s>>>(tg, x);
-  cudaCheckLaunch();
+  launch_pdl(gemv_x8_kernel<kT, kTok>, dim3(static_cast<unsigned>(tg.end[n_outs - 1])), dim3(kThreads), 0, s, tg, x);
 }
 
 }  // namespace
@@ -239,14 +205,10 @@ size_t x8_bytes(int n_tokens, int64_t cols) {
 void quantize_x8(const float* x, int n_tokens, int64_t cols, void* x8, Stream stream) {
   RUNLM_CHECK(n_tokens >= 1 && cols > 0 && cols % kQBlock == 0, "quantize_x8: %d x %lld; needs cols %% 32 == 0",
               n_tokens, static_cast<long long>(cols));
-  const int64_t total = int64_t(n_tokens) * (cols / kQBlock);
-  RUNLM_CHECK(total <= INT32_MAX, "quantize_x8: %lld blocks", static_cast<long long>(total));
-  auto* q = static_cast<int8_t*>(x8);
-  auto* ds = reinterpret_cast<float2*>(static_cast<uint8_t*>(x8) + x8_q_bytes(n_tokens, cols));
+  const int64_t n_values = int64_t(n_tokens) * cols;
   constexpr int kBlock = 128;
-  quantize_x8_kernel<<<static_cast<unsigned>((total + kBlock - 1) / kBlock), kBlock, 0,
-                       static_cast<cudaStream_t>(stream)>>>(x, cols, static_cast<int>(cols / kQBlock),
-                                                            static_cast<int>(total), q, ds);
+  quantize_x8_kernel<<<static_cast<unsigned>((n_values + kBlock - 1) / kBlock), kBlock, 0,
+                       static_cast<cudaStream_t>(stream)>>>(x, n_values, x8_q(x8), x8_ds(x8, n_tokens, cols));
   cudaCheckLaunch();
 }
 

@@ -65,6 +65,16 @@ bool gemv_x8_supports(DType t);
 size_t x8_bytes(int n_tokens, int64_t cols);
 // x f32 [n_tokens, cols] -> x8 (device memory of x8_bytes).
 void quantize_x8(const float* x, int n_tokens, int64_t cols, void* x8, Stream stream);
+// The producers of x8 fused into the ops before the GEMVs
+// (kernels/cuda/norm_quant.cu), so no separate quantization pass:
+// x += add (when add != nullptr, written back to x), then
+// y = x / rms(x) * w per row, written as f32 (out_f32), f16 (out_f16)
+// and/or int8 for gemv_x8 (out_x8, x8_bytes(n_rows, n_cols)): any subset.
+// The same float operations as add_inplace + rmsnorm.
+void rmsnorm_fused(float* x, const float* add, const float* w, float* out_f32, uint16_t* out_f16, void* out_x8,
+                   int n_rows, int n_cols, float eps, Stream stream);
+// silu(gate) * up of [n_rows, n_cols], quantized for gemv_x8 (out_x8).
+void swiglu_x8(const float* gate, const float* up, void* out_x8, int n_rows, int64_t n_cols, Stream stream);
 // y_i[t, r] = sum_c W_i[r, c] * x8[t, c] for each out (same type and width
 // = the quantized cols), n_tokens 1..16.
 void gemv_x8(const GemvOut* outs, int n_outs, const void* x8, int n_tokens, Stream stream);

@@ -1,0 +1,66 @@
+// The int8 activations that gemv_x8 reads (kernels/cuda/gemv_x8.cu) and
+// the per-warp quantizer every producer of them uses (quantize_x8, the
+// fused RMSNorm and SwiGLU of norm_quant.cu), so all of them round alike.
+//
+// Layout of n rows of cols values (cols % 32 == 0), one allocation:
+//   q  int8 [n][cols]                 q = round(x / d)
+//   ds float2 [n][cols / 32]          (d, d * sum(q)) per 32 values,
+//                                     d = amax / 127; at offset
+//                                     x8_q_bytes(n, cols) (16-byte aligned)
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/gpu_codec.cuh"  // align_up
+
+namespace runlm::gpu {
+
+constexpr int kX8Block = 32;  // values per scale
+
+struct X8View {
+  const int8_t* q;
+  const float2* ds;
+  int64_t cols;
+};
+
+inline size_t x8_q_bytes(int n, int64_t cols) {
+  return align_up(static_cast<size_t>(n) * static_cast<size_t>(cols), 16);
+}
+inline X8View x8_view(const void* x8, int n, int64_t cols) {
+  const auto* base = static_cast<const uint8_t*>(x8);
+  return X8View{reinterpret_cast<const int8_t*>(base), reinterpret_cast<const float2*>(base + x8_q_bytes(n, cols)),
+                cols};
+}
+inline int8_t* x8_q(void* x8) { return static_cast<int8_t*>(x8); }
+inline float2* x8_ds(void* x8, int n, int64_t cols) {
+  return reinterpret_cast<float2*>(static_cast<uint8_t*>(x8) + x8_q_bytes(n, cols));
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ int warp_sum(int v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// A full warp holds 32 consecutive values of one 32-value block, lane l
+// value l: writes its int8 to *q and lane 0 the block's (d, d sum q) to *ds.
+// The same float operations as quantize_x8_kernel and the tests' host copy.
+__device__ __forceinline__ void warp_quantize_x8(float v, int8_t* q, float2* ds) {
+  const float amax = warp_max(fabsf(v));
+  const float d = amax / 127.0f;
+  const float id = d > 0.0f ? 1.0f / d : 0.0f;
+  const int qi = __float2int_rn(v * id);
+  const int sum = warp_sum(qi);
+  *q = static_cast<int8_t>(qi);
+  if ((threadIdx.x & 31) == 0) *ds = make_float2(d, d * static_cast<float>(sum));
+}
+
+}  // namespace runlm::gpu
