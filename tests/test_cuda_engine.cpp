@@ -98,8 +98,11 @@ TEST(CudaEngine, Sotu29mMatchesTransformersAndTheCpu) {
 // f16 (GEMV, f32 activations) must be within 2e-3 of the CPU: the same
 // decoded weights, only the summation order differs (measured ~2e-4).
 // Decode of q4_0 and q8_0 reads int8 activations (gemv_x8): ~5e-3 relative
-// error per matrix product (see GpuOps.GemvX8MatchesInt8Reference), diluted
-// by the residual stream; bound 1e-2, as for the f16 activations of prefill.
+// error per matrix product (see GpuOps.GemvX8MatchesInt8Reference). The
+// logits carry the output projection's own error plus that of its input,
+// which gathers the errors of the 8 products of the 2 layers: measured
+// 1.15e-2 for both types (the x rounding does not depend on the weight
+// type); bound 2.5e-2. A wrong block, scale or element order gives > 0.1.
 TEST(CudaEngine, Llama7BShapeLogitsMatchTheCpu) {
   REQUIRE_GPU();
   for (const char* type : {"q4_0", "q8_0", "q4_k", "f16"}) {
@@ -131,7 +134,7 @@ TEST(CudaEngine, Llama7BShapeLogitsMatchTheCpu) {
     std::printf("%s: GPU vs CPU relative logit error: prefill %.2e, decode %.2e\n", type, prefill, decode);
     EXPECT_LT(prefill, 1e-2) << type;
     const bool int8_x = std::string(type) == "q4_0" || std::string(type) == "q8_0";
-    EXPECT_LT(decode, int8_x ? 1e-2 : 2e-3) << type;
+    EXPECT_LT(decode, int8_x ? 2.5e-2 : 2e-3) << type;
   }
 }
 

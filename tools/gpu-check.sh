@@ -355,6 +355,33 @@ for d in sorted(data, key=lambda d: -float(d["Total Time (ns)"]))[:14]:
 PY
 }
 
+# Per-kernel GPU time of a short decode run (Nsight Compute, one metric),
+# summed by kernel name: what the launch gaps leave out.
+section_ncu_tg() {
+  command -v ncu >/dev/null || { echo "no ncu"; return 1; }
+  local t=${MODEL_TYPES%% *}
+  timeout 300 ncu --metrics gpu__time_duration.sum --csv -c ${NCU_KERNELS:-1200} \
+    "$RUNLM" bench -m "$MODEL_DIR/llama2-7b-$t.gguf" -p 0 -n 3 -r 1 >"$OUT/ncu_tg_$t.csv" 2>"$OUT/ncu_tg_$t.err" || { tail -5 "$OUT/ncu_tg_$t.err"; }
+  python3 - "$OUT/ncu_tg_$t.csv" <<'PY'
+import csv, sys, collections, re
+lines = [l for l in open(sys.argv[1]) if l.startswith('"')]
+rows = list(csv.reader(lines))
+hdr = rows[0]
+ki, vi = hdr.index("Kernel Name"), hdr.index("Metric Value")
+tot, cnt = collections.Counter(), collections.Counter()
+for r in rows[1:]:
+    name = re.sub(r"\(.*", "", r[ki])[:70]
+    v = float(r[vi].replace(",", ""))
+    unit = r[hdr.index("Metric Unit")]
+    v = v / 1e3 if unit == "nsecond" else (v if unit == "usecond" else v * 1e3)
+    tot[name] += v; cnt[name] += 1
+s = sum(tot.values())
+print("ncu: %d kernels, %.1f us GPU time" % (sum(cnt.values()), s))
+for n, v in tot.most_common(16):
+    print("%5.1f%% %9.1f us x%-5d avg %7.2f us  %s" % (100 * v / s, v, cnt[n], v / cnt[n], n))
+PY
+}
+
 # runlm bench's parallel-sequences mode (llama-batched-bench columns).
 section_bench_npl() {
   local t
