@@ -1,5 +1,5 @@
 // Small fused ops of the forward pass: embedding lookup (any weight type),
-// RMSNorm (f32 and/or f16 out), RoPE fused with the f16 KV-cache store,
+// RMSNorm (a front for norm_quant.cu's kernel), RoPE fused with the f16 KV-cache store,
 // SwiGLU, f32 -> f16 and the residual add. Each is one pass over its data;
 // all are memory-bound and simple (version 1), checked against kernels/cpu.
 #include <cmath>
@@ -44,24 +44,6 @@ __global__ void embed_kernel(WView w, const int* __restrict__ tokens, int n, flo
   for (int g = 0; g < C::kUnit / 4; ++g) {
     const float4 v = C::decode(raw, g);
     *reinterpret_cast<float4*>(o + C::x_off(u, g)) = make_float4(v.x * sc, v.y * sc, v.z * sc, v.w * sc);
-  }
-}
-
-// ---- rmsnorm ------------------------------------------------------------
-
-// One block per row. Phase two rereads x, so out_f32 may alias x.
-__global__ void rmsnorm_kernel(const float* x, const float* __restrict__ w, float* out_f32, __half* out_f16,
-                               int n_cols, float eps) {
-  __shared__ float scratch[kThreads / 32];
-  const float* xr = x + int64_t(blockIdx.x) * n_cols;
-  float ss = 0.0f;
-  for (int i = threadIdx.x; i < n_cols; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
-  ss = block_sum(ss, scratch);
-  const float inv = rsqrtf(ss / static_cast<float>(n_cols) + eps);
-  for (int i = threadIdx.x; i < n_cols; i += blockDim.x) {
-    const float v = xr[i] * inv * w[i];
-    if (out_f32) out_f32[int64_t(blockIdx.x) * n_cols + i] = v;
-    if (out_f16) out_f16[int64_t(blockIdx.x) * n_cols + i] = __float2half_rn(v);
   }
 }
 
@@ -163,11 +145,8 @@ void embed_rows(const GpuMatrix& table, const int* tokens, int n, float* out, St
 
 void rmsnorm(const float* x, const float* w, float* out_f32, uint16_t* out_f16, int n_rows, int n_cols, float eps,
              Stream stream) {
-  if (n_rows <= 0) return;
-  RUNLM_CHECK(n_cols > 0, "rmsnorm: n_cols=%d", n_cols);
-  rmsnorm_kernel<<<n_rows, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      x, w, out_f32, reinterpret_cast<__half*>(out_f16), n_cols, eps);
-  cudaCheckLaunch();
+  // The kernel of norm_quant.cu; x is not written without an add.
+  rmsnorm_fused(const_cast<float*>(x), nullptr, w, out_f32, out_f16, nullptr, n_rows, n_cols, eps, stream);
 }
 
 void rope_and_store_kv(float* q, const float* k, const float* v, const int* pos, int n, int n_heads,

@@ -63,4 +63,26 @@ __device__ __forceinline__ void warp_quantize_x8(float v, int8_t* q, float2* ds)
   if ((threadIdx.x & 31) == 0) *ds = make_float2(d, d * static_cast<float>(sum));
 }
 
+// The same for 4 consecutive values a lane (v), 8 aligned lanes per
+// 32-value block: this lane's 4 int8 go to *q (4-byte aligned), the group's
+// first lane writes (d, d sum q) to *ds. Every lane of the warp must call it
+// (shuffles); lanes with valid == false (past the row) take part with
+// v = 0 and write nothing; a block is all valid or all not.
+__device__ __forceinline__ void quantize_x8_quad(float4 v, bool valid, int8_t* q, float2* ds) {
+  float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float d = amax / 127.0f;
+  const float id = d > 0.0f ? 1.0f / d : 0.0f;
+  const int a = __float2int_rn(v.x * id), b = __float2int_rn(v.y * id);
+  const int c = __float2int_rn(v.z * id), e = __float2int_rn(v.w * id);
+  int sum = a + b + c + e;
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (!valid) return;
+  *reinterpret_cast<uint32_t*>(q) =
+      (uint32_t(a) & 0xFF) | (uint32_t(b) & 0xFF) << 8 | (uint32_t(c) & 0xFF) << 16 | uint32_t(e) << 24;
+  if ((threadIdx.x & 7) == 0) *ds = make_float2(d, d * static_cast<float>(sum));
+}
+
 }  // namespace runlm::gpu
