@@ -146,12 +146,7 @@ class CudaEngine final : public Engine {
       fail("--device cuda: no CUDA device found");
     }
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-    // The GPU kernels read f16 K/V; quantized KV types exist on the CPU only so far.
-    const KvType tk = opt.type_k.value_or(KvType::F16), tv = opt.type_v.value_or(KvType::F16);
-    RUNLM_CHECK(tk == KvType::F16 && tv == KvType::F16,
-                "--device cuda: KV cache types K=%s V=%s are not supported on the GPU yet; supported: f16/f16 "
-                "(the CPU backend supports every type)",
-                kv_type_name(tk), kv_type_name(tv));
+    check_kv_types(opt);
     n_ctx_ = opt.n_ctx > 0 ? opt.n_ctx : cfg_.ctx_train;
     n_batch_ = std::max(1, opt.n_batch);
     window_ = opt.sliding_window >= 0 ? opt.sliding_window : cfg_.sliding_window;
@@ -173,8 +168,8 @@ class CudaEngine final : public Engine {
 
   const char* backend_name() const override { return "cuda"; }
   int n_ctx() const override { return n_ctx_; }
-  KvType type_k() const override { return KvType::F16; }
-  KvType type_v() const override { return KvType::F16; }
+  KvType type_k() const override { return type_k_; }
+  KvType type_v() const override { return type_v_; }
   int max_batch_tokens() const override { return n_batch_; }
   int sliding_window() const override { return window_; }
   BlockManager* blocks() override { return blocks_.get(); }
@@ -272,6 +267,31 @@ class CudaEngine final : public Engine {
   }
 
  private:
+  // KV cache types (issue 7): the paged cache takes f16, bf16, q8_0, q4_0 and
+  // fp8 for K and V independently (the store, paged decode and gather_kv
+  // kernels read them); the contiguous cache's kernels (decode_attention and
+  // the prefill backends reading the cache in place) read f16 only.
+  void check_kv_types(const EngineOptions& opt) {
+    type_k_ = opt.type_k.value_or(KvType::F16);
+    type_v_ = opt.type_v.value_or(KvType::F16);
+    auto on_gpu = [](KvType t) { return t == KvType::F16 || t == KvType::BF16 || kv_type_quantized(t); };
+    for (KvType t : {type_k_, type_v_})
+      RUNLM_CHECK(on_gpu(t),
+                  "--device cuda: KV cache type %s (K=%s V=%s) unsupported on the GPU; supported: f16, bf16, q8_0, "
+                  "q4_0, fp8 (K and V independently, with --kv paged); the CPU backend supports f32",
+                  kv_type_name(t), kv_type_name(type_k_), kv_type_name(type_v_));
+    const bool plain = type_k_ == KvType::F16 && type_v_ == KvType::F16;
+    RUNLM_CHECK(plain || opt.kv == KvLayout::Paged,
+                "--device cuda: KV cache types K=%s V=%s need the paged KV cache (--kv paged); the contiguous cache "
+                "on the GPU supports f16/f16 only",
+                kv_type_name(type_k_), kv_type_name(type_v_));
+    for (KvType t : {type_k_, type_v_})
+      RUNLM_CHECK(t == KvType::F16 || cfg_.head_dim % 32 == 0,
+                  "--device cuda: KV cache type %s with head_dim=%d unsupported; types other than f16 need head_dim "
+                  "a multiple of 32 (a scale per 32 values)",
+                  kv_type_name(t), cfg_.head_dim);
+  }
+
   void upload_weights() {
     const ModelWeights& w = model_.weights();
     hidden_ = padded_hidden(cfg_);
@@ -351,10 +371,14 @@ class CudaEngine final : public Engine {
   // memory left after the weights and buffers, as vLLM sizes its pool.
   void allocate_kv_cache(const EngineOptions& opt) {
     const ModelConfig& c = cfg_;
-    const size_t row_bytes = 2 * sizeof(uint16_t) * static_cast<size_t>(c.n_layers) * c.kv_dim();  // K and V, all layers
     n_slots_ = n_ctx_;
+    if (opt.kv == KvLayout::Paged) block_size_ = opt.block_size;
+    // Per-token bytes of each type (quants + scales, src/paged_kv.h).
+    layout_k_ = kv_pool_layout(type_k_, block_size_, c.n_kv_heads, c.head_dim);
+    layout_v_ = kv_pool_layout(type_v_, block_size_, c.n_kv_heads, c.head_dim);
+    const size_t row_bytes = static_cast<size_t>(c.n_layers) *
+                             static_cast<size_t>(layout_k_.q_row + layout_k_.s_row + layout_v_.q_row + layout_v_.s_row);
     if (opt.kv == KvLayout::Paged) {
-      block_size_ = opt.block_size;
       int64_t pages = opt.kv_pages;
       if (pages <= 0) {
         const int64_t tokens = opt.kv_tokens > 0 ? opt.kv_tokens : n_ctx_;
@@ -369,15 +393,19 @@ class CudaEngine final : public Engine {
       blocks_ = std::make_unique<BlockManager>(static_cast<int>(pages), block_size_);
       n_slots_ = pages * block_size_;
     }
-    const size_t cache = static_cast<size_t>(c.n_layers) * static_cast<size_t>(n_slots_) * c.kv_dim();
+    // n_slots_ is a whole number of pages (paged) or n_ctx rows of a plain type (contiguous: f16 only).
+    layer_bytes_k_ = static_cast<size_t>(n_slots_) * static_cast<size_t>(layout_k_.q_row + layout_k_.s_row);
+    layer_bytes_v_ = static_cast<size_t>(n_slots_) * static_cast<size_t>(layout_v_.q_row + layout_v_.s_row);
+    const size_t need = static_cast<size_t>(c.n_layers) * (layer_bytes_k_ + layer_bytes_v_);
     size_t free_b = 0, total_b = 0;
     check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
-    RUNLM_CHECK(2 * cache * sizeof(uint16_t) <= free_b,
-                "out of GPU memory for the KV cache: needs %zu bytes (%d layers x %lld slots, f16 K and V), %zu bytes "
-                "free; lower -c",
-                2 * cache * sizeof(uint16_t), c.n_layers, static_cast<long long>(n_slots_), free_b);
-    k_cache_.allocate(cache);
-    v_cache_.allocate(cache);
+    RUNLM_CHECK(need <= free_b,
+                "out of GPU memory for the KV cache: needs %zu bytes (%d layers x %lld slots, K %s and V %s), %zu "
+                "bytes free; lower -c",
+                need, c.n_layers, static_cast<long long>(n_slots_), kv_type_name(type_k_), kv_type_name(type_v_),
+                free_b);
+    k_cache_.allocate(static_cast<size_t>(c.n_layers) * layer_bytes_k_);
+    v_cache_.allocate(static_cast<size_t>(c.n_layers) * layer_bytes_v_);
   }
 
   // Copies the chunk's tokens and positions to the device.
@@ -507,8 +535,8 @@ class CudaEngine final : public Engine {
         project(g.wv, v_.get());
       }
       gpu::rope_and_store_kv_slots(q_.get(), k_.get(), v_.get(), d + o.positions, d + o.slots, m, c.n_heads,
-                                   c.n_kv_heads, c.head_dim, c.rope_theta, c.rope_freq_scale, k_cache(l), v_cache(l),
-                                   gemv_path ? nullptr : qh_.get(), stream_);
+                                   c.n_kv_heads, c.head_dim, c.rope_theta, c.rope_freq_scale, k_pool(l), v_pool(l),
+                                   type_k_, type_v_, block_size_, gemv_path ? nullptr : qh_.get(), stream_);
       if (plan.n_dec() > 0) {
         PagedDecodeParams p;
         p.q = q_.get();
@@ -521,9 +549,10 @@ class CudaEngine final : public Engine {
         p.n_heads = c.n_heads;
         p.window = window_;
         p.scale = scale;
-        p.kv.k_pool = k_cache(l);
-        p.kv.v_pool = v_cache(l);
-        p.kv.kv_type = DType::F16;
+        p.kv.k_pool = k_pool(l);
+        p.kv.v_pool = v_pool(l);
+        p.kv.k_type = type_k_;
+        p.kv.v_type = type_v_;
         p.kv.block_tables = d + o.dec_tables;
         p.kv.max_blocks_per_seq = o.dec_max_blocks;
         p.kv.seq_lens = d + o.dec_seq_lens;
@@ -533,8 +562,10 @@ class CudaEngine final : public Engine {
         paged_decode_attention(p, decode_ws_.get(), decode_ws_.size(), stream_);
       }
       if (plan.n_pre() > 0) {
-        gpu::gather_kv(k_cache(l), v_cache(l), d + o.pre_tables, o.pre_max_blocks, d + o.pre_cu_k, plan.n_pre(),
-                       total_k, block_size_, c.kv_dim(), k_gather_.get(), v_gather_.get(), stream_);
+        // Quantized pools are decoded to f16 here: an extra pass the prefill
+        // backends (fa2/fa3 reading the pool directly) should remove later.
+        gpu::gather_kv(k_pool(l), v_pool(l), type_k_, type_v_, d + o.pre_tables, o.pre_max_blocks, d + o.pre_cu_k,
+                       plan.n_pre(), total_k, block_size_, c.kv_dim(), k_gather_.get(), v_gather_.get(), stream_);
         AttnParams p;
         p.q = qh_.get() + static_cast<size_t>(plan.dec_tokens) * c.q_dim();
         p.k = k_gather_.get();
@@ -599,12 +630,12 @@ class CudaEngine final : public Engine {
     cudaGraphDestroy(graph);
   }
 
-  uint16_t* k_cache(int l) const {
-    return k_cache_.get() + static_cast<size_t>(l) * static_cast<size_t>(n_slots_) * cfg_.kv_dim();
-  }
-  uint16_t* v_cache(int l) const {
-    return v_cache_.get() + static_cast<size_t>(l) * static_cast<size_t>(n_slots_) * cfg_.kv_dim();
-  }
+  // Layer l's pools (any KV type, layout of src/paged_kv.h) and, for the
+  // contiguous cache (f16 only), the same as f16 rows.
+  void* k_pool(int l) const { return k_cache_.get() + static_cast<size_t>(l) * layer_bytes_k_; }
+  void* v_pool(int l) const { return v_cache_.get() + static_cast<size_t>(l) * layer_bytes_v_; }
+  uint16_t* k_cache(int l) const { return static_cast<uint16_t*>(k_pool(l)); }
+  uint16_t* v_cache(int l) const { return static_cast<uint16_t*>(v_pool(l)); }
 
   // Transformer layers for m <= 16 tokens; `pos` is unused on the device
   // (positions come from positions_), kept for readability of callers.
@@ -765,7 +796,11 @@ class CudaEngine final : public Engine {
   DeviceBuffer<uint16_t> atth_; // [n_batch, n_heads * head_dim] f16 prefill attention output
   DeviceBuffer<float> gate_, up_;  // [n_batch, hidden]
   DeviceBuffer<float> logits_;  // [n_batch, n_vocab]
-  DeviceBuffer<uint16_t> k_cache_, v_cache_;  // [n_layers, n_slots, n_kv_heads * head_dim] f16
+  // [n_layers][n_slots / block_size pages of kv_pool_layout] (contiguous: [n_layers, n_ctx, kv_dim] f16)
+  DeviceBuffer<uint8_t> k_cache_, v_cache_;
+  KvType type_k_ = KvType::F16, type_v_ = KvType::F16;
+  KvPoolLayout layout_k_, layout_v_;
+  size_t layer_bytes_k_ = 0, layer_bytes_v_ = 0;
   DeviceBuffer<int> tokens_, positions_;      // [n_batch]
   DeviceBuffer<int> cu_seqlens_;              // [0, m, 0, pos + m]
   DeviceBuffer<uint8_t> gemm_scratch_;

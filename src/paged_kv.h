@@ -7,18 +7,105 @@
 // so a "slot" (page * block_size + offset) is one row of n_kv_heads *
 // head_dim elements, and a contiguous cache is the special case of one
 // sequence whose table is 0, 1, 2, ...
+//
+// Quantized pools (KV types q8_0, q4_0, fp8; a scale per 32 values along
+// head_dim, issue 7) keep NHD for the quants and put the scales at the end of
+// each page, so every quant row stays 16-byte aligned for wide loads:
+//   page = quants [block_size][n_kv_heads][head_dim * bits / 8]
+//          scales [block_size][n_kv_heads][head_dim / 32] f16
+// The bytes are those of kernels/cpu/kv_quant's encoding, de-interleaved: a
+// slot's quant row is its CPU row's blocks' quants in order, its scale row
+// the blocks' scales in order (kv_pool_write_row / kv_pool_read_row).
+// Plain types (f32, f16, bf16) have no scale part: slot s is at s * row bytes.
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
+#include "cpu/kv_quant.h"
 #include "dtype.h"
+
+#ifdef __CUDACC__
+#define RUNLM_HOST_DEVICE __host__ __device__
+#else
+#define RUNLM_HOST_DEVICE
+#endif
 
 namespace runlm {
 
+// Where a slot's bytes live in a pool of one KV type (see above).
+struct KvPoolLayout {
+  int64_t q_row = 0;     // quant (or element) bytes of one slot
+  int64_t s_row = 0;     // scale bytes of one slot (0 for plain types)
+  int64_t page = 0;      // bytes of one page: block_size * (q_row + s_row)
+  int block_size = 1;
+
+  RUNLM_HOST_DEVICE int64_t quant_offset(int64_t slot) const {
+    return (slot / block_size) * page + (slot % block_size) * q_row;
+  }
+  RUNLM_HOST_DEVICE int64_t scale_offset(int64_t slot) const {
+    return (slot / block_size) * page + block_size * q_row + (slot % block_size) * s_row;
+  }
+};
+
+// Elements per quant byte pair and scale per 32: q8_0 / fp8 one byte, q4_0
+// half a byte; plain types their element size.
+RUNLM_HOST_DEVICE inline KvPoolLayout kv_pool_layout(KvType t, int block_size, int n_kv_heads, int head_dim) {
+  KvPoolLayout l;
+  const int64_t n = int64_t(n_kv_heads) * head_dim;
+  l.block_size = block_size;
+  switch (t) {
+    case KvType::F32: l.q_row = 4 * n; break;
+    case KvType::F16:
+    case KvType::BF16: l.q_row = 2 * n; break;
+    case KvType::Q8_0:
+    case KvType::FP8: l.q_row = n; l.s_row = n / 32 * 2; break;
+    case KvType::Q4_0: l.q_row = n / 2; l.s_row = n / 32 * 2; break;
+  }
+  l.page = int64_t(block_size) * (l.q_row + l.s_row);
+  return l;
+}
+
+RUNLM_HOST_DEVICE inline bool kv_type_quantized(KvType t) { return t == KvType::Q8_0 || t == KvType::Q4_0 || t == KvType::FP8; }
+
+// Copies one slot's row between kernels/cpu/kv_quant's encoding (kv_row_bytes
+// of n_kv_heads * head_dim elements; for the quantized types blocks of an f16
+// scale then the quants) and its place in a pool of layout l.
+inline void kv_pool_write_row(KvType t, const KvPoolLayout& l, void* pool, int64_t slot, const void* row) {
+  uint8_t* q = static_cast<uint8_t*>(pool) + l.quant_offset(slot);
+  const uint8_t* src = static_cast<const uint8_t*>(row);
+  if (!kv_type_quantized(t)) {
+    std::memcpy(q, src, size_t(l.q_row));
+    return;
+  }
+  uint8_t* s = static_cast<uint8_t*>(pool) + l.scale_offset(slot);
+  const int64_t nb = l.s_row / 2, qb = l.q_row / nb;  // blocks, quant bytes per block
+  for (int64_t b = 0; b < nb; ++b, src += 2 + qb) {
+    std::memcpy(s + 2 * b, src, 2);
+    std::memcpy(q + qb * b, src + 2, size_t(qb));
+  }
+}
+
+inline void kv_pool_read_row(KvType t, const KvPoolLayout& l, const void* pool, int64_t slot, void* row) {
+  const uint8_t* q = static_cast<const uint8_t*>(pool) + l.quant_offset(slot);
+  uint8_t* dst = static_cast<uint8_t*>(row);
+  if (!kv_type_quantized(t)) {
+    std::memcpy(dst, q, size_t(l.q_row));
+    return;
+  }
+  const uint8_t* s = static_cast<const uint8_t*>(pool) + l.scale_offset(slot);
+  const int64_t nb = l.s_row / 2, qb = l.q_row / nb;
+  for (int64_t b = 0; b < nb; ++b, dst += 2 + qb) {
+    std::memcpy(dst, s + 2 * b, 2);
+    std::memcpy(dst + 2, q + qb * b, size_t(qb));
+  }
+}
+
 struct PagedKvView {
-  const void* k_pool = nullptr;         // [n_pages, block_size, n_kv_heads, head_dim] of one layer
+  const void* k_pool = nullptr;         // [n_pages, block_size, n_kv_heads, head_dim] of one layer (+ scales)
   const void* v_pool = nullptr;         // same
-  DType kv_type = DType::F16;           // element type of the pools
+  KvType k_type = KvType::F16;          // element type of k_pool (layout: kv_pool_layout)
+  KvType v_type = KvType::F16;          // element type of v_pool
   const int32_t* block_tables = nullptr;  // [n_seqs, max_blocks_per_seq] page indices
   int max_blocks_per_seq = 0;
   const int32_t* seq_lens = nullptr;    // [n_seqs] keys per sequence (new tokens included)

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -28,6 +29,7 @@
 #include <sys/mman.h>
 
 #include "cuda/gpu_ops.h"
+#include "paged_kv.h"
 #endif
 
 using namespace runlm;
@@ -670,6 +672,181 @@ TEST(GpuOps, RopeAndStoreKvLongPositions) {
       EXPECT_TRUE(std::isnan(vcf[size_t(31999) * n_kv * hd]));
     }
   }
+}
+
+// ---- KV cache types (issue 7): the store and gather_kv ------------------------------
+
+const KvType kGpuKvTypes[] = {KvType::F16, KvType::BF16, KvType::Q8_0, KvType::Q4_0, KvType::FP8};
+
+// The store's bytes against kv_encode_row: position 0 for every token makes
+// RoPE the identity (cos 1, sin 0: exact), so K and V go into the encoder
+// unchanged on both sides and the bytes must be equal (the GPU encoder does
+// the CPU's IEEE operations in its order). Tokens go to shuffled slots over
+// several pages of a pool poisoned with 0xFF; a slot never written keeps it.
+TEST(GpuOps, StoreKvTypesBitExactWithCpuEncode) {
+  REQUIRE_GPU();
+  const int n_heads = 8, n_kv = 4, bs = 16, n_pages = 6;
+  for (int hd : {32, 128, 256})
+    for (KvType kt : kGpuKvTypes)
+      for (KvType vt : {KvType::Q8_0, KvType::Q4_0, KvType::FP8, KvType::BF16, KvType::F16}) {
+        if (kt == vt && kt != KvType::Q8_0) continue;  // each type as K and V, and mixed pairs
+        const int n = 40;
+        const int row = n_kv * hd;
+        std::vector<int> pos(n, 0), slots(n_pages * bs);
+        std::iota(slots.begin(), slots.end(), 0);
+        std::mt19937 rng(hd * 31 + int(kt) * 7 + int(vt));
+        std::shuffle(slots.begin(), slots.end(), rng);
+        slots.resize(n);
+        // Values over several magnitudes (never zero), some blocks with a
+        // large outlier, so the scales differ block to block.
+        std::vector<float> q = randn(size_t(n) * n_heads * hd, 51), k = randn(size_t(n) * row, 52, 2.0f),
+                           v = randn(size_t(n) * row, 53, 0.5f);
+        for (size_t i = 0; i < k.size(); i += 97) k[i] *= 40.0f;
+        for (size_t i = 0; i < v.size(); i += 89) v[i] *= -30.0f;
+        const KvPoolLayout lk = kv_pool_layout(kt, bs, n_kv, hd), lv = kv_pool_layout(vt, bs, n_kv, hd);
+        auto dq = upload(q);
+        auto dk = upload(k);
+        auto dv = upload(v);
+        auto dp = upload(pos);
+        auto ds = upload(slots);
+        DevBuf kc(size_t(n_pages) * lk.page), vc(size_t(n_pages) * lv.page);
+        gpu::rope_and_store_kv_slots(dq->as<float>(), dk->as<float>(), dv->as<float>(), dp->as<int>(),
+                                     ds->as<int>(), n, n_heads, n_kv, hd, 10000.0f, 1.0f, kc.p, vc.p, kt, vt, bs,
+                                     nullptr, nullptr);
+        const std::vector<uint8_t> kb = kc.get<uint8_t>(kc.n), vb = vc.get<uint8_t>(vc.n);
+        std::vector<uint8_t> want(kv_row_bytes(kt, row)), got(want.size());
+        std::vector<uint8_t> want_v(kv_row_bytes(vt, row)), got_v(want_v.size());
+        int bad = 0;
+        for (int i = 0; i < n; ++i) {
+          kv_encode_row(kt, k.data() + size_t(i) * row, want.data(), row);
+          kv_pool_read_row(kt, lk, kb.data(), slots[i], got.data());
+          kv_encode_row(vt, v.data() + size_t(i) * row, want_v.data(), row);
+          kv_pool_read_row(vt, lv, vb.data(), slots[i], got_v.data());
+          if (want != got || want_v != got_v) ++bad;
+        }
+        EXPECT_EQ(bad, 0) << "hd " << hd << " K=" << kv_type_name(kt) << " V=" << kv_type_name(vt)
+                          << ": tokens whose stored bytes differ from kv_encode_row";
+        // A slot nobody wrote stays poisoned.
+        int unused = 0;
+        while (std::find(slots.begin(), slots.end(), unused) != slots.end()) ++unused;
+        kv_pool_read_row(kt, lk, kb.data(), unused, got.data());
+        EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](uint8_t b) { return b == 0xFF; })) << "slot " << unused;
+      }
+}
+
+// With real positions the GPU's RoPE (angle reduced in double, sincosf)
+// differs from the CPU's by ~1e-7, which can move a value across a
+// quantization level: compare decoded values with the rotated reference,
+// within each type's rounding (half a level of the block's scale).
+TEST(GpuOps, StoreKvTypesWithRopeWithinQuantError) {
+  REQUIRE_GPU();
+  const int n_heads = 4, n_kv = 2, hd = 128, bs = 16, n = 5;
+  const std::vector<int> pos = {0, 1, 777, 16384, 32000}, slots = {3, 17, 40, 9, 63};
+  const std::vector<float> q = randn(size_t(n) * n_heads * hd, 61), k = randn(size_t(n) * n_kv * hd, 62);
+  const std::vector<float> v = randn(size_t(n) * n_kv * hd, 63);
+  std::vector<float> kr = k;
+  for (int i = 0; i < n; ++i) rope(kr.data() + i * n_kv * hd, n_kv, hd, pos[i], 10000.0f, 1.0f);
+  // Bound on |decoded - exact| relative to the block's largest |value|:
+  // f16 2^-11 of the value, bf16 2^-8; q8_0 half a level (amax / 254) plus
+  // 127 levels times the f16 rounding of the scale (2^-11 of it); q4_0 one
+  // level (amax / 8: the level +8 opposite the signed maximum clamps to 7);
+  // fp8 e4m3 2^-4 of the value (3 mantissa bits). Then a little for the
+  // RoPE difference.
+  auto bound = [](KvType t) {
+    switch (t) {
+      case KvType::F16: return 1.0 / 2048;
+      case KvType::BF16: return 1.0 / 256;
+      case KvType::Q8_0: return (0.5 + 127.0 / 2048) / 127;
+      case KvType::Q4_0: return 1.0 / 8;
+      default: return 1.0 / 16;
+    }
+  };
+  for (KvType t : kGpuKvTypes) {
+    const KvPoolLayout l = kv_pool_layout(t, bs, n_kv, hd);
+    auto dq = upload(q);
+    auto dk = upload(k);
+    auto dv = upload(v);
+    auto dp = upload(pos);
+    auto ds = upload(slots);
+    DevBuf kc(size_t(4) * l.page), vc(size_t(4) * l.page);
+    gpu::rope_and_store_kv_slots(dq->as<float>(), dk->as<float>(), dv->as<float>(), dp->as<int>(), ds->as<int>(), n,
+                                 n_heads, n_kv, hd, 10000.0f, 1.0f, kc.p, vc.p, t, t, bs, nullptr, nullptr);
+    const std::vector<uint8_t> kb = kc.get<uint8_t>(kc.n), vb = vc.get<uint8_t>(vc.n);
+    std::vector<uint8_t> rowb(kv_row_bytes(t, n_kv * hd));
+    std::vector<float> dec(n_kv * hd);
+    for (int i = 0; i < n; ++i)
+      for (int which = 0; which < 2; ++which) {
+        kv_pool_read_row(t, l, (which ? vb : kb).data(), slots[i], rowb.data());
+        kv_decode_row(t, rowb.data(), dec.data(), n_kv * hd);
+        const float* want = (which ? v : kr).data() + size_t(i) * n_kv * hd;
+        for (int b = 0; b < n_kv * hd / 32; ++b) {
+          float amax = 0;
+          for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(want[b * 32 + j]));
+          for (int j = 0; j < 32; ++j) {
+            const double e = std::fabs(dec[b * 32 + j] - want[b * 32 + j]);
+            ASSERT_LE(e, bound(t) * amax * 1.01 + 1e-5)
+                << kv_type_name(t) << (which ? " V" : " K") << " token " << i << " elem " << b * 32 + j;
+          }
+        }
+      }
+  }
+}
+
+TEST(GpuOps, StoreKvTypesRejectHeadDim) {
+  REQUIRE_GPU();
+  DevBuf b(1 << 16);
+  try {
+    gpu::rope_and_store_kv_slots(b.as<float>(), b.as<float>(), b.as<float>(), b.as<int>(), b.as<int>(), 1, 2, 1, 48,
+                                 10000.0f, 1.0f, b.p, b.p, KvType::F16, KvType::Q4_0, 16, nullptr, nullptr);
+    ADD_FAILURE() << "no error for head_dim 48 with q4_0";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("head_dim=48 with KV type q4_0"), std::string::npos) << e.what();
+  }
+}
+
+// gather_kv decodes a pool of any type to f16: each value is the exact
+// decoded value (kv_decode_row) rounded once to f16, so bit-exact.
+TEST(GpuOps, GatherKvDecodesEveryTypeToF16) {
+  REQUIRE_GPU();
+  const int n_kv = 2, hd = 128, bs = 16, n_pages = 8, kv_dim = n_kv * hd;
+  const std::vector<int> lens = {5, 40};
+  const std::vector<int32_t> cu_k = {0, 5, 45};
+  const int max_blocks = 3;
+  const std::vector<int32_t> tables = {6, -1, -1, 2, 7, 0};  // seq 0: page 6; seq 1: pages 2, 7, 0
+  for (KvType kt : kGpuKvTypes)
+    for (KvType vt : {KvType::Q4_0, KvType::FP8, KvType::Q8_0}) {
+      const KvPoolLayout lk = kv_pool_layout(kt, bs, n_kv, hd), lv = kv_pool_layout(vt, bs, n_kv, hd);
+      std::vector<uint8_t> kp(size_t(n_pages) * lk.page), vp(size_t(n_pages) * lv.page);
+      std::vector<uint8_t> krow(kv_row_bytes(kt, kv_dim)), vrow(kv_row_bytes(vt, kv_dim));
+      std::vector<float> want_k(size_t(cu_k.back()) * kv_dim), want_v(want_k.size());
+      const std::vector<float> x = randn(size_t(n_pages) * bs * kv_dim * 2, 70 + int(kt) * 5 + int(vt));
+      for (int slot = 0; slot < n_pages * bs; ++slot) {
+        kv_encode_row(kt, x.data() + size_t(slot) * kv_dim, krow.data(), kv_dim);
+        kv_pool_write_row(kt, lk, kp.data(), slot, krow.data());
+        kv_encode_row(vt, x.data() + size_t(n_pages * bs + slot) * kv_dim, vrow.data(), kv_dim);
+        kv_pool_write_row(vt, lv, vp.data(), slot, vrow.data());
+      }
+      for (int s = 0; s < 2; ++s)
+        for (int p = 0; p < lens[s]; ++p) {
+          const int slot = tables[s * max_blocks + p / bs] * bs + p % bs;
+          kv_pool_read_row(kt, lk, kp.data(), slot, krow.data());
+          kv_decode_row(kt, krow.data(), &want_k[size_t(cu_k[s] + p) * kv_dim], kv_dim);
+          kv_pool_read_row(vt, lv, vp.data(), slot, vrow.data());
+          kv_decode_row(vt, vrow.data(), &want_v[size_t(cu_k[s] + p) * kv_dim], kv_dim);
+        }
+      auto dk = upload(kp);
+      auto dv = upload(vp);
+      auto dt = upload(tables);
+      auto dc = upload(cu_k);
+      DevBuf ko(want_k.size() * 2), vo(want_v.size() * 2);
+      gpu::gather_kv(dk->p, dv->p, kt, vt, dt->as<int32_t>(), max_blocks, dc->as<int32_t>(), 2, cu_k.back(), bs, kv_dim,
+                     ko.as<uint16_t>(), vo.as<uint16_t>(), nullptr);
+      const std::vector<uint16_t> gk = ko.get<uint16_t>(want_k.size()), gv = vo.get<uint16_t>(want_v.size());
+      size_t bad = 0;
+      for (size_t i = 0; i < want_k.size(); ++i)
+        bad += (gk[i] != fp32_to_fp16(want_k[i])) + (gv[i] != fp32_to_fp16(want_v[i]));
+      EXPECT_EQ(bad, 0u) << "K=" << kv_type_name(kt) << " V=" << kv_type_name(vt);
+    }
 }
 
 // ---- decode_attention ----------------------------------------------------------------

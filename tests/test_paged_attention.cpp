@@ -94,7 +94,8 @@ TEST(PagedAttentionRef, MatchesDenseFormula) {
     p.scale = 1.0f / std::sqrt(float(hd));
     p.kv.k_pool = kpool.data();
     p.kv.v_pool = vpool.data();
-    p.kv.kv_type = DType::F32;
+    p.kv.k_type = KvType::F32;
+    p.kv.v_type = KvType::F32;
     p.kv.block_tables = table.data();
     p.kv.max_blocks_per_seq = pages_per_seq;
     p.kv.seq_lens = lens.data();
@@ -181,7 +182,7 @@ struct Case {
   std::vector<int> nq;     // query tokens per sequence (same size as lens)
   int n_heads = 32, n_kv = 8, hd = 128, bs = 16, window = 0;
   int max_seq_slack = 0;   // max_seq_len = max(lens) + slack
-  DType kv_type = DType::F16;
+  KvType k_type = KvType::F16, v_type = KvType::F16;
   bool shuffle = true;
   uint32_t seed = 1;
 };
@@ -189,7 +190,8 @@ struct Case {
 struct HostProblem {
   Case c;
   int n_pages = 0, max_blocks = 0, total_q = 0, max_q = 1, max_seq_len = 0;
-  std::vector<uint16_t> kpool, vpool;  // [n_pages, bs, n_kv, hd] f16 or bf16 bits
+  KvPoolLayout lk, lv;                 // page layouts of k_type, v_type (src/paged_kv.h)
+  std::vector<uint8_t> kpool, vpool;   // [n_pages] pages of lk / lv
   std::vector<int32_t> tables;         // [n_seqs, max_blocks]
   std::vector<int32_t> cu_q;
   std::vector<float> q;                // [total_q, n_heads, hd]
@@ -209,7 +211,8 @@ struct HostProblem {
     p.scale = 1.0f / std::sqrt(float(c.hd));
     p.kv.k_pool = k;
     p.kv.v_pool = v;
-    p.kv.kv_type = c.kv_type;
+    p.kv.k_type = c.k_type;
+    p.kv.v_type = c.v_type;
     p.kv.block_tables = tab;
     p.kv.max_blocks_per_seq = max_blocks;
     p.kv.seq_lens = lens;
@@ -220,8 +223,22 @@ struct HostProblem {
   }
 };
 
-uint16_t to_bits(float x, DType t) { return t == DType::BF16 ? fp32_to_bf16(x) : fp32_to_fp16(x); }
 int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// A pool of n_pages pages of type t: every slot a row of random values
+// (uniform in [-1, 1], drawn in slot order) encoded by kv_encode_row and put
+// in the page layout (f16 and bf16 give the same bits as converting each value).
+std::vector<uint8_t> random_pool(KvType t, const KvPoolLayout& l, int n_pages, int row_elems, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<uint8_t> pool(size_t(n_pages) * l.page), row(kv_row_bytes(t, row_elems));
+  std::vector<float> x(row_elems);
+  for (int64_t slot = 0; slot < int64_t(n_pages) * l.block_size; ++slot) {
+    for (float& v : x) v = u(rng);
+    kv_encode_row(t, x.data(), row.data(), row_elems);
+    kv_pool_write_row(t, l, pool.data(), slot, row.data());
+  }
+  return pool;
+}
 
 HostProblem make_problem(const Case& c) {
   HostProblem hp;
@@ -237,11 +254,10 @@ HostProblem make_problem(const Case& c) {
   hp.max_seq_len = max_len + c.max_seq_slack;
   hp.max_blocks = ceil_div(hp.max_seq_len, c.bs) + 1;
   hp.n_pages = used + 3;  // spare pages hold random data nobody should read
-  const size_t elems = size_t(hp.n_pages) * c.bs * c.n_kv * c.hd;
-  hp.kpool.resize(elems);
-  hp.vpool.resize(elems);
-  for (auto& x : hp.kpool) x = to_bits(u(rng), c.kv_type);
-  for (auto& x : hp.vpool) x = to_bits(u(rng), c.kv_type);
+  hp.lk = kv_pool_layout(c.k_type, c.bs, c.n_kv, c.hd);
+  hp.lv = kv_pool_layout(c.v_type, c.bs, c.n_kv, c.hd);
+  hp.kpool = random_pool(c.k_type, hp.lk, hp.n_pages, c.n_kv * c.hd, rng);
+  hp.vpool = random_pool(c.v_type, hp.lv, hp.n_pages, c.n_kv * c.hd, rng);
   std::vector<int32_t> pages(hp.n_pages);
   std::iota(pages.begin(), pages.end(), 0);
   if (c.shuffle) std::shuffle(pages.begin(), pages.end(), rng);
@@ -266,21 +282,8 @@ HostProblem make_problem(const Case& c) {
 // bf16 pools go to the reference as f32 (exact).
 std::vector<float> reference(const HostProblem& hp) {
   std::vector<float> out(hp.q.size(), NAN);
-  std::vector<float> kf, vf;
-  const void* k = hp.kpool.data();
-  const void* v = hp.vpool.data();
-  DType t = hp.c.kv_type;
-  if (t == DType::BF16) {
-    kf.resize(hp.kpool.size());
-    vf.resize(hp.vpool.size());
-    for (size_t i = 0; i < kf.size(); ++i) kf[i] = bf16_to_fp32(hp.kpool[i]);
-    for (size_t i = 0; i < vf.size(); ++i) vf[i] = bf16_to_fp32(hp.vpool[i]);
-    k = kf.data();
-    v = vf.data();
-    t = DType::F32;
-  }
-  PagedDecodeParams p = hp.params(k, v, hp.tables.data(), hp.c.lens.data(), hp.cu_q.data(), hp.q.data(), out.data());
-  p.kv.kv_type = t;
+  PagedDecodeParams p = hp.params(hp.kpool.data(), hp.vpool.data(), hp.tables.data(), hp.c.lens.data(),
+                                  hp.cu_q.data(), hp.q.data(), out.data());
   const int n = p.n_seqs;
   const int n_threads = std::max(1, std::min<int>(n, int(std::thread::hardware_concurrency())));
   std::vector<std::thread> threads;
@@ -315,15 +318,78 @@ TEST(PagedAttentionRef, ShuffledTableMatchesContiguous) {
   c.shuffle = false;
   HostProblem b = make_problem(c);
   // Same pages, other placement: move b's page contents to a's places.
-  const size_t page = size_t(c.bs) * c.n_kv * c.hd;
+  const size_t kpage = a.lk.page, vpage = a.lv.page;
   for (size_t s = 0; s < c.lens.size(); ++s)
     for (int j = 0; j < ceil_div(c.lens[s], c.bs); ++j) {
       const size_t pa = a.tables[s * a.max_blocks + j], pb = b.tables[s * b.max_blocks + j];
-      std::copy_n(&b.kpool[pb * page], page, &a.kpool[pa * page]);
-      std::copy_n(&b.vpool[pb * page], page, &a.vpool[pa * page]);
+      std::copy_n(&b.kpool[pb * kpage], kpage, &a.kpool[pa * kpage]);
+      std::copy_n(&b.vpool[pb * vpage], vpage, &a.vpool[pa * vpage]);
     }
   a.q = b.q;
   EXPECT_EQ(reference(a), reference(b));
+}
+
+// The reference over quantized pools (page layout of src/paged_kv.h) equals
+// the reference over f32 pools holding the decoded values (kv_pool_read_row
+// + kv_decode_row of every slot): the layout and the per-head decoding agree.
+TEST(PagedAttentionRef, QuantizedPoolsMatchDecodedF32) {
+  for (KvType kt : {KvType::Q8_0, KvType::Q4_0, KvType::FP8, KvType::BF16})
+    for (KvType vt : {KvType::FP8, KvType::Q4_0, KvType::F16}) {
+      Case c;
+      c.lens = {1, 20, 77};
+      c.nq = {1, 2, 1};
+      c.n_heads = 8;
+      c.n_kv = 2;
+      c.hd = 64;
+      c.bs = 16;
+      c.window = kt == KvType::Q4_0 ? 30 : 0;
+      c.k_type = kt;
+      c.v_type = vt;
+      c.seed = 40 + int(kt) * 5 + int(vt);
+      HostProblem a = make_problem(c);
+      HostProblem b = a;
+      b.c.k_type = b.c.v_type = KvType::F32;
+      b.lk = kv_pool_layout(KvType::F32, c.bs, c.n_kv, c.hd);
+      b.lv = b.lk;
+      const int row = c.n_kv * c.hd;
+      b.kpool.assign(size_t(a.n_pages) * b.lk.page, 0);
+      b.vpool.assign(b.kpool.size(), 0);
+      std::vector<uint8_t> kr(kv_row_bytes(kt, row)), vr(kv_row_bytes(vt, row));
+      for (int64_t slot = 0; slot < int64_t(a.n_pages) * c.bs; ++slot) {
+        kv_pool_read_row(kt, a.lk, a.kpool.data(), slot, kr.data());
+        kv_decode_row(kt, kr.data(), reinterpret_cast<float*>(b.kpool.data()) + slot * row, row);
+        kv_pool_read_row(vt, a.lv, a.vpool.data(), slot, vr.data());
+        kv_decode_row(vt, vr.data(), reinterpret_cast<float*>(b.vpool.data()) + slot * row, row);
+      }
+      EXPECT_EQ(reference(a), reference(b)) << kv_type_name(kt) << "/" << kv_type_name(vt);
+    }
+}
+
+// kv_pool_write_row / kv_pool_read_row: a row survives the round trip, and
+// rows of neighbouring slots (same page, next page) do not overlap.
+TEST(PagedAttentionRef, PoolRowRoundTrip) {
+  for (KvType t : {KvType::Q8_0, KvType::Q4_0, KvType::FP8, KvType::F16}) {
+    const KvPoolLayout l = kv_pool_layout(t, 8, 3, 64);
+    const int row = 3 * 64;
+    std::vector<uint8_t> pool(size_t(3) * l.page, 0);
+    std::vector<std::vector<uint8_t>> rows;
+    std::mt19937 rng(9);
+    std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+    for (int slot = 0; slot < 24; ++slot) {
+      std::vector<float> x(row);
+      for (float& v : x) v = u(rng);
+      rows.emplace_back(kv_row_bytes(t, row));
+      kv_encode_row(t, x.data(), rows.back().data(), row);
+      kv_pool_write_row(t, l, pool.data(), slot, rows.back().data());
+    }
+    std::vector<uint8_t> got(kv_row_bytes(t, row));
+    for (int slot = 0; slot < 24; ++slot) {
+      kv_pool_read_row(t, l, pool.data(), slot, got.data());
+      EXPECT_EQ(got, rows[slot]) << kv_type_name(t) << " slot " << slot;
+    }
+    EXPECT_EQ(l.page, 8 * (l.q_row + l.s_row));
+    EXPECT_EQ(l.page % 16, 0) << "pages keep 16-byte alignment";
+  }
 }
 
 #ifdef RUNLM_CUDA
@@ -375,8 +441,8 @@ struct DevProblem {
   explicit DevProblem(const HostProblem& h)
       : hp(h),
         ws_bytes(paged_decode_workspace_bytes(int(h.c.lens.size()), h.total_q, h.c.n_heads, h.c.hd, h.max_seq_len)),
-        k(h.kpool.size() * 2),
-        v(h.vpool.size() * 2),
+        k(h.kpool.size()),
+        v(h.vpool.size()),
         tables(h.tables.size() * 4),
         lens(h.c.lens.size() * 4),
         cu_q(h.cu_q.size() * 4),
@@ -430,8 +496,8 @@ double worst_row_error(const std::vector<float>& out, const std::vector<float>& 
 
 std::string describe(const Case& c, int partition) {
   char buf[256];
-  std::snprintf(buf, sizeof buf, "n_seqs=%zu heads=%d/%d hd=%d bs=%d window=%d kv=%s max_q=%d part=%d seed=%u",
-                c.lens.size(), c.n_heads, c.n_kv, c.hd, c.bs, c.window, dtype_name(c.kv_type),
+  std::snprintf(buf, sizeof buf, "n_seqs=%zu heads=%d/%d hd=%d bs=%d window=%d kv=%s/%s max_q=%d part=%d seed=%u",
+                c.lens.size(), c.n_heads, c.n_kv, c.hd, c.bs, c.window, kv_type_name(c.k_type), kv_type_name(c.v_type),
                 *std::max_element(c.nq.begin(), c.nq.end()), partition, c.seed);
   return buf;
 }
@@ -509,8 +575,52 @@ TEST(PagedAttention, SmallHeadDims) {
 TEST(PagedAttention, Bf16Pool) {
   REQUIRE_DEVICE();
   Case c = make_case(kLens, 2, 32, 8, 128, 16, 0, 500);
-  c.kv_type = DType::BF16;
+  c.k_type = c.v_type = KvType::BF16;
   check_case(c, {-1, 0, 256});
+}
+
+// Issue 7: every (K, V) pair of GPU KV types against the reference over the
+// same quantized pages (kv_encode_row of random values, page layout of
+// src/paged_kv.h). The reference decodes each value exactly as the kernel
+// does (an integer or e4m3 level times an f16 scale is exact in fp32), so
+// the only differences are fp32 summation order and ex2.approx: the f16
+// tolerance (1e-3 relative per row) holds for every type.
+const KvType kGpuKvTypes[] = {KvType::F16, KvType::BF16, KvType::Q8_0, KvType::Q4_0, KvType::FP8};
+
+TEST(PagedAttention, KvTypePairs) {
+  REQUIRE_DEVICE();
+  uint32_t seed = 1100;
+  for (KvType kt : kGpuKvTypes)
+    for (KvType vt : kGpuKvTypes) {
+      // GQA 32/8 (4 rows a CTA, 8 with 2 query tokens), several pages, lengths
+      // off the page grid, split on and off, a window on every other pair.
+      Case c = make_case({1, 17, 300, 2100}, 1 + seed % 2, 32, 8, 128, 16, seed % 2 ? 0 : 300, seed);
+      c.k_type = kt;
+      c.v_type = vt;
+      check_case(c, {-1, 0, 256});
+      ++seed;
+    }
+}
+
+TEST(PagedAttention, KvTypeHeadDimsRowsPages) {
+  REQUIRE_DEVICE();
+  uint32_t seed = 1200;
+  struct Heads {
+    int n_heads, n_kv;
+  };
+  const std::pair<KvType, KvType> pairs[] = {{KvType::Q8_0, KvType::Q8_0},
+                                             {KvType::Q4_0, KvType::Q4_0},
+                                             {KvType::FP8, KvType::FP8},
+                                             {KvType::Q8_0, KvType::Q4_0},
+                                             {KvType::F16, KvType::FP8}};
+  for (auto [kt, vt] : pairs)
+    for (int hd : {32, 64, 256})
+      for (Heads h : {Heads{8, 8}, Heads{16, 8}, Heads{32, 2}}) {  // 1, 2, 8 rows a CTA
+        Case c = make_case({5, 33, 1000}, 1, h.n_heads, h.n_kv, hd, hd == 64 ? 8 : 32, hd == 32 ? 100 : 0, seed++);
+        c.k_type = kt;
+        c.v_type = vt;
+        check_case(c, {-1, 0, 256});
+      }
 }
 
 TEST(PagedAttention, WindowEdges) {
@@ -528,12 +638,12 @@ TEST(PagedAttention, ShuffledEqualsContiguous) {
   HostProblem a = make_problem(c);
   c.shuffle = false;
   HostProblem b = make_problem(c);
-  const size_t page = size_t(c.bs) * c.n_kv * c.hd;
+  const size_t kpage = a.lk.page, vpage = a.lv.page;
   for (size_t s = 0; s < c.lens.size(); ++s)
     for (int j = 0; j < ceil_div(c.lens[s], c.bs); ++j) {
       const size_t pa = a.tables[s * a.max_blocks + j], pb = b.tables[s * b.max_blocks + j];
-      std::copy_n(&b.kpool[pb * page], page, &a.kpool[pa * page]);
-      std::copy_n(&b.vpool[pb * page], page, &a.vpool[pa * page]);
+      std::copy_n(&b.kpool[pb * kpage], kpage, &a.kpool[pa * kpage]);
+      std::copy_n(&b.vpool[pb * vpage], vpage, &a.vpool[pa * vpage]);
     }
   a.q = b.q;
   DevProblem da(a), db(b);
@@ -629,8 +739,12 @@ TEST(PagedAttention, UnsupportedParamsThrow) {
   p.kv.block_size = 512;
   expect_error(p, "block_size=512", dp.ws_bytes, -1);
   p = dp.params();
-  p.kv.kv_type = DType::F32;
+  p.kv.k_type = KvType::F32;
   expect_error(p, "kv type f32", dp.ws_bytes, -1);
+  p = dp.params();
+  p.kv.v_type = KvType::Q8_0;
+  p.kv.head_dim = 16;
+  expect_error(p, "head_dim=16 with kv K=f16 V=q8_0", dp.ws_bytes, -1);
   p = dp.params();
   p.n_heads = 6;
   expect_error(p, "n_heads=6", dp.ws_bytes, -1);
@@ -708,6 +822,132 @@ double copy_bandwidth() {
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
   return 2.0 * bytes / (ms[ms.size() / 2] * 1e-3);  // read + write
+}
+
+// Issue 7's rows: each KV type (K and V the same) at B=64 L=8192 and B=1
+// L=32768, GQA 32/8, hd 128, page 16, shuffled pages; GB/s of the bytes the
+// kernel actually reads (quants + scales of K and V), tokens/s (decode steps
+// of the whole batch per second: B / time) and the ratio to f16.
+void kv_type_sweep(double copy_bw) {
+  const int n_heads = 32, n_kv = 8, hd = 128, bs = 16;
+  struct Point {
+    int b, l;
+  };
+  const Point points[] = {{64, 8192}, {1, 32768}};
+  const KvType types[] = {KvType::F16, KvType::BF16, KvType::Q8_0, KvType::FP8, KvType::Q4_0};
+  const int max_pages = 64 * 8192 / bs;  // one rotation of the largest point
+  std::printf("\npaged decode by KV type (GQA 32/8, hd 128, page 16, auto split); copy %.0f GB/s\n", copy_bw / 1e9);
+  std::printf("%5s %6s %6s %10s %10s %10s %12s %8s\n", "B", "L", "kv", "us", "MB read", "GB/s", "tokens/s",
+              "vs f16");
+  double f16_tps[2] = {0, 0};
+  for (KvType t : types) {  // f16 first: the ratios refer to it
+    const KvPoolLayout l = kv_pool_layout(t, bs, n_kv, hd);
+    // Pool: 256 random pages (kv_encode_row of uniform values), repeated.
+    const int pool_pages = max_pages;
+    DevBuf kpool(size_t(pool_pages) * l.page), vpool(size_t(pool_pages) * l.page);
+    std::mt19937 rng(7 + int(t));
+    const int chunk_pages = 256;
+    const std::vector<uint8_t> hk = random_pool(t, l, chunk_pages, n_kv * hd, rng);
+    const std::vector<uint8_t> hv = random_pool(t, l, chunk_pages, n_kv * hd, rng);
+    for (int pg = 0; pg < pool_pages; pg += chunk_pages) {
+      const size_t n = size_t(std::min(chunk_pages, pool_pages - pg)) * l.page;
+      ck(cudaMemcpy(kpool.as<uint8_t>() + size_t(pg) * l.page, hk.data(), n, cudaMemcpyHostToDevice), "fill");
+      ck(cudaMemcpy(vpool.as<uint8_t>() + size_t(pg) * l.page, hv.data(), n, cudaMemcpyHostToDevice), "fill");
+    }
+    for (int pi = 0; pi < 2; ++pi) {
+      const Point pt = points[pi];
+      const int B = pt.b, L = pt.l, pages = L / bs;
+      const double bytes = double(B) * L * double(2 * (l.q_row + l.s_row));  // K and V read once
+      // Rotations over distinct page sets cover >= 256 MB, so a small problem
+      // (q4_0 at B=1 is 38 MB) does not run from the 50 MB L2.
+      const size_t need = size_t(B) * pages;
+      const int n_rot = int(std::max<size_t>(1, std::min<size_t>({size_t(16), size_t(max_pages) / need,
+                                                                  size_t(std::ceil(256e6 / bytes))})));
+      std::vector<int32_t> all_tables(need * n_rot), lens(B, L), cu(B + 1);
+      for (int r = 0; r < n_rot; ++r) {
+        std::iota(all_tables.begin() + r * need, all_tables.begin() + (r + 1) * need, int32_t(r * need));
+        std::shuffle(all_tables.begin() + r * need, all_tables.begin() + (r + 1) * need, rng);
+      }
+      const std::vector<int32_t> table(all_tables.begin(), all_tables.begin() + need);
+      for (int s = 0; s <= B; ++s) cu[s] = s;
+      std::vector<float> hq(size_t(B) * n_heads * hd);
+      std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+      for (float& x : hq) x = u(rng);
+      DevBuf dq(hq.size() * 4), dout(hq.size() * 4), dlens(B * 4), dcu((B + 1) * 4), dtab(all_tables.size() * 4);
+      upload(dq, hq);
+      upload(dlens, lens);
+      upload(dcu, cu);
+      upload(dtab, all_tables);
+      const size_t ws_bytes = paged_decode_workspace_bytes(B, B, n_heads, hd, L);
+      DevBuf ws(ws_bytes);
+      PagedDecodeParams p;
+      p.q = dq.as<float>();
+      p.out = dout.as<float>();
+      p.cu_q = dcu.as<int32_t>();
+      p.n_seqs = B;
+      p.total_q = B;
+      p.max_q_per_seq = 1;
+      p.max_seq_len = L;
+      p.n_heads = n_heads;
+      p.scale = 1.0f / std::sqrt(float(hd));
+      p.kv.k_pool = kpool.p;
+      p.kv.v_pool = vpool.p;
+      p.kv.k_type = p.kv.v_type = t;
+      p.kv.block_tables = dtab.as<int32_t>();
+      p.kv.max_blocks_per_seq = pages;
+      p.kv.seq_lens = dlens.as<int32_t>();
+      p.kv.block_size = bs;
+      p.kv.n_kv_heads = n_kv;
+      p.kv.head_dim = hd;
+      // Validate sequence 0 against the reference on a host copy of its pages.
+      {
+        ck(cudaMemset(dout.p, 0xff, hq.size() * 4), "poison");
+        paged_decode_attention(p, ws.p, ws_bytes, nullptr);
+        ck(cudaDeviceSynchronize(), "sync");
+        std::vector<float> out(size_t(n_heads) * hd), ref(out.size());
+        ck(cudaMemcpy(out.data(), dout.p, out.size() * 4, cudaMemcpyDeviceToHost), "download");
+        std::vector<uint8_t> pk(size_t(pages) * l.page), pv(pk.size());
+        for (int j = 0; j < pages; ++j) {
+          ck(cudaMemcpy(&pk[size_t(j) * l.page], kpool.as<uint8_t>() + size_t(table[j]) * l.page, l.page,
+                        cudaMemcpyDeviceToHost),
+             "page");
+          ck(cudaMemcpy(&pv[size_t(j) * l.page], vpool.as<uint8_t>() + size_t(table[j]) * l.page, l.page,
+                        cudaMemcpyDeviceToHost),
+             "page");
+        }
+        std::vector<int32_t> t0(pages), one_len = {L}, one_cu = {0, 1};
+        std::iota(t0.begin(), t0.end(), 0);
+        PagedDecodeParams rp = p;
+        rp.q = hq.data();
+        rp.out = ref.data();
+        rp.cu_q = one_cu.data();
+        rp.n_seqs = 1;
+        rp.total_q = 1;
+        rp.kv.k_pool = pk.data();
+        rp.kv.v_pool = pv.data();
+        rp.kv.block_tables = t0.data();
+        rp.kv.seq_lens = one_len.data();
+        paged_decode_attention_ref(rp);
+        std::string where;
+        EXPECT_LT(worst_row_error(out, ref, hd, &where), 1e-3) << "kv " << kv_type_name(t) << " B=" << B << " L=" << L;
+      }
+      std::vector<PagedDecodeParams> ps;
+      for (int r = 0; r < n_rot; ++r) {
+        ps.push_back(p);
+        ps.back().kv.block_tables = dtab.as<int32_t>() + size_t(r) * need;
+      }
+      const double t_s = time_launches(ps, ws.p, ws_bytes, -1);
+      const double tps = B / t_s;
+      if (t == KvType::F16) f16_tps[pi] = tps;
+      std::printf("{\"bench\":\"paged_decode_kv\",\"kv\":\"%s\",\"B\":%d,\"L\":%d,\"part\":%d,\"us\":%.2f,"
+                  "\"bytes\":%.0f,\"gbps\":%.1f,\"tokens_per_s\":%.0f,\"vs_f16\":%.3f}\n",
+                  kv_type_name(t), B, L, paged_decode_auto_partition(p), t_s * 1e6, bytes, bytes / t_s / 1e9, tps,
+                  tps / f16_tps[pi]);
+      std::printf("%5d %6d %6s %10.2f %10.1f %10.1f %12.0f %8.2f\n", B, L, kv_type_name(t), t_s * 1e6, bytes / 1e6,
+                  bytes / t_s / 1e9, tps, tps / f16_tps[pi]);
+      std::fflush(stdout);
+    }
+  }
 }
 
 // Issue 6's sweep: batch x context, GQA 32/8, hd 128, f16 KV, page 16;
@@ -792,7 +1032,7 @@ TEST(PagedAttentionBench, DecodeSweep) {
           p.scale = 1.0f / std::sqrt(float(hd));
           p.kv.k_pool = kpool.p;
           p.kv.v_pool = vpool.p;
-          p.kv.kv_type = DType::F16;
+          p.kv.k_type = p.kv.v_type = KvType::F16;
           p.kv.block_tables = dev_tables.back()->as<int32_t>();
           p.kv.max_blocks_per_seq = pages;
           p.kv.seq_lens = dlens.as<int32_t>();
@@ -870,6 +1110,7 @@ TEST(PagedAttentionBench, DecodeSweep) {
   for (const Row& r : rows)
     std::printf("%5d %6d %6d %10.1f %10.1f %8.3f %8.3f\n", r.b, r.l, r.part, r.paged_gbps, r.contig_gbps,
                 r.paged_gbps / r.contig_gbps, r.paged_gbps * 1e9 / copy_bw);
+  kv_type_sweep(copy_bw);
 }
 
 #endif  // RUNLM_CUDA

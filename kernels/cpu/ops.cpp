@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "common.h"
@@ -134,18 +135,38 @@ namespace runlm {
 
 void paged_decode_attention_ref(const PagedDecodeParams& p) {
   const PagedKvView& kv = p.kv;
-  RUNLM_CHECK(kv.kv_type == DType::F32 || kv.kv_type == DType::F16,
-              "paged_decode_attention_ref: KV type %s unsupported (f32, f16)", dtype_name(kv.kv_type));
   const int hd = kv.head_dim;
-  const int64_t row = static_cast<int64_t>(kv.n_kv_heads) * hd;  // elements per slot
+  for (KvType t : {kv.k_type, kv.v_type})
+    RUNLM_CHECK(!kv_type_quantized(t) || hd % 32 == 0,
+                "paged_decode_attention_ref: head_dim=%d with KV type %s (needs a multiple of 32)", hd, kv_type_name(t));
+  const KvPoolLayout lk = kv_pool_layout(kv.k_type, kv.block_size, kv.n_kv_heads, hd);
+  const KvPoolLayout lv = kv_pool_layout(kv.v_type, kv.block_size, kv.n_kv_heads, hd);
   const int group = p.n_heads / kv.n_kv_heads;
-  auto load = [&](const void* pool, int64_t slot, int kvh, float* dst) {
-    const int64_t at = slot * row + static_cast<int64_t>(kvh) * hd;
-    if (kv.kv_type == DType::F32) {
-      std::copy_n(static_cast<const float*>(pool) + at, hd, dst);
-    } else {
-      const uint16_t* src = static_cast<const uint16_t*>(pool) + at;
-      for (int i = 0; i < hd; ++i) dst[i] = fp16_to_fp32(src[i]);
+  // Head kvh of a slot in f32: plain types converted, quantized ones put back
+  // into kv_quant's block format (scale, quants) and decoded by it.
+  auto load_any = [&](const void* pool, KvType t, const KvPoolLayout& l, int64_t slot, int kvh, float* dst) {
+    const uint8_t* q = static_cast<const uint8_t*>(pool) + l.quant_offset(slot);
+    switch (t) {
+      case KvType::F32: std::memcpy(dst, q + int64_t(kvh) * hd * 4, size_t(hd) * 4); return;
+      case KvType::F16:
+      case KvType::BF16: {
+        uint16_t h[1];
+        for (int i = 0; i < hd; ++i) {
+          std::memcpy(h, q + (int64_t(kvh) * hd + i) * 2, 2);
+          dst[i] = t == KvType::F16 ? fp16_to_fp32(h[0]) : bf16_to_fp32(h[0]);
+        }
+        return;
+      }
+      default: break;
+    }
+    const uint8_t* s = static_cast<const uint8_t*>(pool) + l.scale_offset(slot);
+    const int nb = hd / 32, qb = t == KvType::Q4_0 ? 16 : 32;
+    uint8_t block[34];
+    for (int b = 0; b < nb; ++b) {
+      const int blk = kvh * nb + b;
+      std::memcpy(block, s + 2 * blk, 2);
+      std::memcpy(block + 2, q + int64_t(qb) * blk, size_t(qb));
+      kv_decode_row(t, block, dst + 32 * b, 32);
     }
   };
   std::vector<float> kbuf(hd), vbuf(hd), scores, acc(hd);
@@ -164,7 +185,7 @@ void paged_decode_attention_ref(const PagedDecodeParams& p) {
       for (int h = 0; h < p.n_heads; ++h) {
         const float* q = p.q + (qrow * p.n_heads + h) * hd;
         for (int t = first; t <= pos; ++t) {
-          load(kv.k_pool, slot_of(t), h / group, kbuf.data());
+          load_any(kv.k_pool, kv.k_type, lk, slot_of(t), h / group, kbuf.data());
           float d = 0;
           for (int j = 0; j < hd; ++j) d += q[j] * kbuf[j];
           scores[t - first] = d * p.scale;
@@ -172,7 +193,7 @@ void paged_decode_attention_ref(const PagedDecodeParams& p) {
         softmax(scores.data(), pos - first + 1);
         std::fill(acc.begin(), acc.end(), 0.0f);
         for (int t = first; t <= pos; ++t) {
-          load(kv.v_pool, slot_of(t), h / group, vbuf.data());
+          load_any(kv.v_pool, kv.v_type, lv, slot_of(t), h / group, vbuf.data());
           for (int j = 0; j < hd; ++j) acc[j] += scores[t - first] * vbuf[j];
         }
         std::copy(acc.begin(), acc.end(), p.out + (qrow * p.n_heads + h) * hd);

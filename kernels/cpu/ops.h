@@ -77,7 +77,9 @@ float dot_f32(const float* a, const float* b, int64_t n);
 namespace runlm {
 struct PagedKvView;
 struct PagedDecodeParams;
-// CPU reference of paged decode attention (src/paged_kv.h), f32 pools
-// (kv_type F32) or f16 pools (F16), plain loops with fp32 accumulation.
+// CPU reference of paged decode attention (src/paged_kv.h) over pools of
+// any KV type (K and V each its own; quantized pools in the page layout of
+// src/paged_kv.h, decoded by kernels/cpu/kv_quant), plain loops with fp32
+// accumulation.
 void paged_decode_attention_ref(const PagedDecodeParams& p);
 }  // namespace runlm

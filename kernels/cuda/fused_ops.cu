@@ -8,6 +8,8 @@
 #include "cuda/common.cuh"
 #include "cuda/gpu_codec.cuh"
 #include "cuda/gpu_ops.h"
+#include "cuda/kv_codec.cuh"
+#include "paged_kv.h"
 
 namespace runlm::gpu {
 
@@ -62,8 +64,8 @@ struct RopeFreqs {
 // sin/cos of the reduced angle in float.
 __global__ void rope_store_kernel(float* q, const float* __restrict__ k, const float* __restrict__ v,
                                   const int* __restrict__ pos, const int* __restrict__ slots, int n_heads,
-                                  int n_kv_heads, int head_dim, RopeFreqs freqs, __half* k_cache, __half* v_cache,
-                                  __half* q_out) {
+                                  int n_kv_heads, int head_dim, RopeFreqs freqs, void* k_cache, void* v_cache,
+                                  KvType k_type, KvType v_type, int block_size, __half* q_out) {
   __shared__ float cs[kMaxRopePairs][2];
   const int t = blockIdx.x;
   const int p = pos[t];
@@ -90,14 +92,38 @@ __global__ void rope_store_kernel(float* q, const float* __restrict__ k, const f
   }
   const int64_t kv_row = int64_t(t) * n_kv_heads * head_dim;
   // The cache row is the token's slot (paged cache) or its position.
-  const int64_t cache_row = int64_t(slots ? slots[t] : p) * n_kv_heads * head_dim;
-  for (int j = threadIdx.x; j < n_kv_heads * pairs; j += blockDim.x) {
-    const int h = j / pairs, i = j % pairs;
-    const int64_t off = h * head_dim + 2 * i;
-    const float a = k[kv_row + off], b = k[kv_row + off + 1], c = cs[i][0], s = cs[i][1];
-    *reinterpret_cast<__half2*>(k_cache + cache_row + off) = __floats2half2_rn(a * c - b * s, a * s + b * c);
-    *reinterpret_cast<__half2*>(v_cache + cache_row + off) =
-        __floats2half2_rn(v[kv_row + off], v[kv_row + off + 1]);
+  const int64_t slot = slots ? slots[t] : p;
+  if (k_type == KvType::F16 && v_type == KvType::F16) {
+    __half* kc = static_cast<__half*>(k_cache) + slot * n_kv_heads * head_dim;
+    __half* vc = static_cast<__half*>(v_cache) + slot * n_kv_heads * head_dim;
+    for (int j = threadIdx.x; j < n_kv_heads * pairs; j += blockDim.x) {
+      const int h = j / pairs, i = j % pairs;
+      const int64_t off = h * head_dim + 2 * i;
+      const float a = k[kv_row + off], b = k[kv_row + off + 1], c = cs[i][0], s = cs[i][1];
+      *reinterpret_cast<__half2*>(kc + off) = __floats2half2_rn(a * c - b * s, a * s + b * c);
+      *reinterpret_cast<__half2*>(vc + off) = __floats2half2_rn(v[kv_row + off], v[kv_row + off + 1]);
+    }
+    return;
+  }
+  // Other types (issue 7): a warp per block of 32 values along head_dim (the
+  // quantization block; head_dim % 32 == 0 is checked on the host), each lane
+  // one value, encoded as kv_encode_row does (kernels/cuda/kv_codec.cuh) into
+  // the pool layout of src/paged_kv.h.
+  const KvPoolLayout lk = kv_pool_layout(k_type, block_size, n_kv_heads, head_dim);
+  const KvPoolLayout lv = kv_pool_layout(v_type, block_size, n_kv_heads, head_dim);
+  uint8_t* kq = static_cast<uint8_t*>(k_cache) + lk.quant_offset(slot);
+  uint8_t* vq = static_cast<uint8_t*>(v_cache) + lv.quant_offset(slot);
+  uint16_t* ks = reinterpret_cast<uint16_t*>(static_cast<uint8_t*>(k_cache) + lk.scale_offset(slot));
+  uint16_t* vs = reinterpret_cast<uint16_t*>(static_cast<uint8_t*>(v_cache) + lv.scale_offset(slot));
+  const int lane = threadIdx.x & 31;
+  const int n_blocks = n_kv_heads * head_dim / 32;
+  for (int b = threadIdx.x >> 5; b < n_blocks; b += blockDim.x >> 5) {
+    const int e = b * 32 + lane;      // element of the row (head e / head_dim)
+    const int i = (e % head_dim) / 2;  // its RoPE pair
+    const float a = k[kv_row + (e & ~1)], bb = k[kv_row + (e | 1)], c = cs[i][0], s = cs[i][1];
+    const float kr = (e & 1) ? a * s + bb * c : a * c - bb * s;
+    kv_encode_block(k_type, kr, lane, kq + b * lk.q_row / n_blocks, ks + b);
+    kv_encode_block(v_type, v[kv_row + e], lane, vq + b * lv.q_row / n_blocks, vs + b);
   }
 }
 
@@ -153,22 +179,33 @@ void rope_and_store_kv(float* q, const float* k, const float* v, const int* pos,
                        int n_kv_heads, int head_dim, float theta, float freq_scale, uint16_t* k_cache,
                        uint16_t* v_cache, uint16_t* q_out, Stream stream) {
   rope_and_store_kv_slots(q, k, v, pos, nullptr, n, n_heads, n_kv_heads, head_dim, theta, freq_scale, k_cache,
-                          v_cache, q_out, stream);
+                          v_cache, KvType::F16, KvType::F16, 1, q_out, stream);
 }
 
 void rope_and_store_kv_slots(float* q, const float* k, const float* v, const int* pos, const int* slots, int n,
                              int n_heads, int n_kv_heads, int head_dim, float theta, float freq_scale,
-                             uint16_t* k_cache, uint16_t* v_cache, uint16_t* q_out, Stream stream) {
+                             void* k_cache, void* v_cache, KvType k_type, KvType v_type, int block_size,
+                             uint16_t* q_out, Stream stream) {
   if (n <= 0) return;
   RUNLM_CHECK(head_dim % 2 == 0 && head_dim / 2 <= kMaxRopePairs,
               "rope_and_store_kv: head_dim=%d unsupported; supported: even, <= %d", head_dim, 2 * kMaxRopePairs);
+  for (KvType t : {k_type, v_type}) {
+    RUNLM_CHECK(t == KvType::F16 || t == KvType::BF16 || kv_type_quantized(t),
+                "rope_and_store_kv: KV type %s unsupported on the GPU; supported: f16, bf16, q8_0, q4_0, fp8",
+                kv_type_name(t));
+    RUNLM_CHECK(t == KvType::F16 || head_dim % 32 == 0,
+                "rope_and_store_kv: head_dim=%d with KV type %s unsupported; types other than f16 need head_dim a "
+                "multiple of 32",
+                head_dim, kv_type_name(t));
+  }
+  RUNLM_CHECK(block_size >= 1, "rope_and_store_kv: block_size=%d", block_size);
   RopeFreqs f{};
   for (int i = 0; i < head_dim / 2; ++i)
     f.f[i] = static_cast<double>(freq_scale) *
              std::pow(static_cast<double>(theta), -static_cast<double>(2 * i) / head_dim);
   rope_store_kernel<<<n, 128, 0, static_cast<cudaStream_t>(stream)>>>(
-      q, k, v, pos, slots, n_heads, n_kv_heads, head_dim, f, reinterpret_cast<__half*>(k_cache),
-      reinterpret_cast<__half*>(v_cache), reinterpret_cast<__half*>(q_out));
+      q, k, v, pos, slots, n_heads, n_kv_heads, head_dim, f, k_cache, v_cache, k_type, v_type, block_size,
+      reinterpret_cast<__half*>(q_out));
   cudaCheckLaunch();
 }
 

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cpu/kv_quant.h"
 #include "cpu/ops.h"  // QMatrix
 #include "dtype.h"
 
@@ -107,10 +108,15 @@ void rope_and_store_kv(float* q, const float* k, const float* v, const int* pos,
                        uint16_t* v_cache, uint16_t* q_out, Stream stream);
 
 // The same with K/V written to cache row slots[i] (a paged pool, see
-// src/paged_kv.h) instead of row pos[i]; slots == nullptr means pos.
+// src/paged_kv.h) instead of row pos[i]; slots == nullptr means pos. K and V
+// are stored in k_type / v_type (f16, bf16, q8_0, q4_0, fp8; pages of
+// block_size slots laid out as kv_pool_layout says), quantized as written,
+// bit-exact with kernels/cpu/kv_quant's kv_encode_row. Types other than f16
+// need head_dim % 32 == 0.
 void rope_and_store_kv_slots(float* q, const float* k, const float* v, const int* pos, const int* slots, int n,
                              int n_heads, int n_kv_heads, int head_dim, float theta, float freq_scale,
-                             uint16_t* k_cache, uint16_t* v_cache, uint16_t* q_out, Stream stream);
+                             void* k_cache, void* v_cache, KvType k_type, KvType v_type, int block_size,
+                             uint16_t* q_out, Stream stream);
 
 // gate = silu(gate) * up, f32, and an f16 copy to out_f16 when non-null.
 void swiglu(float* gate, const float* up, uint16_t* out_f16, int64_t n, Stream stream);
@@ -138,9 +144,12 @@ void add_inplace(float* x, const float* y, int64_t n, Stream stream);
 // buffers, so the prefill attention backends can read them: sequence s's
 // positions [0, cu_k[s+1] - cu_k[s]) go to rows [cu_k[s], cu_k[s+1]) of
 // k_out/v_out ([total_k, kv_dim] f16). block_tables [n_seqs, max_blocks].
-void gather_kv(const uint16_t* k_pool, const uint16_t* v_pool, const int32_t* block_tables, int max_blocks,
-               const int32_t* cu_k, int n_seqs, int total_k, int block_size, int kv_dim, uint16_t* k_out,
-               uint16_t* v_out, Stream stream);
+// Pools of another type (k_type / v_type: bf16, q8_0, q4_0, fp8; layout of
+// src/paged_kv.h, kv_dim = n_kv_heads * head_dim, head_dim % 32 == 0) are
+// decoded to f16 on the way (exact values rounded once to f16).
+void gather_kv(const void* k_pool, const void* v_pool, KvType k_type, KvType v_type, const int32_t* block_tables,
+               int max_blocks, const int32_t* cu_k, int n_seqs, int total_k, int block_size, int kv_dim,
+               uint16_t* k_out, uint16_t* v_out, Stream stream);
 
 // dst[i, :] = src[idx[i], :] for i < n, f32 rows of `width`.
 void gather_rows(const float* src, const int32_t* idx, int n, int width, float* dst, Stream stream);

@@ -1,5 +1,6 @@
 // Paged decode attention on the GPU (issue 6): PagedDecodeParams
-// (src/paged_kv.h) over an f16 or bf16 paged KV pool, GQA-aware and split
+// (src/paged_kv.h) over a paged KV pool (K and V each f16, bf16, q8_0, q4_0
+// or fp8, issue 7), GQA-aware and split
 // along the KV length (flash-decoding) with a combine step. The kernels are
 // in kernels/cuda/paged_attention.cu; the CPU reference is
 // paged_decode_attention_ref (kernels/cpu/ops.h). Plain C++ header so the
@@ -26,7 +27,8 @@ namespace runlm {
 // largest batch and reuse.
 size_t paged_decode_workspace_bytes(int n_seqs, int total_q, int n_heads, int head_dim, int max_seq_len);
 
-// Supported: kv_type f16 or bf16; head_dim 8, 16, 32, 64, 128, 256;
+// Supported: k_type and v_type each f16, bf16, q8_0, q4_0 or fp8; head_dim
+// 8, 16, 32, 64, 128, 256 (32, 64, 128, 256 when either type is quantized);
 // block_size a power of two in 8..256; n_heads a multiple of n_kv_heads;
 // max_q_per_seq 1..16. Anything else throws runlm::Error naming it.
 void paged_decode_attention(const PagedDecodeParams& p, void* workspace, size_t workspace_bytes, void* stream);
