@@ -392,12 +392,12 @@ section_bench_npl() {
   done
 }
 
-# fa3's tile order: default (m-block slowest) against RUNLM_FA3_SCHED=head.
+# fa3's tile order: head groups (default), one group (lpt), one head a group.
 section_fa3_sched() {
   local v
-  for v in default head; do
+  for v in groups lpt head; do
     echo "-- RUNLM_FA3_SCHED=$v"
-    RUNLM_FA3_SCHED=$([ $v = head ] && echo head) "$RUNLM" bench-attn --attn fa3 --hdim 128 --seqlen 2048,8192,16384 2>&1 | tail -8
+    RUNLM_FA3_SCHED=$v "$RUNLM" bench-attn --attn fa3 --hdim 128 --seqlen 2048,8192,16384 2>&1 | tail -8
   done
 }
 

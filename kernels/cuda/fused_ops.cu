@@ -2,6 +2,7 @@
 // RMSNorm (a front for norm_quant.cu's kernel), RoPE fused with the f16 KV-cache store,
 // SwiGLU, f32 -> f16 and the residual add. Each is one pass over its data;
 // all are memory-bound and simple (version 1), checked against kernels/cpu.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -59,9 +60,14 @@ struct RopeFreqs {
   double f[kMaxRopePairs];
 };
 
-// One block per token. The angle pos * freq is formed and reduced modulo 2 pi
-// in double (at pos 32000 a float angle would be off by ~2e-3 rad), then
-// sin/cos of the reduced angle in float.
+// Grid (token, slice): the gridDim.y blocks of a token split its q pairs,
+// K/V pairs (or K/V blocks of 32) between them, about one per thread, so the
+// loads of a token all go out at once. (Version 1 had one block per token
+// looping over all heads: at one token, ~16 dependent round trips a loop,
+// 20 us per decode call under ncu.) Each block computes the sin/cos table it
+// needs. The angle pos * freq is formed and reduced modulo 2 pi in double
+// (at pos 32000 a float angle would be off by ~2e-3 rad), then sin/cos of
+// the reduced angle in float.
 __global__ void rope_store_kernel(float* q, const float* __restrict__ k, const float* __restrict__ v,
                                   const int* __restrict__ pos, const int* __restrict__ slots, int n_heads,
                                   int n_kv_heads, int head_dim, RopeFreqs freqs, void* k_cache, void* v_cache,
@@ -81,13 +87,14 @@ __global__ void rope_store_kernel(float* q, const float* __restrict__ k, const f
   }
   __syncthreads();  // cs is read by every thread below
   const int64_t q_row = int64_t(t) * n_heads * head_dim;
-  for (int j = threadIdx.x; j < n_heads * pairs; j += blockDim.x) {
+  const int first = blockIdx.y * blockDim.x, stride = gridDim.y * blockDim.x;  // this block's slice
+  for (int j = threadIdx.x + first; j < n_heads * pairs; j += stride) {
     const int h = j / pairs, i = j % pairs;
-    float* e = q + q_row + h * head_dim + 2 * i;
-    const float a = e[0], b = e[1], c = cs[i][0], s = cs[i][1];
+    float2* e = reinterpret_cast<float2*>(q + q_row + h * head_dim + 2 * i);
+    const float2 ab = *e;
+    const float a = ab.x, b = ab.y, c = cs[i][0], s = cs[i][1];
     const float r0 = a * c - b * s, r1 = a * s + b * c;
-    e[0] = r0;
-    e[1] = r1;
+    *e = make_float2(r0, r1);
     if (q_out) *reinterpret_cast<__half2*>(q_out + q_row + h * head_dim + 2 * i) = __floats2half2_rn(r0, r1);
   }
   const int64_t kv_row = int64_t(t) * n_kv_heads * head_dim;
@@ -96,7 +103,7 @@ __global__ void rope_store_kernel(float* q, const float* __restrict__ k, const f
   if (k_type == KvType::F16 && v_type == KvType::F16) {
     __half* kc = static_cast<__half*>(k_cache) + slot * n_kv_heads * head_dim;
     __half* vc = static_cast<__half*>(v_cache) + slot * n_kv_heads * head_dim;
-    for (int j = threadIdx.x; j < n_kv_heads * pairs; j += blockDim.x) {
+    for (int j = threadIdx.x + first; j < n_kv_heads * pairs; j += stride) {
       const int h = j / pairs, i = j % pairs;
       const int64_t off = h * head_dim + 2 * i;
       const float a = k[kv_row + off], b = k[kv_row + off + 1], c = cs[i][0], s = cs[i][1];
@@ -117,7 +124,8 @@ __global__ void rope_store_kernel(float* q, const float* __restrict__ k, const f
   uint16_t* vs = reinterpret_cast<uint16_t*>(static_cast<uint8_t*>(v_cache) + lv.scale_offset(slot));
   const int lane = threadIdx.x & 31;
   const int n_blocks = n_kv_heads * head_dim / 32;
-  for (int b = threadIdx.x >> 5; b < n_blocks; b += blockDim.x >> 5) {
+  const int warps = blockDim.x >> 5;
+  for (int b = (threadIdx.x >> 5) + blockIdx.y * warps; b < n_blocks; b += warps * gridDim.y) {
     const int e = b * 32 + lane;      // element of the row (head e / head_dim)
     const int i = (e % head_dim) / 2;  // its RoPE pair
     const float a = k[kv_row + (e & ~1)], bb = k[kv_row + (e | 1)], c = cs[i][0], s = cs[i][1];
@@ -203,7 +211,11 @@ void rope_and_store_kv_slots(float* q, const float* k, const float* v, const int
   for (int i = 0; i < head_dim / 2; ++i)
     f.f[i] = static_cast<double>(freq_scale) *
              std::pow(static_cast<double>(theta), -static_cast<double>(2 * i) / head_dim);
-  rope_store_kernel<<<n, 128, 0, static_cast<cudaStream_t>(stream)>>>(
+  // Slices per token: about one pair (or K/V value) per thread.
+  constexpr int kRopeThreads = 128;
+  const int pairs_max = std::max(n_heads, n_kv_heads) * head_dim / 2;
+  const int slices = std::min(64, std::max(1, ceil_div(pairs_max, kRopeThreads)));
+  rope_store_kernel<<<dim3(n, slices), kRopeThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       q, k, v, pos, slots, n_heads, n_kv_heads, head_dim, f, k_cache, v_cache, k_type, v_type, block_size,
       reinterpret_cast<__half*>(q_out));
   cudaCheckLaunch();

@@ -13,6 +13,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -53,7 +54,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();  // barriers initialised before anyone waits on them
 
-  const StaticTileScheduler sched{a.n_m_blocks, a.n_heads, a.batch, a.head_major_schedule};
+  const StaticTileScheduler sched{a.n_m_blocks, a.n_heads, a.batch, a.heads_per_group};
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     regs_dealloc<kProducerRegs>();
@@ -131,13 +132,21 @@ CUtensorMap make_tmap(const void* ptr, DType dt, int rows, int heads, int d, int
   return m;
 }
 
-// RUNLM_FA3_SCHED=head: head-major tile order (see StaticTileScheduler).
-bool fa3_head_major_schedule() {
-  static const bool on = [] {
-    const char* e = std::getenv("RUNLM_FA3_SCHED");
-    return e && std::string(e) == "head";
-  }();
-  return on;
+// Heads per scheduler group (see StaticTileScheduler): as many (head,
+// sequence) pairs as keep their K/V within ~24 MB of the 50 MB L2 (query
+// heads of one KV head share it), at least one. RUNLM_FA3_SCHED=lpt puts
+// all pairs in one group (plain heaviest-first, the order before groups),
+// =head one pair a group; for comparison.
+int choose_heads_per_group(int n_heads, int n_kv_heads, int batch, int max_seqlen_k, int head_dim) {
+  const int n_hb = n_heads * batch;
+  const char* e = std::getenv("RUNLM_FA3_SCHED");
+  if (e && std::string(e) == "lpt") return n_hb;
+  if (e && std::string(e) == "head") return 1;
+  constexpr double kBudget = 24.0 * (1 << 20);
+  const double kv_bytes = 2.0 * 2.0 * max_seqlen_k * head_dim;  // K and V of one KV head, 2-byte elements
+  const int kv_heads = static_cast<int>(std::max(1.0, kBudget / std::max(kv_bytes, 1.0)));
+  const int64_t g = int64_t(kv_heads) * (n_heads / n_kv_heads);
+  return static_cast<int>(std::min<int64_t>(n_hb, std::max<int64_t>(1, g)));
 }
 
 template <typename T, int D, int BN>
@@ -160,7 +169,7 @@ void launch_fa3(const AttnParams& p) {
   a.scale_log2 = p.scale * kLog2e;
   a.n_m_blocks = ceil_div(p.max_seqlen_q, L::BM);
   a.batch = p.batch;
-  a.head_major_schedule = fa3_head_major_schedule();
+  a.heads_per_group = choose_heads_per_group(p.n_heads, p.n_kv_heads, p.batch, p.max_seqlen_k, D);
   const int64_t tiles = int64_t(a.n_m_blocks) * p.n_heads * p.batch;
   RUNLM_CHECK(tiles < (int64_t(1) << 31), "fa3: %lld work tiles unsupported; supported: < 2^31",
               static_cast<long long>(tiles));

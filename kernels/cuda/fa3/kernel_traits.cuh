@@ -80,7 +80,7 @@ struct Args {
   bool causal;
   float scale_log2;
   int n_m_blocks, batch;
-  bool head_major_schedule;  // see StaticTileScheduler
+  int heads_per_group;  // see StaticTileScheduler
 };
 
 // The keys a query block can see, as a range of BN-key tiles [t_lo, t_hi).

@@ -20,26 +20,29 @@ struct WorkTile {
 struct StaticTileScheduler {
   int n_m_blocks;  // ceil(max_seqlen_q / BM)
   int n_heads, batch;
-  // false: query block slowest (all heads of the heaviest block first).
-  // true: (head, sequence) slowest, heaviest block first inside each, so the
-  // resident CTAs share a few heads' K/V in L2 (NOTES.md: the default order
-  // re-reads K/V from DRAM at long sequences). RUNLM_FA3_SCHED=head; not yet
-  // measured, hence not the default.
-  bool head_major;
+  // (head, sequence) pairs per group, >= 1. Groups run one after another;
+  // inside a group the query block is slowest, heaviest first. One group
+  // of all pairs is plain heaviest-first (LPT) order, which balances the
+  // causal triangle best but has every resident CTA on a different head,
+  // so at long sequences their K/V (32 heads x 4 MB at 8k, d128) overflow
+  // the 50 MB L2 and are re-read from DRAM (NOTES.md: DRAM 51% busy for a
+  // 268 MB problem). Groups sized so their K/V fit in part of L2 keep the
+  // reuse and still balance inside each group (choose_heads_per_group).
+  int heads_per_group;
 
   __device__ __forceinline__ int num_tiles() const { return n_m_blocks * n_heads * batch; }
   __device__ __forceinline__ int get_initial_work() const { return blockIdx.x; }
   __device__ __forceinline__ int get_next_work(int t) const { return t + gridDim.x; }
   __device__ __forceinline__ bool valid(int t) const { return t < num_tiles(); }
   __device__ __forceinline__ WorkTile tile(int t) const {
-    if (head_major) {
-      const int hb = t / n_m_blocks;
-      return WorkTile{n_m_blocks - 1 - t % n_m_blocks, hb % n_heads, hb / n_heads};
-    }
-    const int per_block = n_heads * batch;
-    const int mb = n_m_blocks - 1 - t / per_block;
-    const int rest = t % per_block;
-    return WorkTile{mb, rest % n_heads, rest / n_heads};
+    const int n_hb = n_heads * batch;
+    const int per_group = heads_per_group * n_m_blocks;
+    const int g = t / per_group;
+    const int first_hb = g * heads_per_group;
+    const int size = min(heads_per_group, n_hb - first_hb);
+    const int r = t - g * per_group;
+    const int hb = first_hb + r % size;
+    return WorkTile{n_m_blocks - 1 - r / size, hb % n_heads, hb / n_heads};
   }
 };
 
