@@ -11,9 +11,9 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
-#include <nlohmann/json.hpp>
 
 #include "batch_input.h"
+#include "batch_record.h"
 #include "chat_template.h"
 #include "cli_common.h"
 #include "commands.h"
@@ -169,11 +169,7 @@ int cmd_batch(int argc, char** argv) {
       }
     }
     if (!error.empty()) {
-      nlohmann::json rec;
-      rec["id"] = nlohmann::json::parse(e.id, nullptr, false);
-      rec["line"] = e.line;
-      rec["error"] = error;
-      errors[index] = rec.dump();
+      errors[index] = batch_error_record(e, error);
     }
   }
 
@@ -194,17 +190,9 @@ int cmd_batch(int argc, char** argv) {
   scheduler.run(
       [&](Completion&& c) {
         const BatchEntry& e = entries[static_cast<size_t>(c.index)];
-        nlohmann::json rec;
-        rec["id"] = nlohmann::json::parse(e.id, nullptr, false);
-        rec["text"] = c.text;
-        rec["tokens_in"] = c.n_prompt;
-        rec["tokens_out"] = c.tokens.size();
-        rec["finish_reason"] = finish_reason_name(c.finish);
-        rec["timings"] = {{"queue_ms", c.queue_seconds * 1e3}, {"total_ms", c.total_seconds * 1e3},
-                          {"prompt_tokens_cached", c.n_prompt_cached}, {"preemptions", c.n_preemptions}};
         tokens_out += static_cast<int64_t>(c.tokens.size());
         (c.finish == FinishReason::Interrupted ? n_interrupted : n_ok)++;
-        writer.put(c.index, rec.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+        writer.put(c.index, batch_completion_record(e, c));
       },
       &g_batch_interrupt,
       [&](const SchedulerProgress& p) {
