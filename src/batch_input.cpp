@@ -1,7 +1,11 @@
 #include "batch_input.h"
 
+#include <cfloat>
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "common.h"
 
@@ -24,9 +28,26 @@ std::optional<T> number_field(const json& j, const char* key, BatchEntry& e) {
       e.error = strfmt("\"%s\" must be an integer", key);
       return std::nullopt;
     }
+    // get<T>() would wrap a larger value silently (n_predict 4294967301 as
+    // 5), so the range is checked on the 64-bit value first.
+    const bool fits = v.is_number_unsigned()
+                          ? v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max())
+                          : v.get<int64_t>() >= std::numeric_limits<T>::min() &&
+                                v.get<int64_t>() <= std::numeric_limits<T>::max();
+    if (!fits) {
+      e.error = strfmt("\"%s\" = %s is out of range", key, v.dump().c_str());
+      return std::nullopt;
+    }
     return v.get<T>();
   } else {
-    return static_cast<T>(v.get<double>());
+    // A double beyond float range (1e300) would become inf and pass the
+    // ">= 0" checks below.
+    const double d = v.get<double>();
+    if (!(std::abs(d) <= FLT_MAX)) {
+      e.error = strfmt("\"%s\" = %s is out of range", key, v.dump().c_str());
+      return std::nullopt;
+    }
+    return static_cast<T>(d);
   }
 }
 
@@ -47,7 +68,16 @@ BatchEntry parse_batch_json_line(const std::string& line, int line_number) {
     e.error = "a request must be a JSON object";
     return e;
   }
-  if (j.contains("id")) e.id = j["id"].dump();
+  if (j.contains("id")) {
+    // Only scalars: the id is echoed in the output record, and dumping a
+    // value nested a million deep ([[[[...]]]]) would overflow the stack.
+    const json& id = j["id"];
+    if (!id.is_string() && !id.is_number()) {
+      e.error = "\"id\" must be a string or a number";
+      return e;
+    }
+    e.id = id.dump(-1, ' ', false, json::error_handler_t::replace);
+  }
   const bool has_prompt = j.contains("prompt"), has_messages = j.contains("messages");
   if (has_prompt == has_messages) {
     e.error = "a request needs exactly one of \"prompt\" and \"messages\"";
@@ -112,6 +142,14 @@ BatchEntry parse_batch_json_line(const std::string& line, int line_number) {
 std::vector<BatchEntry> read_batch_input(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   RUNLM_CHECK(in, "cannot open batch input %s", path.c_str());
+  std::stringstream text;
+  text << in.rdbuf();
+  RUNLM_CHECK(!in.bad(), "cannot read batch input %s", path.c_str());
+  return parse_batch_input(text.str(), path);
+}
+
+std::vector<BatchEntry> parse_batch_input(const std::string& text, const std::string& path) {
+  std::istringstream in(text);
   std::vector<std::string> lines;
   std::string line;
   while (std::getline(in, line)) {

@@ -33,4 +33,8 @@ BatchEntry parse_batch_json_line(const std::string& line, int line_number);
 // non-blank line starts with '{'; otherwise each non-empty line is a prompt.
 std::vector<BatchEntry> read_batch_input(const std::string& path);
 
+// The same on the file's contents; `path` decides .jsonl and names the file
+// in errors. (The fuzz target tests/fuzz/fuzz_batch_input.cpp calls this.)
+std::vector<BatchEntry> parse_batch_input(const std::string& text, const std::string& path);
+
 }  // namespace runlm

@@ -3,6 +3,7 @@
 // line gets an error record and the others still run; records are written
 // (and flushed) as soon as every earlier one is out, so an interrupted run
 // keeps every completed record. Progress on stderr when it is a terminal.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -11,9 +12,9 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
-#include <nlohmann/json.hpp>
 
 #include "batch_input.h"
+#include "batch_record.h"
 #include "chat_template.h"
 #include "cli_common.h"
 #include "commands.h"
@@ -30,9 +31,14 @@ std::atomic<bool> g_batch_interrupt{false};
 extern "C" void on_batch_sigint(int) { g_batch_interrupt.store(true); }
 
 // Writes records in input order; out-of-order completions wait in `pending`.
+// A failed write (disk full, file size limit) stops the run with an error,
+// and a file we opened is cut back to its last complete record, so what is
+// there stays valid JSONL (a partial write would leave half a line).
 class OrderedWriter {
  public:
-  OrderedWriter(std::FILE* f, std::string path, std::vector<int> order) : f_(f), path_(std::move(path)) {
+  // truncatable: f is a regular file written from offset 0 (not stdout).
+  OrderedWriter(std::FILE* f, std::string path, std::vector<int> order, bool truncatable)
+      : f_(f), path_(std::move(path)), truncatable_(truncatable) {
     for (int idx : order) order_.push_back(idx);
   }
   void put(int index, const std::string& record) {
@@ -52,11 +58,20 @@ class OrderedWriter {
  private:
   void write(const std::string& rec) {
     const std::string line = rec + "\n";
-    if (std::fwrite(line.data(), 1, line.size(), f_) != line.size() || std::fflush(f_) != 0)
-      fail("cannot write to %s: %s", path_.c_str(), std::strerror(errno));
+    if (std::fwrite(line.data(), 1, line.size(), f_) != line.size() || std::fflush(f_) != 0) {
+      const int err = errno;
+      const bool cut = truncatable_ && ftruncate(fileno(f_), static_cast<off_t>(bytes_ok_)) == 0;
+      fail("cannot write to %s: %s (%s %d complete records)", path_.c_str(), std::strerror(err),
+           cut ? "the file keeps its" : "written so far:", records_ok_);
+    }
+    bytes_ok_ += line.size();
+    ++records_ok_;
   }
   std::FILE* f_;
   std::string path_;
+  bool truncatable_;
+  size_t bytes_ok_ = 0;  // bytes of complete records in the file
+  int records_ok_ = 0;
   std::vector<int> order_;
   size_t next_ = 0;
   std::map<int, std::string> pending_;
@@ -169,22 +184,27 @@ int cmd_batch(int argc, char** argv) {
       }
     }
     if (!error.empty()) {
-      nlohmann::json rec;
-      rec["id"] = nlohmann::json::parse(e.id, nullptr, false);
-      rec["line"] = e.line;
-      rec["error"] = error;
-      errors[index] = rec.dump();
+      errors[index] = batch_error_record(e, error);
     }
   }
 
   const std::string out_path = args["output"].as<std::string>();
   std::FILE* out = out_path == "-" ? stdout : std::fopen(out_path.c_str(), "w");
   RUNLM_CHECK(out, "cannot open %s for writing: %s", out_path.c_str(), std::strerror(errno));
-  OrderedWriter writer(out, out_path, order);
+  // Unbuffered: each record is one write() anyway (it is flushed at once),
+  // and after a failed write no half-written rest may linger in a buffer to
+  // be flushed at exit, behind the truncation.
+  std::setvbuf(out, nullptr, _IONBF, 0);
+  struct stat st = {};
+  const bool regular = out != stdout && fstat(fileno(out), &st) == 0 && S_ISREG(st.st_mode);
+  OrderedWriter writer(out, out_path, order, regular);
   for (const auto& [index, rec] : errors) writer.put(index, rec);
 
   struct sigaction sa = {};
   sa.sa_handler = on_batch_sigint;
+  // SA_RESTART: a Ctrl-C during a write to a full pipe must not fail the
+  // write with EINTR; the flag is polled between steps.
+  sa.sa_flags = SA_RESTART;
   sigaction(SIGINT, &sa, nullptr);
   const bool tty = stderr_is_tty();
   Stopwatch clock;
@@ -194,24 +214,16 @@ int cmd_batch(int argc, char** argv) {
   scheduler.run(
       [&](Completion&& c) {
         const BatchEntry& e = entries[static_cast<size_t>(c.index)];
-        nlohmann::json rec;
-        rec["id"] = nlohmann::json::parse(e.id, nullptr, false);
-        rec["text"] = c.text;
-        rec["tokens_in"] = c.n_prompt;
-        rec["tokens_out"] = c.tokens.size();
-        rec["finish_reason"] = finish_reason_name(c.finish);
-        rec["timings"] = {{"queue_ms", c.queue_seconds * 1e3}, {"total_ms", c.total_seconds * 1e3},
-                          {"prompt_tokens_cached", c.n_prompt_cached}, {"preemptions", c.n_preemptions}};
         tokens_out += static_cast<int64_t>(c.tokens.size());
         (c.finish == FinishReason::Interrupted ? n_interrupted : n_ok)++;
-        writer.put(c.index, rec.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+        writer.put(c.index, batch_completion_record(e, c));
       },
       &g_batch_interrupt,
       [&](const SchedulerProgress& p) {
         if (tty) show_progress(p, clock.seconds());
       });
   writer.flush_rest();
-  if (out != stdout) std::fclose(out);
+  if (out != stdout) RUNLM_CHECK(std::fclose(out) == 0, "cannot write to %s: %s", out_path.c_str(), std::strerror(errno));
   if (tty) std::fprintf(stderr, "\n");
   const double secs = clock.seconds();
   std::fprintf(stderr,

@@ -145,26 +145,18 @@ class CudaEngine final : public Engine {
       cudaGetLastError();
       fail("--device cuda: no CUDA device found");
     }
-    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-    check_kv_types(opt);
-    n_ctx_ = opt.n_ctx > 0 ? opt.n_ctx : cfg_.ctx_train;
-    n_batch_ = std::max(1, opt.n_batch);
-    window_ = opt.sliding_window >= 0 ? opt.sliding_window : cfg_.sliding_window;
-    upload_weights();
-    allocate_buffers();
-    allocate_kv_cache(opt);
+    // A constructor that throws (out of GPU memory half-way through the
+    // weights) gets no destructor call: free what was made so far, or the
+    // process keeps that GPU memory for the rest of its life.
+    try {
+      init(opt);
+    } catch (...) {
+      release();
+      throw;
+    }
   }
 
-  ~CudaEngine() override {
-    if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
-    for (auto& l : layers_)
-      for (gpu::GpuMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) gpu::free_matrix(*m);
-    gpu::free_matrix(tok_embd_);
-    if (!cfg_.tied_embeddings) gpu::free_matrix(output_);
-    if (host_io_) cudaFreeHost(host_io_);
-    if (plan_host_) cudaFreeHost(plan_host_);
-    if (stream_) cudaStreamDestroy(stream_);
-  }
+  ~CudaEngine() override { release(); }
 
   const char* backend_name() const override { return "cuda"; }
   int n_ctx() const override { return n_ctx_; }
@@ -267,6 +259,35 @@ class CudaEngine final : public Engine {
   }
 
  private:
+  // The constructor's work; the constructor frees what it made if it throws.
+  void init(const EngineOptions& opt) {
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    check_kv_types(opt);
+    n_ctx_ = opt.n_ctx > 0 ? opt.n_ctx : cfg_.ctx_train;
+    n_batch_ = std::max(1, opt.n_batch);
+    window_ = opt.sliding_window >= 0 ? opt.sliding_window : cfg_.sliding_window;
+    upload_weights();
+    allocate_buffers();
+    allocate_kv_cache(opt);
+  }
+
+  // Frees what the raw handles hold (the DeviceBuffers free themselves).
+  void release() {
+    if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
+    graph_exec_ = nullptr;
+    for (auto& l : layers_)
+      for (gpu::GpuMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) gpu::free_matrix(*m);
+    gpu::free_matrix(tok_embd_);
+    if (!cfg_.tied_embeddings) gpu::free_matrix(output_);
+    output_ = gpu::GpuMatrix{};  // tied: the same allocation as tok_embd_
+    if (host_io_) cudaFreeHost(host_io_);
+    host_io_ = nullptr;
+    if (plan_host_) cudaFreeHost(plan_host_);
+    plan_host_ = nullptr;
+    if (stream_) cudaStreamDestroy(stream_);
+    stream_ = nullptr;
+  }
+
   // KV cache types (issue 7): the paged cache takes f16, bf16, q8_0, q4_0 and
   // fp8 for K and V independently (the store, paged decode and gather_kv
   // kernels read them); the contiguous cache's kernels (decode_attention and

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "batch_input.h"
+#include "batch_record.h"
 #include "common.h"
 #include "convert.h"
 #include "hf_config.h"
@@ -203,4 +205,89 @@ TEST(FuzzRegression, ConvertChatTemplateWithNonStringNameIsAnError) {
     FAIL() << "escaped as a non-runlm exception: " << e.what();
   }
   EXPECT_EQ(msg, "<no error>");  // the numeric entry is skipped, "default" is taken
+}
+
+// ---- runlm batch requests (fuzz_batch_input) --------------------------------
+
+namespace {
+
+// The record of a line must be one line of valid JSON (the whole output is
+// JSONL); returns it parsed.
+nlohmann::json parsed_record(const std::string& rec) {
+  EXPECT_EQ(rec.find('\n'), std::string::npos) << rec;
+  return nlohmann::json::parse(rec);  // throws (and fails the test) when invalid
+}
+
+}  // namespace
+
+// nlohmann's parse error quotes the raw bytes last read ("last read:
+// '"a\xff'"), and dumping that message into the error record threw
+// type_error 316 (invalid UTF-8): one bad line ended the whole batch run
+// with exit code 1 instead of getting its error record.
+TEST(FuzzRegression, BatchLineWithInvalidUtf8GetsAValidErrorRecord) {
+  const BatchEntry e = parse_batch_json_line("{\"prompt\": \"a\xff\"}", 3);
+  ASSERT_FALSE(e.error.empty());
+  EXPECT_NE(e.error.find("invalid JSON"), std::string::npos) << e.error;
+  const nlohmann::json rec = parsed_record(batch_error_record(e, e.error));
+  EXPECT_EQ(rec["id"], 3);
+  EXPECT_EQ(rec["line"], 3);
+  // Generated text cut inside a UTF-8 character is replaced, not a throw.
+  Completion c;
+  c.text = "ok \xe2\x96";
+  EXPECT_EQ(parsed_record(batch_completion_record(e, c))["text"], "ok \xef\xbf\xbd");
+}
+
+// The id is echoed in the output: an id nested a million deep overflowed
+// the stack in dump(). Only a string or a number is an id now.
+TEST(FuzzRegression, BatchDeeplyNestedIdIsAnError) {
+  const std::string line = "{\"id\": " + nested_array(kDeep) + ", \"prompt\": \"x\"}";
+  const BatchEntry e = parse_batch_json_line(line, 7);
+  EXPECT_EQ(e.error, "\"id\" must be a string or a number");
+  EXPECT_EQ(parsed_record(batch_error_record(e, e.error))["id"], 7);
+  // Deep values elsewhere in a request are parsed and dropped without recursion.
+  const BatchEntry other = parse_batch_json_line("{\"extra\": " + nested_array(kDeep) + ", \"prompt\": \"x\"}", 8);
+  EXPECT_TRUE(other.error.empty()) << other.error;
+  EXPECT_EQ(other.prompt, "x");
+  for (const char* id : {"{\"id\": {\"a\": 1}, \"prompt\": \"x\"}", "{\"id\": [1], \"prompt\": \"x\"}",
+                         "{\"id\": true, \"prompt\": \"x\"}"})
+    EXPECT_FALSE(parse_batch_json_line(id, 1).error.empty()) << id;
+  EXPECT_EQ(parse_batch_json_line("{\"id\": \"a\", \"prompt\": \"x\"}", 1).id, "\"a\"");
+  EXPECT_EQ(parse_batch_json_line("{\"id\": 1.5, \"prompt\": \"x\"}", 1).id, "1.5");
+}
+
+// get<int>() wrapped silently: n_predict 4294967301 ran as 5, top_k 2^32 as
+// 0 (off); a temperature of 1e300 became inf and passed ">= 0".
+TEST(FuzzRegression, BatchNumbersOutOfTheirTypesRangeAreErrors) {
+  for (const char* line : {R"({"prompt": "x", "n_predict": 4294967301})", R"({"prompt": "x", "top_k": 4294967296})",
+                           R"({"prompt": "x", "top_k": -2147483649})", R"({"prompt": "x", "seed": 18446744073709551615})",
+                           R"({"prompt": "x", "temperature": 1e300})", R"({"prompt": "x", "repeat_penalty": -1e39})"}) {
+    const BatchEntry e = parse_batch_json_line(line, 1);
+    EXPECT_NE(e.error.find("is out of range"), std::string::npos) << line << ": " << e.error;
+  }
+  const BatchEntry ok = parse_batch_json_line(R"({"prompt": "x", "n_predict": 2147483647, "seed": 9223372036854775807, "temperature": 3e38})", 1);
+  EXPECT_TRUE(ok.error.empty()) << ok.error;
+  EXPECT_EQ(*ok.n_predict, 2147483647);
+  EXPECT_EQ(*ok.seed, INT64_MAX);
+}
+
+// End to end: the bad line gets its record, the others run, exit code 0.
+TEST(FuzzRegression, BatchRunWithAnInvalidUtf8LineKeepsGoing) {
+  TempPath in(".jsonl"), out(".jsonl");
+  {
+    std::ofstream f(in.str(), std::ios::binary);
+    f << R"({"id": 1, "prompt": "Once upon a time", "n_predict": 4})" << "\n";
+    f << "{\"id\": 2, \"prompt\": \"bad \xff byte\"}\n";
+    f << R"({"id": 3, "prompt": "Tom had a big red ball.", "n_predict": 4})" << "\n";
+  }
+  const CommandResult r = run_command(runlm_binary() + " batch -m " + shared_model("stories260K.gguf") + " -f " +
+                                      in.str() + " -o " + out.str() + " --temp 0 -t 1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream f(out.str());
+  std::vector<nlohmann::json> recs;
+  for (std::string line; std::getline(f, line);) recs.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(recs.size(), 3u);
+  EXPECT_EQ(recs[0]["tokens_out"], 4);
+  EXPECT_EQ(recs[1]["line"], 2);
+  EXPECT_NE(recs[1]["error"].get<std::string>().find("invalid JSON"), std::string::npos) << recs[1].dump();
+  EXPECT_EQ(recs[2]["tokens_out"], 4);
 }

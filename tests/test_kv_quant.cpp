@@ -106,12 +106,21 @@ TEST(KvQuant, EnginesTakeTheTypesAndRefuseWhatTheyLack) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("unknown KV cache type 'q9'"), std::string::npos) << r.err;
   if (cuda_device_available()) {
+    // The GPU takes quantized KV in the paged cache only, and needs head_dim
+    // a multiple of 32 (stories260K has 8): each refusal names its reason.
     eo.device = Device::Cuda;
     try {
       make_cuda_engine(*model, eo);
-      ADD_FAILURE() << "the GPU engine accepted a q8_0 KV cache";
+      ADD_FAILURE() << "the GPU engine accepted a contiguous q8_0 KV cache";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("supported: f16/f16"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("--kv paged"), std::string::npos) << e.what();
+    }
+    eo.kv = KvLayout::Paged;
+    try {
+      make_cuda_engine(*model, eo);
+      ADD_FAILURE() << "the GPU engine accepted q8_0 KV at head_dim 8";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("head_dim=8"), std::string::npos) << e.what();
     }
   }
 }

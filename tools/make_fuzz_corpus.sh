@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 BUILD=${1:-build-fuzz}
 MODELS=../shared/models
 OUT=$BUILD/corpus
-TARGETS="fuzz_gguf fuzz_safetensors fuzz_hf_config fuzz_tokenizer fuzz_chat_template"
+TARGETS="fuzz_gguf fuzz_safetensors fuzz_hf_config fuzz_tokenizer fuzz_chat_template fuzz_batch_input"
 for t in $TARGETS; do
   mkdir -p "$OUT/$t"
   if [ -d "tests/fuzz/seeds/$t" ]; then cp tests/fuzz/seeds/"$t"/* "$OUT/$t/"; fi
@@ -122,6 +122,17 @@ for t in range(5):
 for jinja in sorted(os.listdir("tests/data/chat_templates")):
     if jinja.endswith(".jinja"):
         write("fuzz_chat_template", "detect-" + jinja, b"\x05" + open(os.path.join("tests/data/chat_templates", jinja), "rb").read())
+
+# ---- batch requests: the tokenizer test strings as prompts (text and JSONL)
+# and the golden conversations as "messages" requests; byte 0 bit 0 picks
+# the .jsonl file name (see fuzz_batch_input.cpp).
+strings = [s.decode("utf-8", "replace") for s in inp.split(b"\n__ggml_vocab_test__\n")]
+lines = [json.dumps({"id": i, "prompt": s, "n_predict": 8 + i, "temperature": 0.1 * (i % 10), "seed": i}, ensure_ascii=i % 2 == 0)
+         for i, s in enumerate(strings)]
+write("fuzz_batch_input", "vocab-prompts.jsonl", b"\x01" + "\n".join(lines).encode())
+write("fuzz_batch_input", "vocab-prompts.txt", b"\x00" + "\n".join(s.replace("\n", " ") for s in strings).encode())
+chats = [json.dumps({"id": name, "messages": case["messages"], "stop": ["\n\n", "</s>"]}) for name, case in cases.items()]
+write("fuzz_batch_input", "chat-cases.jsonl", b"\x00" + "\n".join(chats).encode())
 PY
 
 for t in $TARGETS; do

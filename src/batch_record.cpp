@@ -1,0 +1,45 @@
+#include "batch_record.h"
+
+#include <nlohmann/json.hpp>
+
+#include "generation.h"
+
+namespace runlm {
+
+namespace {
+
+using nlohmann::json;
+
+// Invalid UTF-8 must not make dump() throw: an error message can quote the
+// raw bytes of a bad line (nlohmann's parse errors do: "last read: '...'"),
+// and a token-level cut can split a character of the generated text. Such
+// bytes become U+FFFD, so every record is valid JSON (and UTF-8).
+std::string dump_line(const json& rec) { return rec.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+// e.id is the dump of a scalar (batch_input.cpp refuses anything else) or
+// the line number.
+json record_id(const BatchEntry& e) { return json::parse(e.id, nullptr, false); }
+
+}  // namespace
+
+std::string batch_error_record(const BatchEntry& e, const std::string& error) {
+  json rec;
+  rec["id"] = record_id(e);
+  rec["line"] = e.line;
+  rec["error"] = error;
+  return dump_line(rec);
+}
+
+std::string batch_completion_record(const BatchEntry& e, const Completion& c) {
+  json rec;
+  rec["id"] = record_id(e);
+  rec["text"] = c.text;
+  rec["tokens_in"] = c.n_prompt;
+  rec["tokens_out"] = c.tokens.size();
+  rec["finish_reason"] = finish_reason_name(c.finish);
+  rec["timings"] = {{"queue_ms", c.queue_seconds * 1e3}, {"total_ms", c.total_seconds * 1e3},
+                    {"prompt_tokens_cached", c.n_prompt_cached}, {"preemptions", c.n_preemptions}};
+  return dump_line(rec);
+}
+
+}  // namespace runlm
