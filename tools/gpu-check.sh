@@ -306,7 +306,7 @@ section_paged() {
   RUNLM_BENCH=1 "$TESTS" --gtest_filter='PagedAttentionBench*' >"$OUT/paged_bench.log" 2>&1
   local rc=$?
   grep -E '^\{' "$OUT/paged_bench.log" >"$OUT/paged_bench.jsonl"
-  grep -vE '^\{' "$OUT/paged_bench.log" | grep -E '\|' | tail -30
+  sed -n '/^paged decode/,$p' "$OUT/paged_bench.log" | grep -vE '^\{|^\[' | head -60
   if [ -f tools/decode_anchor.py ]; then
     PYTHONUNBUFFERED=1 python3 tools/decode_anchor.py >"$OUT/decode_anchor.jsonl" 2>"$OUT/decode_anchor.err" || rc=1
     tail -3 "$OUT/decode_anchor.err"
@@ -405,6 +405,19 @@ print("ncu: %d kernels, %.1f us GPU time" % (sum(cnt.values()), s))
 for n, v in tot.most_common(16):
     print("%5.1f%% %9.1f us x%-5d avg %7.2f us  %s" % (100 * v / s, v, cnt[n], v / cnt[n], n))
 PY
+}
+
+# Decode at 32k context (issue 7): one sequence, 32768 prompt tokens, 64
+# generated, on the paged cache with f16, q8_0 and q4_0 KV, and with a
+# 4096-token sliding window (f16).
+section_long_ctx() {
+  local t=${MODEL_TYPES%% *} args
+  for args in "-ctk f16 -ctv f16" "-ctk q8_0 -ctv q8_0" "-ctk q4_0 -ctv q4_0" "-ctk f16 -ctv f16 --swa 4096"; do
+    # shellcheck disable=SC2086
+    timeout 120 "$RUNLM" bench -m "$MODEL_DIR/llama2-7b-$t.gguf" -npl 1 -npp 32768 -ntg 64 -b 4096 --kv paged $args \
+      -o md 2>"$OUT/long_ctx.err" | grep -E '^\| (random|llama)' | sed "s/\$/ $args/"
+    tail -1 "$OUT/long_ctx.err"
+  done
 }
 
 # runlm bench's parallel-sequences mode (llama-batched-bench columns).
