@@ -79,6 +79,34 @@ __device__ __forceinline__ void load_step(Step<kT, kRows, kUnroll>& st, const WV
       for (int r = 0; r < kRows; ++r) st.raw[k][r] = Codec<kT>::load(w, rows[r], u0 + 32 * k);
 }
 
+// A warp's pass over its rows: units lane, lane + 32 kUnroll, ... in steps
+// of kUnroll units, dot(step, u0) for each. With kPrefetch the next step's
+// loads are issued before this step's dot (register double buffer). The
+// first loads go out before waiting for the previous kernel (launch_pdl):
+// weights never depend on it, x does.
+template <DType kT, int kRows, int kUnroll, bool kPrefetch, typename Dot>
+__device__ __forceinline__ void stream_units(const WView& w, const int64_t* rows, int lane, Dot&& dot) {
+  constexpr int kStep = 32 * kUnroll;
+  if constexpr (kPrefetch) {
+    Step<kT, kRows, kUnroll> cur;
+    load_step(cur, w, rows, lane);
+    wait_for_previous_kernel();
+    for (int u0 = lane; u0 < w.units; u0 += kStep) {
+      Step<kT, kRows, kUnroll> next;
+      load_step(next, w, rows, u0 + kStep);
+      dot(cur, u0);
+      cur = next;
+    }
+  } else {
+    wait_for_previous_kernel();
+    for (int u0 = lane; u0 < w.units; u0 += kStep) {
+      Step<kT, kRows, kUnroll> cur;
+      load_step(cur, w, rows, u0);
+      dot(cur, u0);
+    }
+  }
+}
+
 // Sums each accumulator over the warp; lane t writes token t's sums (lanes
 // 16..31 idle): one store per value.
 template <int kTok, int kRows>

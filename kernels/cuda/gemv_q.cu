@@ -154,7 +154,6 @@ template <DType kT, int kTok, int kRows>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvTargets tg, const float* __restrict__ x) {
   constexpr bool kPrefetch = kPrefetchOf<kTok>;
   constexpr int kUnroll = kUnrollOf<kT, kTok>;
-  constexpr int kStep = 32 * kUnroll;
   int blk = blockIdx.x;
   const int ti = target_of(tg, blk);
   const WView w = view_of(tg, ti);
@@ -173,24 +172,8 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvTargets tg, const fl
     for (int t = 0; t < kTok; ++t) acc[r][t] = 0.0f;
 
   const XGlobal xg{x, w.cols};
-  if constexpr (kPrefetch) {
-    Step<kT, kRows, kUnroll> cur;
-    load_step(cur, w, rows, lane);
-    wait_for_previous_kernel();  // x comes from the kernel before (launch_pdl)
-    for (int u0 = lane; u0 < w.units; u0 += kStep) {
-      Step<kT, kRows, kUnroll> next;
-      load_step(next, w, rows, u0 + kStep);
-      dot_step<kT, kTok>(cur, w, xg, u0, acc);
-      cur = next;
-    }
-  } else {
-    wait_for_previous_kernel();
-    for (int u0 = lane; u0 < w.units; u0 += kStep) {
-      Step<kT, kRows, kUnroll> cur;
-      load_step(cur, w, rows, u0);
-      dot_step<kT, kTok>(cur, w, xg, u0, acc);
-    }
-  }
+  stream_units<kT, kRows, kUnroll, kPrefetch>(
+      w, rows, lane, [&](const Step<kT, kRows, kUnroll>& st, int u0) { dot_step<kT, kTok>(st, w, xg, u0, acc); });
   reduce_store<kTok>(acc, w, row0, lane, y);
 }
 

@@ -149,7 +149,6 @@ __device__ __forceinline__ void dot_step(const Step<kT, kRows, kU>& st, const WV
 template <DType kT, int kTok>
 __global__ void __launch_bounds__(kThreads) gemv_x8_kernel(GemvTargets tg, X8View x) {
   constexpr int kRows = kRowsOf<kTok>;
-  constexpr int kStep = 32 * kUnroll;
   int blk = blockIdx.x;
   const int ti = target_of(tg, blk);
   const WView w = view_of(tg, ti);
@@ -167,24 +166,8 @@ __global__ void __launch_bounds__(kThreads) gemv_x8_kernel(GemvTargets tg, X8Vie
 #pragma unroll
     for (int t = 0; t < kTok; ++t) acc[r][t] = 0.0f;
 
-  if constexpr (kPrefetchOf<kTok>) {
-    Step<kT, kRows, kUnroll> cur;
-    load_step(cur, w, rows, lane);
-    wait_for_previous_kernel();  // x comes from the kernel before (launch_pdl)
-    for (int u0 = lane; u0 < w.units; u0 += kStep) {
-      Step<kT, kRows, kUnroll> next;
-      load_step(next, w, rows, u0 + kStep);
-      dot_step<kT, kTok>(cur, w, x, u0, acc);
-      cur = next;
-    }
-  } else {
-    wait_for_previous_kernel();
-    for (int u0 = lane; u0 < w.units; u0 += kStep) {
-      Step<kT, kRows, kUnroll> cur;
-      load_step(cur, w, rows, u0);
-      dot_step<kT, kTok>(cur, w, x, u0, acc);
-    }
-  }
+  stream_units<kT, kRows, kUnroll, kPrefetchOf<kTok>>(
+      w, rows, lane, [&](const Step<kT, kRows, kUnroll>& st, int u0) { dot_step<kT, kTok>(st, w, x, u0, acc); });
   reduce_store<kTok>(acc, w, row0, lane, y);
 }
 
