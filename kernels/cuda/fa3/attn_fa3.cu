@@ -134,14 +134,20 @@ CUtensorMap make_tmap(const void* ptr, DType dt, int rows, int heads, int d, int
 
 // Heads per scheduler group (see StaticTileScheduler): as many (head,
 // sequence) pairs as keep their K/V within ~24 MB of the 50 MB L2 (query
-// heads of one KV head share it), at least one. RUNLM_FA3_SCHED=lpt puts
-// all pairs in one group (plain heaviest-first, the order before groups),
-// =head one pair a group; for comparison.
-int choose_heads_per_group(int n_heads, int n_kv_heads, int batch, int max_seqlen_k, int head_dim) {
+// heads of one KV head share it), at least one. Except long causal
+// problems (>= 64 query blocks): there one group of all pairs (plain
+// heaviest-first) balanced the triangles best, measured at d128 16k
+// (616 TFLOP/s against 570 with L2-sized groups and 449 with one pair a
+// group) and d256 8k-16k; shorter causal and every non-causal shape ran
+// faster in L2-sized groups (NOTES.md, "fa3 tile order").
+// RUNLM_FA3_SCHED=lpt|head forces one group of all / one pair a group.
+int choose_heads_per_group(int n_heads, int n_kv_heads, int batch, int max_seqlen_k, int head_dim, bool causal,
+                           int n_m_blocks) {
   const int n_hb = n_heads * batch;
   const char* e = std::getenv("RUNLM_FA3_SCHED");
   if (e && std::string(e) == "lpt") return n_hb;
   if (e && std::string(e) == "head") return 1;
+  if (causal && n_m_blocks >= 64) return n_hb;
   constexpr double kBudget = 24.0 * (1 << 20);
   const double kv_bytes = 2.0 * 2.0 * max_seqlen_k * head_dim;  // K and V of one KV head, 2-byte elements
   const int kv_heads = static_cast<int>(std::max(1.0, kBudget / std::max(kv_bytes, 1.0)));
@@ -169,7 +175,8 @@ void launch_fa3(const AttnParams& p) {
   a.scale_log2 = p.scale * kLog2e;
   a.n_m_blocks = ceil_div(p.max_seqlen_q, L::BM);
   a.batch = p.batch;
-  a.heads_per_group = choose_heads_per_group(p.n_heads, p.n_kv_heads, p.batch, p.max_seqlen_k, D);
+  a.heads_per_group =
+      choose_heads_per_group(p.n_heads, p.n_kv_heads, p.batch, p.max_seqlen_k, D, p.causal, a.n_m_blocks);
   const int64_t tiles = int64_t(a.n_m_blocks) * p.n_heads * p.batch;
   RUNLM_CHECK(tiles < (int64_t(1) << 31), "fa3: %lld work tiles unsupported; supported: < 2^31",
               static_cast<long long>(tiles));
