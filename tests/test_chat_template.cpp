@@ -13,8 +13,10 @@
 
 #include "chat_template.h"
 #include "common.h"
+#include "test_support.h"
 
 using namespace runlm;
+using runlm::test::error_of;
 
 namespace {
 
@@ -39,15 +41,6 @@ std::vector<ChatMessage> messages_of(const nlohmann::json& c) {
   std::vector<ChatMessage> m;
   for (const auto& e : c.at("messages")) m.push_back({e.at("role").get<std::string>(), e.at("content").get<std::string>()});
   return m;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 }  // namespace
@@ -75,7 +68,7 @@ TEST(ChatTemplate, MatchesJinjaGoldens) {
         std::string message = error.substr(cls.size() + 1);
         if (!message.empty() && message.back() == '\n') message.pop_back();
         const std::string msg = error_of([&] { chat_template_apply(name, messages, gen, bos, eos); });
-        EXPECT_NE(msg, "(no error)") << name << "." << case_name << " should raise " << cls << ": " << message;
+        EXPECT_NE(msg, "<no error>") << name << "." << case_name << " should raise " << cls << ": " << message;
         if (cls == "TemplateError") {  // raise_exception(): the template's own words
           EXPECT_NE(msg.find(message), std::string::npos) << name << "." << case_name << ": " << msg;
         }

@@ -24,8 +24,10 @@
 #include "hf_config.h"
 #include "quantize.h"
 #include "safetensors.h"
+#include "test_support.h"
 
 using namespace runlm;
+using runlm::test::error_of;
 namespace fs = std::filesystem;
 
 namespace {
@@ -77,15 +79,6 @@ std::string safetensors_image(const std::string& header, const std::string& data
 template <typename T>
 std::string as_bytes(const std::vector<T>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
 }
 
 std::vector<float> decode_tensor(const GgufFile& g, const GgufTensorInfo& t) {

@@ -41,20 +41,6 @@ std::vector<uint8_t> safetensors_image(const std::string& header) {
   return img;
 }
 
-// The Error message of f(), or "<no error>".
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
-
-void expect_words(const std::string& msg, const std::vector<std::string>& words) {
-  for (const auto& w : words) EXPECT_NE(msg.find(w), std::string::npos) << "'" << w << "' not in: " << msg.substr(0, 400);
-}
-
 std::string st_error(const std::string& header) {
   const auto img = safetensors_image(header);
   return error_of([&] { SafetensorsFile::from_memory(img.data(), img.size(), "deep.safetensors"); });

@@ -21,30 +21,22 @@ using namespace runlm::test;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
-
-void expect_words(const std::string& msg, const std::vector<std::string>& words) {
-  for (const auto& w : words) EXPECT_NE(msg.find(w), std::string::npos) << "'" << w << "' not in: " << msg;
-}
-
-// A llama GGUF with only the metadata read_model_config needs and a tiny
-// token_embd ([dim, 4] f32); `edit` changes the writer before it is saved.
-std::string config_error(const std::function<void(GgufWriter&)>& edit) {
-  TempPath path(".gguf");
-  GgufWriter w;
+// The metadata read_model_config needs for a llama model of dim 8.
+void set_minimal_llama(GgufWriter& w) {
   w.set_string("general.architecture", "llama");
   w.set_u32("llama.embedding_length", 8);
   w.set_u32("llama.feed_forward_length", 16);
   w.set_u32("llama.block_count", 1);
   w.set_u32("llama.attention.head_count", 2);
   w.set_u32("llama.context_length", 64);
+}
+
+// A llama GGUF with only that metadata and a tiny token_embd ([dim, 4]
+// f32); `edit` changes the writer before it is saved.
+std::string config_error(const std::function<void(GgufWriter&)>& edit) {
+  TempPath path(".gguf");
+  GgufWriter w;
+  set_minimal_llama(w);
   edit(w);
   const std::vector<float> embd(8 * 4, 0.5f);
   w.add_tensor("token_embd.weight", DType::F32, {8, 4}, embd.data());
@@ -110,12 +102,7 @@ TEST(Limits, EmptyVocabularyIsAnError) {
   // but a model with no vocabulary is not.
   TempPath path(".gguf");
   GgufWriter w;
-  w.set_string("general.architecture", "llama");
-  w.set_u32("llama.embedding_length", 8);
-  w.set_u32("llama.feed_forward_length", 16);
-  w.set_u32("llama.block_count", 1);
-  w.set_u32("llama.attention.head_count", 2);
-  w.set_u32("llama.context_length", 64);
+  set_minimal_llama(w);
   w.add_tensor("token_embd.weight", DType::F32, {8, 0}, nullptr);
   w.write(path.str());
   auto g = GgufFile::open(path.str());

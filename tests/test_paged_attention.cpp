@@ -278,6 +278,19 @@ HostProblem make_problem(const Case& c) {
   return hp;
 }
 
+// Gives `a` (same case, other page placement) b's page contents and q: the
+// same sequences at a's page numbers.
+void place_contents_of(const HostProblem& b, const Case& c, HostProblem& a) {
+  const size_t kpage = a.lk.page, vpage = a.lv.page;
+  for (size_t s = 0; s < c.lens.size(); ++s)
+    for (int j = 0; j < ceil_div(c.lens[s], c.bs); ++j) {
+      const size_t pa = a.tables[s * a.max_blocks + j], pb = b.tables[s * b.max_blocks + j];
+      std::copy_n(&b.kpool[pb * kpage], kpage, &a.kpool[pa * kpage]);
+      std::copy_n(&b.vpool[pb * vpage], vpage, &a.vpool[pa * vpage]);
+    }
+  a.q = b.q;
+}
+
 // The CPU reference over all sequences, one thread per slice of sequences.
 // bf16 pools go to the reference as f32 (exact).
 std::vector<float> reference(const HostProblem& hp) {
@@ -318,14 +331,7 @@ TEST(PagedAttentionRef, ShuffledTableMatchesContiguous) {
   c.shuffle = false;
   HostProblem b = make_problem(c);
   // Same pages, other placement: move b's page contents to a's places.
-  const size_t kpage = a.lk.page, vpage = a.lv.page;
-  for (size_t s = 0; s < c.lens.size(); ++s)
-    for (int j = 0; j < ceil_div(c.lens[s], c.bs); ++j) {
-      const size_t pa = a.tables[s * a.max_blocks + j], pb = b.tables[s * b.max_blocks + j];
-      std::copy_n(&b.kpool[pb * kpage], kpage, &a.kpool[pa * kpage]);
-      std::copy_n(&b.vpool[pb * vpage], vpage, &a.vpool[pa * vpage]);
-    }
-  a.q = b.q;
+  place_contents_of(b, c, a);
   EXPECT_EQ(reference(a), reference(b));
 }
 
@@ -638,14 +644,7 @@ TEST(PagedAttention, ShuffledEqualsContiguous) {
   HostProblem a = make_problem(c);
   c.shuffle = false;
   HostProblem b = make_problem(c);
-  const size_t kpage = a.lk.page, vpage = a.lv.page;
-  for (size_t s = 0; s < c.lens.size(); ++s)
-    for (int j = 0; j < ceil_div(c.lens[s], c.bs); ++j) {
-      const size_t pa = a.tables[s * a.max_blocks + j], pb = b.tables[s * b.max_blocks + j];
-      std::copy_n(&b.kpool[pb * kpage], kpage, &a.kpool[pa * kpage]);
-      std::copy_n(&b.vpool[pb * vpage], vpage, &a.vpool[pa * vpage]);
-    }
-  a.q = b.q;
+  place_contents_of(b, c, a);
   DevProblem da(a), db(b);
   for (int part : {-1, 0, 256}) EXPECT_EQ(da.run(part), db.run(part)) << "partition " << part;
 }

@@ -1,5 +1,5 @@
 // Helpers shared by the tests: paths to the shared models, temporary files,
-// and running the runlm binary as a user would.
+// running the runlm binary as a user would, and error messages.
 #pragma once
 
 #include <sys/wait.h>
@@ -7,10 +7,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <unistd.h>
 #include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common.h"
 
 namespace runlm::test {
 
@@ -74,5 +79,21 @@ inline CommandResult run_command(const std::string& cmdline, const std::string& 
 }
 
 inline std::string runlm_binary() { return RUNLM_BINARY; }
+
+// The runlm::Error message of f(), or "<no error>" when f returns normally.
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+// Every word appears in msg (an error message names what it must).
+inline void expect_words(const std::string& msg, const std::vector<std::string>& words) {
+  for (const auto& w : words)
+    EXPECT_NE(msg.find(w), std::string::npos) << "'" << w << "' not in: " << msg.substr(0, 400);
+}
 
 }  // namespace runlm::test

@@ -12,8 +12,10 @@
 #include "common.h"
 #include "gguf.h"
 #include "tokenizer.h"
+#include "test_support.h"
 
 using namespace runlm;
+using runlm::test::error_of;
 
 namespace {
 
@@ -87,15 +89,6 @@ GgufValue* find_kv(std::vector<GgufKV>& kv, const std::string& key) {
   for (GgufKV& e : kv)
     if (e.key == key) return &e.value;
   return nullptr;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 // Random text mixing ASCII, whitespace runs, digits and multi-byte UTF-8.

@@ -144,9 +144,12 @@ CUtensorMap make_tmap(const void* ptr, DType dt, int rows, int heads, int d, int
 int choose_heads_per_group(int n_heads, int n_kv_heads, int batch, int max_seqlen_k, int head_dim, bool causal,
                            int n_m_blocks) {
   const int n_hb = n_heads * batch;
-  const char* e = std::getenv("RUNLM_FA3_SCHED");
-  if (e && std::string(e) == "lpt") return n_hb;
-  if (e && std::string(e) == "head") return 1;
+  static const std::string forced = [] {  // read once, not per launch
+    const char* e = std::getenv("RUNLM_FA3_SCHED");
+    return std::string(e ? e : "");
+  }();
+  if (forced == "lpt") return n_hb;
+  if (forced == "head") return 1;
   if (causal && n_m_blocks >= 64) return n_hb;
   constexpr double kBudget = 24.0 * (1 << 20);
   const double kv_bytes = 2.0 * 2.0 * max_seqlen_k * head_dim;  // K and V of one KV head, 2-byte elements
