@@ -228,12 +228,13 @@ int cmd_batch(int argc, char** argv) {
   const double secs = clock.seconds();
   std::fprintf(stderr,
                "batch: %zu requests: %d done, %zu errors%s | %lld tokens out in %.2f s (%.1f tok/s) | %lld steps, "
-               "%lld preemptions | %s, parallel %d, %lld KV pages of %d\n",
+               "%lld preemptions (forward %.2f s, sampling %.2f s) | %s, parallel %d, %lld KV pages of %d\n",
                entries.size(), n_ok, errors.size(),
                n_interrupted ? strfmt(", %d interrupted", n_interrupted).c_str() : "",
                static_cast<long long>(tokens_out), secs, secs > 0 ? tokens_out / secs : 0.0,
                static_cast<long long>(scheduler.steps()), static_cast<long long>(scheduler.preemptions()),
-               engine->backend_name(), parallel, static_cast<long long>(engine->blocks()->n_pages()), eo.block_size);
+               scheduler.times().forward, scheduler.times().sample, engine->backend_name(), parallel,
+               static_cast<long long>(engine->blocks()->n_pages()), eo.block_size);
   return g_batch_interrupt.load() ? 130 : 0;
 }
 

@@ -70,6 +70,8 @@ struct BatchedRow {
   int pp = 0, tg = 0, pl = 0;
   int64_t n_kv = 0;
   double t_pp = 0, t_tg = 0;  // seconds
+  int64_t steps = 0;
+  SchedulerTimes times;       // the whole row (prefill and decode)
 };
 
 // Runs `pl` sequences of `pp` random tokens through the scheduler at once.
@@ -111,7 +113,10 @@ BatchedRow run_batched(Engine& engine, const Tokenizer& tok, Rng& rng, int n_voc
               "-npl %d: only %d of the %d sequences ran at once (%lld preemptions): the KV pool is too small; raise "
               "--kv-mem or lower -npl",
               pl, started_at_once, pl, static_cast<long long>(scheduler.preemptions()));
-  BatchedRow row{pp, tg, pl};
+  BatchedRow row;
+  row.pp = pp;
+  row.tg = tg;
+  row.pl = pl;
   for (const Completion& c : done) {
     RUNLM_CHECK(c.finish == FinishReason::Length && static_cast<int>(c.tokens.size()) == tg + 1 && c.n_prompt_cached == 0,
                 "-npl %d: sequence %d ended as %s after %zu tokens (%d prompt tokens cached); expected %d", pl, c.index,
@@ -120,6 +125,8 @@ BatchedRow run_batched(Engine& engine, const Tokenizer& tok, Rng& rng, int n_voc
   }
   row.t_pp = t_pp;
   row.t_tg = t - t_pp;
+  row.steps = scheduler.steps();
+  row.times = scheduler.times();
   return row;
 }
 
@@ -195,6 +202,11 @@ int bench_batched(const cxxopts::ParseResult& args) {
   const char* type_v = kv_type_name(engine->type_v());
   std::fprintf(stderr, "bench: %s, paged KV pool of %d pages x %d tokens, -b %d\n", engine->backend_name(), bm.n_pages(),
                eo.block_size, eo.n_batch);
+  // Where each row's time went, for reading what limits it.
+  for (const BatchedRow& r : rows)
+    std::fprintf(stderr, "bench: B=%d: %lld steps; forward %.3f s, sampling %.3f s, other %.3f s\n", r.pl,
+                 static_cast<long long>(r.steps), r.times.forward, r.times.sample,
+                 r.times.total - r.times.forward - r.times.sample);
   if (format == "md") {
     std::printf("| model | type | backend | attn | type_k | type_v | PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s "
                 "| S_TG t/s | T s | S t/s |\n");
@@ -217,7 +229,8 @@ int bench_batched(const cxxopts::ParseResult& args) {
                           {"pp", r.pp}, {"tg", r.tg}, {"pl", r.pl}, {"n_kv", r.n_kv},
                           {"t_pp", r.t_pp}, {"speed_pp", r.pl * r.pp / r.t_pp},
                           {"t_tg", r.t_tg}, {"speed_tg", r.pl * r.tg / r.t_tg},
-                          {"t", t}, {"speed", static_cast<double>(r.n_kv) / t}};
+                          {"t", t}, {"speed", static_cast<double>(r.n_kv) / t}, {"steps", r.steps},
+                          {"t_forward", r.times.forward}, {"t_sample", r.times.sample}};
       std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace).c_str());
     }
   }

@@ -1,6 +1,6 @@
 // CUDA backend: the same forward pass as the CPU engine (src/cpu_engine.cpp),
 // on the GPU. Weights are uploaded once in their GGUF type (repacked for
-// 16-byte loads, kernels/cuda/gpu_ops.h). Up to kMaxGemvTokens tokens run
+// 16-byte loads, kernels/cuda/gpu_ops.h). Up to gemv_max_tokens_ tokens run
 // through the quantized GEMV kernels with f32 activations (decode, short
 // prompts); longer chunks through the tensor-core GEMM with f16 activations
 // and the prefill attention backends (src/attention.h). The single-token
@@ -34,7 +34,8 @@ void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail("CUDA error in %s: %s", what, cudaGetErrorString(e));
 }
 
-constexpr int kMaxGemvTokens = 16;
+constexpr int kMaxGemvTokens = 16;    // the GEMV kernels take up to 16 rows of x
+constexpr int kMaxGemvTokensF16 = 4;  // where F16 weights switch to cuBLAS (see allocate_buffers)
 
 QMatrix qmatrix(const WeightView& w) { return QMatrix{w.type, w.data, w.row_bytes, w.ne0, w.ne1}; }
 
@@ -205,6 +206,17 @@ class CudaEngine final : public Engine {
     check(cudaStreamSynchronize(stream_), "sync");
   }
 
+  float* logits_buffer(size_t n) override {
+    if (logits_host_n_ < n) {
+      if (logits_host_) cudaFreeHost(logits_host_);
+      logits_host_ = nullptr;
+      logits_host_n_ = 0;
+      check(cudaMallocHost(&logits_host_, n * sizeof(float)), "cudaMallocHost (logits)");
+      logits_host_n_ = n;
+    }
+    return logits_host_;
+  }
+
   double measure_copy_bandwidth() override {
     // 1 GiB each way: far past the 50 MB L2, so this is HBM bandwidth.
     const size_t n = size_t{1} << 30;
@@ -284,6 +296,8 @@ class CudaEngine final : public Engine {
     host_io_ = nullptr;
     if (plan_host_) cudaFreeHost(plan_host_);
     plan_host_ = nullptr;
+    if (logits_host_) cudaFreeHost(logits_host_);
+    logits_host_ = nullptr;
     if (stream_) cudaStreamDestroy(stream_);
     stream_ = nullptr;
   }
@@ -377,6 +391,21 @@ class CudaEngine final : public Engine {
     const char* f32x = std::getenv("RUNLM_GEMV_F32X");
     gemv_x8_ = !(f32x && std::strcmp(f32x, "1") == 0);
     x8_.allocate(gpu::x8_bytes(kMaxGemvTokens, static_cast<int64_t>(widest)));
+    // F16 layers go to cuBLAS with no dequantization pass, which beats the
+    // f32-x GEMV from a few tokens on (a 16-sequence F16 step took 25.6 ms by
+    // GEMV, slower per token than 64 by GEMM); the other types pay a
+    // dequantization pass in the GEMM path and keep the GEMV up to 16.
+    // RUNLM_GEMV_MAX_TOKENS (1-16) overrides, for measuring.
+    const GpuLayer& l0 = layers_.front();
+    bool all_f16 = true;
+    for (const gpu::GpuMatrix* w : {&l0.wq, &l0.wk, &l0.wv, &l0.wo, &l0.w_gate, &l0.w_up, &l0.w_down})
+      all_f16 = all_f16 && w->type == DType::F16;
+    gemv_max_tokens_ = all_f16 ? kMaxGemvTokensF16 : kMaxGemvTokens;
+    if (const char* e = std::getenv("RUNLM_GEMV_MAX_TOKENS")) {
+      const int v = std::atoi(e);
+      RUNLM_CHECK(v >= 1 && v <= kMaxGemvTokens, "RUNLM_GEMV_MAX_TOKENS must be 1 to %d, got '%s'", kMaxGemvTokens, e);
+      gemv_max_tokens_ = v;
+    }
     size_t scratch = 0;
     for (const auto& l : layers_)
       for (const gpu::GpuMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
@@ -445,7 +474,7 @@ class CudaEngine final : public Engine {
 
   void run_chunk(const int* tokens, int m, int pos, float* out, bool all_logits) {
     stage_inputs(tokens, m, pos);
-    const bool gemv_path = m <= kMaxGemvTokens;
+    const bool gemv_path = m <= gemv_max_tokens_;
     if (m == 1 && out && !all_logits) {
       // The decode step: one graph for every position.
       if (!graph_exec_) capture_decode_graph();
@@ -520,7 +549,7 @@ class CudaEngine final : public Engine {
   void run_batch(const BatchPlan& plan) {
     const ModelConfig& c = cfg_;
     const int m = static_cast<int>(plan.tokens.size());
-    const bool gemv_path = m <= kMaxGemvTokens;
+    const bool gemv_path = m <= gemv_max_tokens_;
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     int32_t* d = plan_dev_.get();
     const PlanOffsets& o = plan_at_;
@@ -634,7 +663,7 @@ class CudaEngine final : public Engine {
     const int rows = static_cast<int>(plan.logit_rows.size());
     if (rows == 0) return;
     gpu::gather_rows(x_.get(), d + o.logit_rows, rows, c.dim, rows_.get(), stream_);
-    const bool gemv_logits = rows <= kMaxGemvTokens;
+    const bool gemv_logits = rows <= gemv_max_tokens_;
     gpu::rmsnorm(rows_.get(), output_norm_.get(), gemv_logits ? xb_.get() : nullptr, gemv_logits ? nullptr : xh_.get(),
                  rows, c.dim, c.rms_eps, stream_);
     if (gemv_logits) project_gemv({{&output_, logits_.get()}}, xb_.get(), rows);
@@ -708,7 +737,7 @@ class CudaEngine final : public Engine {
     project_gemv({{&output_, logits_.get()}}, xb_.get(), rows);
   }
 
-  // y_i = W_i x for up to kMaxGemvTokens rows of x (f32, [m, cols]). Q4_0
+  // y_i = W_i x for up to gemv_max_tokens_ rows of x (f32, [m, cols]). Q4_0
   // and Q8_0 matrices read x quantized to int8 once (gpu::gemv_x8, ~4x fewer
   // instructions per weight; RUNLM_GEMV_F32X=1 keeps f32 x for comparison);
   // the others the f32 kernels. Consecutive matrices of one type share one
@@ -827,6 +856,7 @@ class CudaEngine final : public Engine {
   DeviceBuffer<uint8_t> gemm_scratch_;
   DeviceBuffer<uint8_t> x8_;  // x quantized for gemv_x8 ([16, widest] int8 + scales)
   bool gemv_x8_ = true;
+  int gemv_max_tokens_ = kMaxGemvTokens;  // longer chunks take the GEMM path
   int* host_io_ = nullptr;  // pinned: tokens [n_batch], positions [n_batch], cu_seqlens [4]
   // Paged cache and batched steps.
   int block_size_ = 16;
@@ -835,6 +865,8 @@ class CudaEngine final : public Engine {
   DeviceBuffer<int32_t> plan_dev_;        // a step's tokens, positions, slots, tables (see upload_plan)
   int32_t* plan_host_ = nullptr;          // pinned staging for plan_dev_
   size_t plan_host_n_ = 0;
+  float* logits_host_ = nullptr;          // pinned, logits_buffer()
+  size_t logits_host_n_ = 0;
   DeviceBuffer<float> rows_;              // [n_batch, dim] rows whose logits are wanted
   DeviceBuffer<uint8_t> decode_ws_;       // paged decode split-K partial states
   DeviceBuffer<uint16_t> k_gather_, v_gather_;  // [total_k, kv_dim] K/V of prefill items, contiguous

@@ -26,6 +26,11 @@ const char* device_name(Device d) {
   return "?";
 }
 
+float* Engine::logits_buffer(size_t n) {
+  if (logits_buffer_.size() < n) logits_buffer_.resize(n);
+  return logits_buffer_.data();
+}
+
 uint64_t kv_cache_bytes(const ModelConfig& c, int64_t n_ctx, uint64_t elem_bytes) {
   RUNLM_CHECK(n_ctx > 0, "context size %lld must be positive", static_cast<long long>(n_ctx));
   uint64_t bytes = 2;  // K and V

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <unordered_map>
 
 #include "common.h"
@@ -16,6 +17,10 @@ uint64_t splitmix64(uint64_t& x) {
   return z ^ (z >> 31);
 }
 uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+// The order every stage sorts by: larger logit first, then the smaller id.
+bool better(const TokenCandidate& a, const TokenCandidate& b) {
+  return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+}
 }  // namespace
 
 Rng::Rng(uint64_t seed) {
@@ -37,9 +42,7 @@ uint64_t Rng::next() {
 double Rng::uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
 
 void softmax_candidates(std::vector<TokenCandidate>& cands) {
-  std::sort(cands.begin(), cands.end(), [](const TokenCandidate& a, const TokenCandidate& b) {
-    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
-  });
+  std::sort(cands.begin(), cands.end(), better);
   if (cands.empty()) return;
   const float mx = cands[0].logit;
   double sum = 0;
@@ -48,6 +51,53 @@ void softmax_candidates(std::vector<TokenCandidate>& cands) {
     sum += c.p;
   }
   for (auto& c : cands) c.p = static_cast<float>(c.p / sum);
+}
+
+int argmax(const float* logits, int n) {
+  // The largest value in 8 independent lanes (no chain through one
+  // comparison: ~8x faster on 32k logits), then its first index.
+  constexpr int kLanes = 8;
+  float lane[kLanes];
+  for (float& v : lane) v = -std::numeric_limits<float>::infinity();
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) lane[j] = logits[i + j] > lane[j] ? logits[i + j] : lane[j];
+  float best = lane[0];
+  for (int j = 1; j < kLanes; ++j) best = lane[j] > best ? lane[j] : best;
+  for (; i < n; ++i) best = logits[i] > best ? logits[i] : best;
+  for (i = 0; i < n; ++i)
+    if (logits[i] == best) return i;
+  return 0;  // every logit NaN
+}
+
+void select_best(const float* logits, int n, int k, std::vector<TokenCandidate>& out) {
+  k = std::min(k, n);
+  out.clear();
+  if (k <= 0) return;
+  for (int i = 0; i < k; ++i) out.push_back({i, logits[i], 0.0f});
+  // A heap whose front is the worst of the k kept so far.
+  std::make_heap(out.begin(), out.end(), better);
+  float worst = out.front().logit;
+  // Ids grow, so an equal logit loses to the kept one: only larger ones enter.
+  auto offer = [&](int i) {
+    if (!(logits[i] > worst)) return;
+    std::pop_heap(out.begin(), out.end(), better);
+    out.back() = {i, logits[i], 0.0f};
+    std::push_heap(out.begin(), out.end(), better);
+    worst = out.front().logit;
+  };
+  // Most groups of 8 hold nothing better than the k-th: one max of the group
+  // (branch-free, vectorizable) skips them.
+  constexpr int kGroup = 8;
+  int i = k;
+  for (; i + kGroup <= n; i += kGroup) {
+    float m = logits[i];
+    for (int j = 1; j < kGroup; ++j) m = logits[i + j] > m ? logits[i + j] : m;
+    if (!(m > worst)) continue;
+    for (int j = 0; j < kGroup; ++j) offer(i + j);
+  }
+  for (; i < n; ++i) offer(i);
+  std::sort_heap(out.begin(), out.end(), better);
 }
 
 namespace {
@@ -63,7 +113,17 @@ class RepetitionPenalty final : public SamplerStage {
     std::unordered_map<int, int> seen;
     for (int t : recent_) ++seen[t];
     for (auto& c : cands)
-      if (seen.count(c.id)) c.logit = c.logit > 0 ? c.logit / penalty_ : c.logit * penalty_;
+      if (seen.count(c.id)) c.logit = penalized(c.logit);
+  }
+  bool edits_logits() const override { return true; }
+  bool idle() const override { return penalty_ == 1.0f || recent_.empty(); }
+  void apply_to_logits(float* logits, int n_vocab) override {
+    if (penalty_ == 1.0f || recent_.empty()) return;
+    std::vector<int> ids(recent_.begin(), recent_.end());
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());  // each token once, as apply() does
+    for (int id : ids)
+      if (id >= 0 && id < n_vocab) logits[id] = penalized(logits[id]);
   }
   void accept(int token) override {
     if (last_n_ <= 0) return;
@@ -73,6 +133,7 @@ class RepetitionPenalty final : public SamplerStage {
   void reset() override { recent_.clear(); }
 
  private:
+  float penalized(float logit) const { return logit > 0 ? logit / penalty_ : logit * penalty_; }
   float penalty_;
   int last_n_;
   std::deque<int> recent_;
@@ -84,12 +145,10 @@ class TopK final : public SamplerStage {
   const char* name() const override { return "top-k"; }
   void apply(std::vector<TokenCandidate>& cands) override {
     if (k_ <= 0 || static_cast<size_t>(k_) >= cands.size()) return;
-    std::partial_sort(cands.begin(), cands.begin() + k_, cands.end(),
-                      [](const TokenCandidate& a, const TokenCandidate& b) {
-                        return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
-                      });
+    std::partial_sort(cands.begin(), cands.begin() + k_, cands.end(), better);
     cands.resize(static_cast<size_t>(k_));
   }
+  int keeps_best() const override { return std::max(k_, 0); }
 
  private:
   int k_;
@@ -174,16 +233,28 @@ Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.se
 }
 
 int Sampler::sample(const float* logits, int n_vocab) {
-  cands_.resize(static_cast<size_t>(n_vocab));
-  for (int i = 0; i < n_vocab; ++i) cands_[i] = {i, logits[i], 0.0f};
-  for (auto& s : stages_) s->apply(cands_);
-  if (params_.temperature <= 0) {
-    // Greedy: the first index of the largest logit, as argmax does.
-    size_t best = 0;
-    for (size_t i = 1; i < cands_.size(); ++i)
-      if (cands_[i].logit > cands_[best].logit) best = i;
-    return cands_[best].id;
+  // Stages that only rewrite single logits run first, on a copy of the row.
+  size_t next = 0;
+  const float* row = logits;
+  for (; next < stages_.size() && stages_[next]->edits_logits(); ++next) {
+    if (stages_[next]->idle()) continue;
+    if (row == logits) {
+      edited_.assign(logits, logits + n_vocab);
+      row = edited_.data();
+    }
+    stages_[next]->apply_to_logits(edited_.data(), n_vocab);
   }
+  if (params_.temperature <= 0) return argmax(row, n_vocab);
+  // Top-k next: build only its k candidates.
+  const int k = next < stages_.size() ? stages_[next]->keeps_best() : 0;
+  if (k > 0 && k < n_vocab) {
+    select_best(row, n_vocab, k, cands_);
+    ++next;
+  } else {
+    cands_.resize(static_cast<size_t>(n_vocab));
+    for (int i = 0; i < n_vocab; ++i) cands_[i] = {i, row[i], 0.0f};
+  }
+  for (; next < stages_.size(); ++next) stages_[next]->apply(cands_);
   softmax_candidates(cands_);
   const double r = rng_.uniform();
   double cum = 0;

@@ -43,12 +43,27 @@ class SamplerStage {
   virtual ~SamplerStage() = default;
   virtual const char* name() const = 0;
   virtual void apply(std::vector<TokenCandidate>& cands) = 0;
+  // A stage that only rewrites single logits (the penalty) can run on the raw
+  // logits instead, before any candidate exists: then the sampler builds
+  // only the candidates it needs (one argmax, or the top k), not n_vocab of
+  // them for every sequence and step.
+  virtual bool edits_logits() const { return false; }
+  virtual bool idle() const { return false; }  // would change nothing now (penalty 1, no history)
+  virtual void apply_to_logits(float* logits, int n_vocab) {}
+  // > 0: the stage keeps only the best k candidates (top-k).
+  virtual int keeps_best() const { return 0; }
   virtual void accept(int token) {}
   virtual void reset() {}
 };
 
 // Sorts by logit (descending) and fills p with the softmax of the logits.
 void softmax_candidates(std::vector<TokenCandidate>& cands);
+// The first index of the largest of logits[0..n) (NaNs are skipped).
+int argmax(const float* logits, int n);
+// The k best of logits[0..n) (larger logit first, the smaller id first on a
+// tie), sorted: the same as building every candidate and partial_sort-ing
+// them, in one pass that touches only the ones that beat the k-th so far.
+void select_best(const float* logits, int n, int k, std::vector<TokenCandidate>& out);
 
 std::unique_ptr<SamplerStage> make_repetition_penalty(float penalty, int last_n);
 std::unique_ptr<SamplerStage> make_top_k(int k);
@@ -72,6 +87,7 @@ class Sampler {
   std::vector<std::unique_ptr<SamplerStage>> stages_;
   Rng rng_;
   std::vector<TokenCandidate> cands_;
+  std::vector<float> edited_;  // the logits after edits_logits() stages
 };
 
 }  // namespace runlm

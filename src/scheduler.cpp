@@ -6,6 +6,7 @@
 #include "common.h"
 #include "engine.h"
 #include "kv_cache.h"
+#include "thread_pool.h"
 #include "tokenizer.h"
 
 namespace runlm {
@@ -131,8 +132,9 @@ void Scheduler::run(const std::function<void(Completion&&)>& on_done, const std:
   BlockManager& bm = *engine_.blocks();
   const int n_vocab = tok_.n_vocab();
   const int window = engine_.sliding_window();
-  std::vector<float> logits;
+  std::vector<int> sampled;
   int admit_counter = 0;
+  Stopwatch run_clock;
   while (!waiting_.empty() || !running_.empty()) {
     if (stop && stop->load()) {
       for (auto& s : running_) finish(*s, FinishReason::Interrupted, on_done);
@@ -219,9 +221,32 @@ void Scheduler::run(const std::function<void(Completion&&)>& on_done, const std:
       n_logits += it.want_logits;
       items.push_back(it);
     }
-    logits.resize(static_cast<size_t>(n_logits) * n_vocab);
-    engine_.forward_batch(items, logits.data());
+    float* logits = engine_.logits_buffer(static_cast<size_t>(n_logits) * n_vocab);
+    Stopwatch forward_clock;
+    engine_.forward_batch(items, logits);
+    times_.forward += forward_clock.seconds();
     ++steps_;
+
+    // Sampling first, every row at once (each sequence has its own sampler
+    // and random stream, so the threads change no draw); then the tokens are
+    // taken in item order.
+    Stopwatch sample_clock;
+    std::vector<Sampler*> samplers;
+    for (size_t i = 0; i < plan.size(); ++i)
+      if (items[i].want_logits) samplers.push_back(plan[i].first->sampler.get());
+    sampled.assign(samplers.size(), -1);
+    auto sample_rows = [&](int64_t begin, int64_t end, int) {
+      for (int64_t r = begin; r < end; ++r)
+        sampled[r] = samplers[r]->sample(logits + static_cast<size_t>(r) * n_vocab, n_vocab);
+    };
+    constexpr int kRowsPerThread = 16;  // below this the hand-off costs more than it saves
+    if (samplers.size() >= 2 * kRowsPerThread) {
+      if (!sample_pool_) sample_pool_ = std::make_unique<ThreadPool>(std::min(16, static_cast<int>(std::thread::hardware_concurrency())));
+      sample_pool_->parallel_for(static_cast<int64_t>(samplers.size()), sample_rows);
+    } else {
+      sample_rows(0, static_cast<int64_t>(samplers.size()), 0);
+    }
+    times_.sample += sample_clock.seconds();
 
     int row = 0;
     std::vector<Sequence*> finished;
@@ -233,7 +258,7 @@ void Scheduler::run(const std::function<void(Completion&&)>& on_done, const std:
       // The next query sits at n_computed and sees n_computed - window + 1 on.
       if (window > 0 && !opt_.swa_full) bm.release_before(s->seq_id, s->n_computed - window + 1);
       if (!items[i].want_logits) continue;
-      const int token = s->sampler->sample(&logits[static_cast<size_t>(row++) * n_vocab], n_vocab);
+      const int token = sampled[row++];
       if (!s->first_token_seen) {
         s->first_token_seen = true;
         ++first_tokens_;
@@ -251,6 +276,7 @@ void Scheduler::run(const std::function<void(Completion&&)>& on_done, const std:
     }
     if (on_progress) on_progress({done_, total_, generated_, static_cast<int>(running_.size()), first_tokens_});
   }
+  times_.total += run_clock.seconds();
 }
 
 }  // namespace runlm

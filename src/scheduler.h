@@ -66,6 +66,17 @@ struct SchedulerProgress {
   int first_tokens = 0;        // requests that have sampled at least one token (prefill done)
 };
 
+// Where a run's time went (seconds, host clock): the forward passes (GPU
+// work included: forward_batch returns with the logits on the host),
+// sampling, and the rest (planning, pages, detokenizing, callbacks).
+struct SchedulerTimes {
+  double forward = 0;
+  double sample = 0;
+  double total = 0;
+};
+
+class ThreadPool;
+
 class Scheduler {
  public:
   Scheduler(Engine& engine, const Tokenizer& tokenizer, const SchedulerOptions& options);
@@ -80,6 +91,7 @@ class Scheduler {
   // Steps taken and preemptions so far (for reports and tests).
   int64_t steps() const { return steps_; }
   int64_t preemptions() const { return preemptions_; }
+  const SchedulerTimes& times() const { return times_; }
 
  private:
   struct Sequence;
@@ -101,6 +113,8 @@ class Scheduler {
   int done_ = 0;
   int64_t generated_ = 0;
   int first_tokens_ = 0;
+  SchedulerTimes times_;
+  std::unique_ptr<ThreadPool> sample_pool_;  // made when a step has many rows to sample
 };
 
 }  // namespace runlm

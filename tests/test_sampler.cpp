@@ -1,7 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <memory>
 #include <random>
 
 #include "common.h"
@@ -116,4 +118,84 @@ TEST(Sampler, RejectsBadParameters) {
   p = SamplingParams{};
   p.repeat_penalty = 0;
   EXPECT_THROW(Sampler{p}, Error);
+}
+
+TEST(Sampler, SelectBestEqualsPartialSortWithTies) {
+  std::mt19937 gen(5);
+  for (int trial = 0; trial < 50; ++trial) {
+    const int n = 1 + static_cast<int>(gen() % 3000);
+    std::vector<float> logits(n);
+    // Few distinct values, so ties are common and the id order decides.
+    for (auto& x : logits) x = static_cast<float>(static_cast<int>(gen() % 40)) * 0.25f - 5.0f;
+    std::vector<TokenCandidate> all;
+    for (int i = 0; i < n; ++i) all.push_back({i, logits[i], 0});
+    for (int k : {1, 7, 40, n}) {
+      auto ref = all;
+      const size_t kk = static_cast<size_t>(std::min(k, n));
+      std::partial_sort(ref.begin(), ref.begin() + kk, ref.end(), [](const auto& a, const auto& b) {
+        return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+      });
+      ref.resize(kk);
+      std::vector<TokenCandidate> got;
+      select_best(logits.data(), n, k, got);
+      ASSERT_EQ(got.size(), ref.size());
+      for (size_t i = 0; i < kk; ++i) ASSERT_EQ(got[i].id, ref[i].id) << "n " << n << " k " << k << " rank " << i;
+    }
+  }
+}
+
+// The sampler builds only the candidates it needs (argmax, or the top k on
+// the penalised logits); it must draw exactly what the plain pipeline of
+// stages over all n_vocab candidates draws, with the same random numbers.
+TEST(Sampler, FastPathsDrawWhatTheFullPipelineDraws) {
+  for (const float temp : {0.0f, 0.7f}) {
+    for (const int top_k : {0, 1, 40}) {
+      SamplingParams p;
+      p.temperature = temp;
+      p.top_k = top_k;
+      p.top_p = 0.9f;
+      p.min_p = 0.02f;
+      p.repeat_penalty = 1.3f;
+      p.repeat_last_n = 8;
+      p.seed = 42;
+      Sampler fast(p);
+      auto penalty = make_repetition_penalty(p.repeat_penalty, p.repeat_last_n);
+      std::vector<std::unique_ptr<SamplerStage>> rest;
+      rest.push_back(make_top_k(p.top_k));
+      rest.push_back(make_top_p(p.top_p));
+      rest.push_back(make_min_p(p.min_p));
+      rest.push_back(make_temperature(p.temperature));
+      Rng rng(p.seed);
+      for (int step = 0; step < 60; ++step) {
+        auto logits = random_logits(3000, 100 + step);
+        logits[7] = logits[8];  // a tie
+        std::vector<TokenCandidate> c;
+        for (int i = 0; i < 3000; ++i) c.push_back({i, logits[i], 0});
+        penalty->apply(c);
+        int want;
+        if (temp <= 0) {
+          want = static_cast<int>(std::max_element(c.begin(), c.end(), [](const auto& a, const auto& b) {
+                                    return a.logit < b.logit;
+                                  }) - c.begin());
+        } else {
+          for (auto& s : rest) s->apply(c);
+          softmax_candidates(c);
+          const double r = rng.uniform();
+          double cum = 0;
+          want = c.back().id;
+          for (const auto& x : c) {
+            cum += x.p;
+            if (r < cum) {
+              want = x.id;
+              break;
+            }
+          }
+        }
+        const int got = fast.sample(logits.data(), 3000);
+        ASSERT_EQ(got, want) << "temp " << temp << " top_k " << top_k << " step " << step;
+        fast.accept(got);
+        penalty->accept(got);
+      }
+    }
+  }
 }

@@ -384,14 +384,9 @@ for d in sorted(data, key=lambda d: -float(d["Total Time (ns)"]))[:14]:
 PY
 }
 
-# Per-kernel GPU time of a short decode run (Nsight Compute, one metric),
-# summed by kernel name: what the launch gaps leave out.
-section_ncu_tg() {
-  command -v ncu >/dev/null || { echo "no ncu"; return 1; }
-  local t=${MODEL_TYPES%% *}
-  timeout 300 ncu --metrics gpu__time_duration.sum --csv -c ${NCU_KERNELS:-1200} \
-    "$RUNLM" bench -m "$MODEL_DIR/llama2-7b-$t.gguf" -p 0 -n 3 -r 1 >"$OUT/ncu_tg_$t.csv" 2>"$OUT/ncu_tg_$t.err" || { tail -5 "$OUT/ncu_tg_$t.err"; }
-  python3 - "$OUT/ncu_tg_$t.csv" <<'PY'
+# Sums an `ncu --metrics gpu__time_duration.sum --csv` log by kernel name.
+ncu_summary() {
+  python3 - "$1" <<'PY'
 import csv, sys, collections, re
 lines = [l for l in open(sys.argv[1]) if l.startswith('"')]
 rows = list(csv.reader(lines))
@@ -409,6 +404,31 @@ print("ncu: %d kernels, %.1f us GPU time" % (sum(cnt.values()), s))
 for n, v in tot.most_common(16):
     print("%5.1f%% %9.1f us x%-5d avg %7.2f us  %s" % (100 * v / s, v, cnt[n], v / cnt[n], n))
 PY
+}
+
+# Per-kernel GPU time of a short decode run (Nsight Compute, one metric),
+# summed by kernel name: what the launch gaps leave out.
+section_ncu_tg() {
+  command -v ncu >/dev/null || { echo "no ncu"; return 1; }
+  local t=${MODEL_TYPES%% *}
+  timeout 300 ncu --metrics gpu__time_duration.sum --csv -c ${NCU_KERNELS:-1200} \
+    "$RUNLM" bench -m "$MODEL_DIR/llama2-7b-$t.gguf" -p 0 -n 3 -r 1 >"$OUT/ncu_tg_$t.csv" 2>"$OUT/ncu_tg_$t.err" || { tail -5 "$OUT/ncu_tg_$t.err"; }
+  ncu_summary "$OUT/ncu_tg_$t.csv"
+}
+
+# The same for batched decode steps of 256 sequences (bench -npl 256 with
+# one prompt token each, so every step carries 256 tokens): the first ~2
+# steps' kernels, per model type.
+section_ncu_batch() {
+  command -v ncu >/dev/null || { echo "no ncu"; return 1; }
+  local t
+  for t in $MODEL_TYPES; do
+    timeout 240 ncu --metrics gpu__time_duration.sum --csv -c ${NCU_BATCH_KERNELS:-1100} \
+      "$RUNLM" bench -m "$MODEL_DIR/llama2-7b-$t.gguf" -npl 256 -npp 1 -ntg 2 -b 4096 -o md \
+      >"$OUT/ncu_batch_$t.csv" 2>"$OUT/ncu_batch_$t.err" || { tail -5 "$OUT/ncu_batch_$t.err"; }
+    echo "-- $t, B=256 steps"
+    ncu_summary "$OUT/ncu_batch_$t.csv"
+  done
 }
 
 # Decode at 32k context (issue 7): one sequence, 32768 prompt tokens, 64
@@ -430,7 +450,7 @@ section_bench_npl() {
   for t in $MODEL_TYPES; do
     timeout 200 "$RUNLM" bench -m "$MODEL_DIR/llama2-7b-$t.gguf" -npl ${NPL:-1,16,64,256} -npp 128 -ntg 128 -b 4096 -o md \
       2>"$OUT/bench_npl_$t.err" | tee "$OUT/bench_npl_$t.md" | grep -E '^\|'
-    tail -2 "$OUT/bench_npl_$t.err"
+    grep -E '^bench:|rror' "$OUT/bench_npl_$t.err"
   done
 }
 
