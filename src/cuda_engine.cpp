@@ -78,9 +78,19 @@ class DeviceBuffer {
   size_t n_ = 0;
 };
 
+// Projections of one x that run as one batched GEMM (gpu::gemm_batched):
+// where their n weight, n x and n y pointers start in the engine's pointer
+// table; n = 0 when the matrices do not qualify (then one gemm each).
+struct GemmGroup {
+  size_t at = 0;
+  int n = 0;
+  int64_t rows = 0, cols = 0;
+};
+
 struct GpuLayer {
   gpu::GpuMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
   DeviceBuffer<float> attn_norm, ffn_norm;
+  GemmGroup qkv, kv, gate_up;  // kv: when q's shape differs (GQA)
 };
 
 // The feed-forward width the GPU uses: a multiple of 8 (see upload_padded).
@@ -280,6 +290,7 @@ class CudaEngine final : public Engine {
     window_ = opt.sliding_window >= 0 ? opt.sliding_window : cfg_.sliding_window;
     upload_weights();
     allocate_buffers();
+    build_gemm_groups();
     allocate_kv_cache(opt);
   }
 
@@ -563,27 +574,20 @@ class CudaEngine final : public Engine {
       k_gather_.reserve(static_cast<size_t>(total_k) * c.kv_dim());
       v_gather_.reserve(static_cast<size_t>(total_k) * c.kv_dim());
     }
-    // Long steps: f16 activations through the GEMM (short ones: project_gemv).
-    auto project = [&](const gpu::GpuMatrix& w, float* out) {
-      gpu::gemm(w, xh_.get(), out, m, gemm_scratch_.get(), stream_);
-    };
-    // Short steps: f32 (and int8 for gemv_x8) into project_gemv; long: f16.
-    auto norm = [&](const DeviceBuffer<float>& w) {
-      if (gemv_path) norm_for_gemv(w, nullptr, m, true);
-      else gpu::rmsnorm(x_.get(), w.get(), nullptr, xh_.get(), m, c.dim, c.rms_eps, stream_);
+    // x += add (the previous residual branch, folded into the norm), then
+    // short steps: f32 (and int8 for gemv_x8) into project_gemv; long: f16.
+    auto norm = [&](const DeviceBuffer<float>& w, const float* add) {
+      if (gemv_path) norm_for_gemv(w, add, m, true);
+      else gpu::rmsnorm_fused(x_.get(), add, w.get(), nullptr, xh_.get(), nullptr, m, c.dim, c.rms_eps, stream_);
     };
 
     gpu::embed_rows(tok_embd_, d + o.tokens, m, x_.get(), stream_);
+    const float* pending = nullptr;  // the previous layer's down projection, not yet added to x
     for (int l = 0; l < c.n_layers; ++l) {
       GpuLayer& g = layers_[l];
-      norm(g.attn_norm);
-      if (gemv_path) {
-        project_gemv({{&g.wq, q_.get()}, {&g.wk, k_.get()}, {&g.wv, v_.get()}}, xb_.get(), m, true);
-      } else {
-        project(g.wq, q_.get());
-        project(g.wk, k_.get());
-        project(g.wv, v_.get());
-      }
+      norm(g.attn_norm, pending);
+      if (gemv_path) project_gemv({{&g.wq, q_.get()}, {&g.wk, k_.get()}, {&g.wv, v_.get()}}, xb_.get(), m, true);
+      else project_qkv_gemm(g, m);
       gpu::rope_and_store_kv_slots(q_.get(), k_.get(), v_.get(), d + o.positions, d + o.slots, m, c.n_heads,
                                    c.n_kv_heads, c.head_dim, c.rope_theta, c.rope_freq_scale, k_pool(l), v_pool(l),
                                    type_k_, type_v_, block_size_, gemv_path ? nullptr : qh_.get(), stream_);
@@ -645,20 +649,16 @@ class CudaEngine final : public Engine {
           gpu::to_f16(att_.get(), atth_.get(), static_cast<int64_t>(plan.dec_tokens) * c.q_dim(), stream_);
         gpu::gemm(g.wo, atth_.get(), xb_.get(), m, gemm_scratch_.get(), stream_);
       }
-      gpu::add_inplace(x_.get(), xb_.get(), static_cast<int64_t>(m) * c.dim, stream_);
-      norm(g.ffn_norm);
-      if (gemv_path) {
-        project_gemv({{&g.w_gate, gate_.get()}, {&g.w_up, up_.get()}}, xb_.get(), m, true);
-      } else {
-        project(g.w_gate, gate_.get());
-        project(g.w_up, up_.get());
-      }
+      norm(g.ffn_norm, xb_.get());
+      if (gemv_path) project_gemv({{&g.w_gate, gate_.get()}, {&g.w_up, up_.get()}}, xb_.get(), m, true);
+      else project_gemm(g.gate_up, {{&g.w_gate, gate_.get()}, {&g.w_up, up_.get()}}, m);
       gpu::swiglu(gate_.get(), up_.get(), gemv_path ? nullptr : xh_.get(), static_cast<int64_t>(m) * hidden_,
                   stream_);
       if (gemv_path) project_gemv({{&g.w_down, xb_.get()}}, gate_.get(), m);
       else gpu::gemm(g.w_down, xh_.get(), xb_.get(), m, gemm_scratch_.get(), stream_);
-      gpu::add_inplace(x_.get(), xb_.get(), static_cast<int64_t>(m) * c.dim, stream_);
+      pending = xb_.get();
     }
+    if (pending) gpu::add_inplace(x_.get(), pending, static_cast<int64_t>(m) * c.dim, stream_);
 
     const int rows = static_cast<int>(plan.logit_rows.size());
     if (rows == 0) return;
@@ -761,6 +761,55 @@ class CudaEngine final : public Engine {
     }
   }
 
+  // Same-shape F16 projections of one x (q/k/v, else k/v; gate/up) become
+  // batched GEMMs: at 256 decode tokens a 4096 x 4096 product is about one
+  // wave of cuBLAS tiles (29 us under ncu, 1.2 TB/s of weights), several in
+  // one call fill the GPU better. The pointer table is built once.
+  void build_gemm_groups() {
+    std::vector<void*> h;
+    using Out = std::pair<const gpu::GpuMatrix*, float*>;
+    auto group = [&](std::initializer_list<Out> outs) {
+      GemmGroup g;
+      std::vector<const gpu::GpuMatrix*> ws;
+      for (const Out& o : outs) ws.push_back(o.first);
+      const int n = static_cast<int>(ws.size());
+      if (!gpu::gemm_batched_ok(ws.data(), n)) return g;
+      g.at = h.size();
+      g.n = n;
+      g.rows = ws[0]->rows;
+      g.cols = ws[0]->cols;
+      for (const Out& o : outs) h.push_back(const_cast<void*>(gpu::gemm_f16_data(*o.first)));
+      for (int i = 0; i < n; ++i) h.push_back(xh_.get());
+      for (const Out& o : outs) h.push_back(o.second);
+      return g;
+    };
+    for (GpuLayer& l : layers_) {
+      l.qkv = group({{&l.wq, q_.get()}, {&l.wk, k_.get()}, {&l.wv, v_.get()}});
+      if (l.qkv.n == 0) l.kv = group({{&l.wk, k_.get()}, {&l.wv, v_.get()}});
+      l.gate_up = group({{&l.w_gate, gate_.get()}, {&l.w_up, up_.get()}});
+    }
+    if (h.empty()) return;
+    gemm_ptrs_.allocate(h.size());
+    check(cudaMemcpy(gemm_ptrs_.get(), h.data(), h.size() * sizeof(void*), cudaMemcpyHostToDevice), "copy gemm groups");
+  }
+
+  // y = W x for each out, x = xh_ (f16, m rows): one batched call for a group.
+  void project_gemm(const GemmGroup& g, std::initializer_list<std::pair<const gpu::GpuMatrix*, float*>> outs, int m) {
+    if (g.n > 0) {
+      void** p = gemm_ptrs_.get() + g.at;
+      gpu::gemm_batched(p, reinterpret_cast<const uint16_t* const*>(p + g.n), reinterpret_cast<float* const*>(p + 2 * g.n),
+                        g.n, g.rows, g.cols, m, stream_);
+      return;
+    }
+    for (const auto& [w, y] : outs) gpu::gemm(*w, xh_.get(), y, m, gemm_scratch_.get(), stream_);
+  }
+
+  void project_qkv_gemm(const GpuLayer& g, int m) {
+    if (g.qkv.n > 0) return project_gemm(g.qkv, {}, m);
+    project_gemm(GemmGroup{}, {{&g.wq, q_.get()}}, m);
+    project_gemm(g.kv, {{&g.wk, k_.get()}, {&g.wv, v_.get()}}, m);
+  }
+
   // Transformer layers for a long chunk: f16 activations into tensor-core
   // GEMMs, prefill attention over the cached keys [0, pos + m).
   void layers_gemm(int m, int pos) {
@@ -777,9 +826,7 @@ class CudaEngine final : public Engine {
     for (int l = 0; l < c.n_layers; ++l) {
       GpuLayer& g = layers_[l];
       gpu::rmsnorm(x_.get(), g.attn_norm.get(), nullptr, xh_.get(), m, c.dim, c.rms_eps, stream_);
-      gpu::gemm(g.wq, xh_.get(), q_.get(), m, scratch, stream_);
-      gpu::gemm(g.wk, xh_.get(), k_.get(), m, scratch, stream_);
-      gpu::gemm(g.wv, xh_.get(), v_.get(), m, scratch, stream_);
+      project_qkv_gemm(g, m);
       gpu::rope_and_store_kv(q_.get(), k_.get(), v_.get(), positions_.get(), m, c.n_heads, c.n_kv_heads, c.head_dim,
                              c.rope_theta, c.rope_freq_scale, k_cache(l), v_cache(l), qh_.get(), stream_);
       AttnParams p;
@@ -806,8 +853,7 @@ class CudaEngine final : public Engine {
       gpu::gemm(g.wo, atth_.get(), xb_.get(), m, scratch, stream_);
       gpu::add_inplace(x_.get(), xb_.get(), static_cast<int64_t>(m) * c.dim, stream_);
       gpu::rmsnorm(x_.get(), g.ffn_norm.get(), nullptr, xh_.get(), m, c.dim, c.rms_eps, stream_);
-      gpu::gemm(g.w_gate, xh_.get(), gate_.get(), m, scratch, stream_);
-      gpu::gemm(g.w_up, xh_.get(), up_.get(), m, scratch, stream_);
+      project_gemm(g.gate_up, {{&g.w_gate, gate_.get()}, {&g.w_up, up_.get()}}, m);
       gpu::swiglu(gate_.get(), up_.get(), xh_.get(), static_cast<int64_t>(m) * hidden_, stream_);
       gpu::gemm(g.w_down, xh_.get(), xb_.get(), m, scratch, stream_);
       gpu::add_inplace(x_.get(), xb_.get(), static_cast<int64_t>(m) * c.dim, stream_);
@@ -854,6 +900,7 @@ class CudaEngine final : public Engine {
   DeviceBuffer<int> tokens_, positions_;      // [n_batch]
   DeviceBuffer<int> cu_seqlens_;              // [0, m, 0, pos + m]
   DeviceBuffer<uint8_t> gemm_scratch_;
+  DeviceBuffer<void*> gemm_ptrs_;  // the GemmGroups' pointer arrays (build_gemm_groups)
   DeviceBuffer<uint8_t> x8_;  // x quantized for gemv_x8 ([16, widest] int8 + scales)
   bool gemv_x8_ = true;
   int gemv_max_tokens_ = kMaxGemvTokens;  // longer chunks take the GEMM path

@@ -477,6 +477,64 @@ TEST(GpuOps, GemmEveryTypeAgainstMatmul) {
   }
 }
 
+// Three f16 matrices of one shape in one batched call (q/k/v, gate/up): each
+// output against the float64 product, same tolerance as gemm above; a
+// different x per matrix checks that the pointer arrays are not mixed up.
+TEST(GpuOps, GemmBatchedMatchesEachProduct) {
+  REQUIRE_GPU();
+  constexpr double kTol = 2e-3;
+  constexpr int kN = 3;
+  const int64_t rows = 200, cols = 264;
+  std::vector<HostMatrix> hms;
+  std::vector<gpu::GpuMatrix> gms;
+  for (int i = 0; i < kN; ++i) {
+    hms.push_back(make_matrix(DType::F16, rows, cols, 4100 + i));
+    gms.push_back(gpu::upload_matrix(hms.back().q));
+  }
+  const gpu::GpuMatrix* ws[kN] = {&gms[0], &gms[1], &gms[2]};
+  EXPECT_TRUE(gpu::gemm_batched_ok(ws, kN));
+  for (int n : {1, 37, 256}) {
+    std::vector<std::unique_ptr<DevBuf>> xs, ys;
+    std::vector<std::vector<double>> refs;
+    std::vector<const void*> wp;
+    std::vector<const uint16_t*> xp;
+    std::vector<float*> yp;
+    for (int i = 0; i < kN; ++i) {
+      const std::vector<float> x = randn(static_cast<size_t>(n * cols), 60 + n + i);
+      std::vector<uint16_t> xh(x.size());
+      std::vector<float> xr(x.size());
+      for (size_t j = 0; j < x.size(); ++j) {
+        xh[j] = fp32_to_fp16(x[j]);
+        xr[j] = fp16_to_fp32(xh[j]);
+      }
+      refs.push_back(ref_matmul(dequantize(hms[i].q), rows, cols, xr, n));
+      xs.push_back(upload(xh));
+      ys.push_back(std::make_unique<DevBuf>(sizeof(float) * n * rows));  // poisoned (NaN)
+      wp.push_back(gpu::gemm_f16_data(gms[i]));
+      xp.push_back(xs.back()->as<uint16_t>());
+      yp.push_back(ys.back()->as<float>());
+    }
+    auto dw = upload(wp);
+    auto dx = upload(xp);
+    auto dy = upload(yp);
+    gpu::gemm_batched(dw->as<const void*>(), dx->as<const uint16_t*>(), dy->as<float*>(), kN, rows, cols, n, nullptr);
+    for (int i = 0; i < kN; ++i)
+      EXPECT_LT(rel_err(ys[i]->get<float>(static_cast<size_t>(n * rows)), refs[i]), kTol) << "matrix " << i << " n=" << n;
+  }
+  // Another shape or type does not qualify.
+  const HostMatrix other = make_matrix(DType::F16, rows + 8, cols, 4200);
+  gpu::GpuMatrix go = gpu::upload_matrix(other.q);
+  const gpu::GpuMatrix* mixed[2] = {&gms[0], &go};
+  EXPECT_FALSE(gpu::gemm_batched_ok(mixed, 2));
+  const HostMatrix q4 = make_matrix(DType::Q4_0, rows, cols, 4201);
+  gpu::GpuMatrix gq = gpu::upload_matrix(q4.q);
+  const gpu::GpuMatrix* quant[2] = {&gq, &gq};
+  EXPECT_FALSE(gpu::gemm_batched_ok(quant, 2));
+  gpu::free_matrix(go);
+  gpu::free_matrix(gq);
+  for (auto& g : gms) gpu::free_matrix(g);
+}
+
 // ---- embed_rows ---------------------------------------------------------------------
 
 TEST(GpuOps, EmbedRowsEveryType) {

@@ -139,4 +139,31 @@ void gemm(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_tokens, voi
                            CUDA_R_16F, k, &beta, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
+bool gemm_batched_ok(const GpuMatrix* const* ws, int n) {
+  for (int i = 0; i < n; ++i)
+    if (ws[i]->type != DType::F16 || ws[i]->rows != ws[0]->rows || ws[i]->cols != ws[0]->cols || !ws[i]->data)
+      return false;
+  return n >= 1 && ws[0]->rows <= INT32_MAX && ws[0]->cols <= INT32_MAX;
+}
+
+const void* gemm_f16_data(const GpuMatrix& w) {
+  RUNLM_CHECK(w.type == DType::F16, "gemm_batched: %s weights; it takes f16", dtype_name(w.type));
+  return make_view(w).q;
+}
+
+void gemm_batched(const void* const* w, const uint16_t* const* x, float* const* y, int n, int64_t rows, int64_t cols,
+                  int n_tokens, Stream stream) {
+  RUNLM_CHECK(n >= 1 && n_tokens >= 1 && rows <= INT32_MAX && cols <= INT32_MAX,
+              "gemm_batched: n=%d n_tokens=%d rows=%lld cols=%lld", n, n_tokens, static_cast<long long>(rows),
+              static_cast<long long>(cols));
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const float alpha = 1.0f, beta = 0.0f;
+  const int m = static_cast<int>(rows), k = static_cast<int>(cols);
+  // The layout of gemm() above, n times.
+  cublasCheck(cublasGemmBatchedEx(cublas_for(s), CUBLAS_OP_T, CUBLAS_OP_N, m, n_tokens, k, &alpha, w, CUDA_R_16F, k,
+                                  reinterpret_cast<const void* const*>(x), CUDA_R_16F, k, &beta,
+                                  reinterpret_cast<void* const*>(y), CUDA_R_32F, m, n, CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
+}
+
 }  // namespace runlm::gpu

@@ -86,6 +86,15 @@ void gemv_x8(const GemvOut* outs, int n_outs, const void* x8, int n_tokens, Stre
 // buffer where the implementation needs one).
 size_t gemm_scratch_bytes(const GpuMatrix& w);
 void gemm(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_tokens, void* scratch, Stream stream);
+// gemm() for n F16 matrices of one shape over the same n_tokens, in one
+// cuBLAS batched call (q/k/v, gate/up): at decode batch sizes one matrix is
+// about one wave of tiles, n of them keep the SMs fuller. w, x, y are device
+// arrays of n pointers (matrix data, x f16, y f32), built once by the caller
+// so the call is graph-safe; gemm_batched_ok says whether the matrices qualify.
+bool gemm_batched_ok(const GpuMatrix* const* ws, int n);
+const void* gemm_f16_data(const GpuMatrix& w);  // the pointer gemm_batched wants for w
+void gemm_batched(const void* const* w, const uint16_t* const* x, float* const* y, int n, int64_t rows, int64_t cols,
+                  int n_tokens, Stream stream);
 
 // Row of an embedding table (any supported type) for each token -> f32 [n, cols].
 void embed_rows(const GpuMatrix& table, const int* tokens, int n, float* out, Stream stream);
