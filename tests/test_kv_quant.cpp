@@ -309,3 +309,31 @@ TEST(KvQuant, Stories260kQ8KvLogitsStayCloseToF16) {
   EXPECT_LE(rms_q8, 5.5 * rms_bf16);
   EXPECT_LE(kl_q8, 0.005);
 }
+
+// Through the command line: a model with heads of 12 refuses the quantized
+// types for K or V with the error naming the combination, and takes the
+// plain ones; heads of 24 run every type (blocks of 8).
+TEST(KvQuant, HeadDimsNotAMultipleOf8RefuseQuantizedTypes) {
+  auto model_with_heads_of = [](int hd, const TempPath& out) {
+    const std::string cmd = std::string(RUNLM_RANDOM_MODEL_BINARY) + " --preset tiny --type f32 --layers 1 --heads 4" +
+                            " --kv-heads 2 --hidden 64 --dim " + std::to_string(4 * hd) + " --tokenizer " +
+                            shared_model("llama2-tokenizer.model") + " -o " + out.str();
+    ASSERT_EQ(run_command(cmd).exit_code, 0) << cmd;
+  };
+  const TempPath hd12(".gguf"), hd24(".gguf");
+  model_with_heads_of(12, hd12);
+  model_with_heads_of(24, hd24);
+  auto generate = [](const TempPath& m, const std::string& k, const std::string& v) {
+    return run_command(runlm_binary() + " generate -m " + m.str() + " -p Hi -n 2 -t 2 -ctk " + k + " -ctv " + v);
+  };
+  for (const auto& [k, v] : {std::pair<std::string, std::string>{"q8_0", "f16"}, {"f16", "q4_0"}, {"fp8", "fp8"}}) {
+    const CommandResult r = generate(hd12, k, v);
+    EXPECT_EQ(r.exit_code, 1) << k << "/" << v;
+    expect_words(r.err, {k == "f16" ? v : k, "head_dim=12", "multiple of 8", "f32, f16, bf16"});
+  }
+  EXPECT_EQ(generate(hd12, "f16", "bf16").exit_code, 0);
+  for (const std::string t : {"q8_0", "q4_0", "fp8"}) {
+    const CommandResult r = generate(hd24, t, t);
+    EXPECT_EQ(r.exit_code, 0) << t << ": " << r.err;
+  }
+}
