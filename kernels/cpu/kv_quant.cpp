@@ -46,8 +46,9 @@ DType dtype_of(KvType t) {
 }
 
 // GGUF's blocks serve the plain types and q8_0 / q4_0 in blocks of 32 (the
-// bytes the GPU's store reproduces); blocks of 16 and 8 and every fp8 block go
-// through the block coders below, which do ggml's arithmetic over len values.
+// bytes the GPU's store reproduces); q8_0 / q4_0 blocks of 16 and 8 go through
+// the block coders below (ggml's arithmetic over len values), as does fp8 at
+// every length.
 bool gguf_blocks(KvType t, int len) { return !row_of(t).scaled || (t != KvType::FP8 && len == kQK); }
 
 constexpr float kFp8Max = 448.0f;
