@@ -182,7 +182,7 @@ int bench_batched(const cxxopts::ParseResult& args) {
                     "KV memory); raise --kv-mem or lower -npl",
                     pl, pl, pp, tg, static_cast<long long>(need), eo.block_size, bm.n_pages(),
                     format_bytes(static_cast<uint64_t>(bm.n_pages()) * eo.block_size * c.n_layers *
-                                 (kv_row_bytes(engine->type_k(), c.kv_dim()) + kv_row_bytes(engine->type_v(), c.kv_dim())))
+                                 (kv_row_bytes(engine->type_k(), c.kv_dim(), c.head_dim) + kv_row_bytes(engine->type_v(), c.kv_dim(), c.head_dim)))
                         .c_str());
       }
 
@@ -301,8 +301,8 @@ int cmd_bench(int argc, char** argv) {
   const auto& w = model->weights();
   const double weight_bytes = static_cast<double>(model->weight_bytes() - w.tok_embd.nbytes() + w.tok_embd.row_bytes +
                                                   (c.tied_embeddings ? w.tok_embd.nbytes() : 0));
-  const double kv_row = static_cast<double>(kv_row_bytes(engine->type_k(), c.kv_dim()) +
-                                            kv_row_bytes(engine->type_v(), c.kv_dim()));  // K + V of one position
+  const double kv_row = static_cast<double>(kv_row_bytes(engine->type_k(), c.kv_dim(), c.head_dim) +
+                                            kv_row_bytes(engine->type_v(), c.kv_dim(), c.head_dim));  // K + V of one position
   for (int n : gens) {
     const auto toks = random_tokens(n);
     std::vector<double> tps;

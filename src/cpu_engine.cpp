@@ -45,6 +45,11 @@ class CpuEngine final : public Engine {
     n_ctx_ = opt.n_ctx > 0 ? opt.n_ctx : cfg_.ctx_train;
     n_batch_ = std::max(1, opt.n_batch);
     window_ = opt.sliding_window >= 0 ? opt.sliding_window : cfg_.sliding_window;
+    type_k_ = opt.type_k.value_or(KvType::F32);
+    type_v_ = opt.type_v.value_or(KvType::F32);
+    // Stops with an error for a quantized type whose blocks cannot follow head_dim.
+    row_bytes_k_ = kv_row_bytes(type_k_, cfg_.kv_dim(), cfg_.head_dim);
+    row_bytes_v_ = kv_row_bytes(type_v_, cfg_.kv_dim(), cfg_.head_dim);
     int64_t n_slots = n_ctx_;
     if (layout_ == KvLayout::Paged) {
       block_size_ = opt.block_size;
@@ -52,9 +57,8 @@ class CpuEngine final : public Engine {
       if (pages <= 0) {
         // Enough for kv_tokens (or n_ctx), at most --kv-mem or 8 GiB of f32 K and V.
         const int64_t tokens = opt.kv_tokens > 0 ? opt.kv_tokens : n_ctx_;
-        const double page_bytes = static_cast<double>(cfg_.n_layers) * block_size_ *
-                                  static_cast<double>(kv_row_bytes(opt.type_k.value_or(KvType::F32), cfg_.kv_dim()) +
-                                                      kv_row_bytes(opt.type_v.value_or(KvType::F32), cfg_.kv_dim()));
+        const double page_bytes =
+            static_cast<double>(cfg_.n_layers) * block_size_ * static_cast<double>(row_bytes_k_ + row_bytes_v_);
         const double budget = opt.kv_bytes > 0 ? static_cast<double>(opt.kv_bytes) : 8.0 * (1 << 30);
         pages = std::max<int64_t>(1, std::min<int64_t>((tokens + block_size_ - 1) / block_size_,
                                                        static_cast<int64_t>(budget / page_bytes)));
@@ -63,10 +67,6 @@ class CpuEngine final : public Engine {
       blocks_ = std::make_unique<BlockManager>(static_cast<int>(pages), block_size_);
       n_slots = pages * block_size_;
     }
-    type_k_ = opt.type_k.value_or(KvType::F32);
-    type_v_ = opt.type_v.value_or(KvType::F32);
-    row_bytes_k_ = kv_row_bytes(type_k_, cfg_.kv_dim());
-    row_bytes_v_ = kv_row_bytes(type_v_, cfg_.kv_dim());
     // 64-bit: layers x slots x row bytes overflows 32 bits at 7B shapes.
     n_slots_ = n_slots;
     const uint64_t rows = static_cast<uint64_t>(cfg_.n_layers) * static_cast<uint64_t>(n_slots);  // both < 2^31
@@ -201,8 +201,8 @@ class CpuEngine final : public Engine {
         rope(&k_[t * kv_dim], c.n_kv_heads, c.head_dim, pos, c.rope_theta, c.rope_freq_scale);
         // K and V are encoded into the cache's types as they are written.
         const size_t slot = static_cast<size_t>(slot_of(slots[t], pos));
-        kv_encode_row(type_k_, &k_[t * kv_dim], k_layer + slot * row_bytes_k_, kv_dim);
-        kv_encode_row(type_v_, &v_[t * kv_dim], v_layer + slot * row_bytes_v_, kv_dim);
+        kv_encode_row(type_k_, &k_[t * kv_dim], k_layer + slot * row_bytes_k_, kv_dim, c.head_dim);
+        kv_encode_row(type_v_, &v_[t * kv_dim], v_layer + slot * row_bytes_v_, kv_dim, c.head_dim);
       }
       pool_.parallel_for(m, [&](int64_t b, int64_t e, int thread) {
         KvLayerView kv{k_layer, v_layer, type_k_, type_v_, row_bytes_k_, row_bytes_v_, nullptr, block_size_};

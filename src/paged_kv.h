@@ -8,11 +8,13 @@
 // head_dim elements, and a contiguous cache is the special case of one
 // sequence whose table is 0, 1, 2, ...
 //
-// Quantized pools (KV types q8_0, q4_0, fp8; a scale per 32 values along
-// head_dim, issue 7) keep NHD for the quants and put the scales at the end of
-// each page, so every quant row stays 16-byte aligned for wide loads:
+// Quantized pools (KV types q8_0, q4_0, fp8; a scale per block of L values
+// along head_dim, L = kv_quant_block_len(head_dim): 32, or 16 / 8 for head_dims
+// that are not a multiple of 32, issue 7) keep NHD for the quants and put the
+// scales at the end of each page, so every quant row stays 16-byte aligned for
+// wide loads (the GPU takes L = 32 only):
 //   page = quants [block_size][n_kv_heads][head_dim * bits / 8]
-//          scales [block_size][n_kv_heads][head_dim / 32] f16
+//          scales [block_size][n_kv_heads][head_dim / L] f16
 // The bytes are those of kernels/cpu/kv_quant's encoding, de-interleaved: a
 // slot's quant row is its CPU row's blocks' quants in order, its scale row
 // the blocks' scales in order (kv_pool_write_row / kv_pool_read_row).
@@ -48,29 +50,38 @@ struct KvPoolLayout {
   }
 };
 
-// Elements per quant byte pair and scale per 32: q8_0 / fp8 one byte, q4_0
-// half a byte; plain types their element size.
+RUNLM_HOST_DEVICE inline bool kv_type_quantized(KvType t) { return t == KvType::Q8_0 || t == KvType::Q4_0 || t == KvType::FP8; }
+
+// Quant bytes per value: q8_0 / fp8 one byte, q4_0 half a byte; plain types
+// their element size. One f16 scale per block of kv_quant_block_len(head_dim)
+// values (host code checks head_dim with kv_block_len before it gets here).
+// Device code sees quantized pools only at head_dim % 32 == 0 (the GPU engine
+// and the kernels' launchers refuse others), so it keeps the constant 32 and
+// the kernels that compute a layout stay as they were.
 RUNLM_HOST_DEVICE inline KvPoolLayout kv_pool_layout(KvType t, int block_size, int n_kv_heads, int head_dim) {
   KvPoolLayout l;
   const int64_t n = int64_t(n_kv_heads) * head_dim;
+#ifdef __CUDA_ARCH__
+  constexpr int kBlock = 32;
+#else
+  const int kBlock = kv_type_quantized(t) ? kv_quant_block_len(head_dim) : 1;
+#endif
   l.block_size = block_size;
   switch (t) {
     case KvType::F32: l.q_row = 4 * n; break;
     case KvType::F16:
     case KvType::BF16: l.q_row = 2 * n; break;
     case KvType::Q8_0:
-    case KvType::FP8: l.q_row = n; l.s_row = n / 32 * 2; break;
-    case KvType::Q4_0: l.q_row = n / 2; l.s_row = n / 32 * 2; break;
+    case KvType::FP8: l.q_row = n; l.s_row = n / kBlock * 2; break;
+    case KvType::Q4_0: l.q_row = n / 2; l.s_row = n / kBlock * 2; break;
   }
   l.page = int64_t(block_size) * (l.q_row + l.s_row);
   return l;
 }
 
-RUNLM_HOST_DEVICE inline bool kv_type_quantized(KvType t) { return t == KvType::Q8_0 || t == KvType::Q4_0 || t == KvType::FP8; }
-
 // Copies one slot's row between kernels/cpu/kv_quant's encoding (kv_row_bytes
 // of n_kv_heads * head_dim elements; for the quantized types blocks of an f16
-// scale then the quants) and its place in a pool of layout l.
+// scale then the quants, l's block length) and its place in a pool of layout l.
 inline void kv_pool_write_row(KvType t, const KvPoolLayout& l, void* pool, int64_t slot, const void* row) {
   uint8_t* q = static_cast<uint8_t*>(pool) + l.quant_offset(slot);
   const uint8_t* src = static_cast<const uint8_t*>(row);

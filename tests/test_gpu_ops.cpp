@@ -772,13 +772,13 @@ TEST(GpuOps, StoreKvTypesBitExactWithCpuEncode) {
                                      ds->as<int>(), n, n_heads, n_kv, hd, 10000.0f, 1.0f, kc.p, vc.p, kt, vt, bs,
                                      nullptr, nullptr);
         const std::vector<uint8_t> kb = kc.get<uint8_t>(kc.n), vb = vc.get<uint8_t>(vc.n);
-        std::vector<uint8_t> want(kv_row_bytes(kt, row)), got(want.size());
-        std::vector<uint8_t> want_v(kv_row_bytes(vt, row)), got_v(want_v.size());
+        std::vector<uint8_t> want(kv_row_bytes(kt, row, hd)), got(want.size());
+        std::vector<uint8_t> want_v(kv_row_bytes(vt, row, hd)), got_v(want_v.size());
         int bad = 0;
         for (int i = 0; i < n; ++i) {
-          kv_encode_row(kt, k.data() + size_t(i) * row, want.data(), row);
+          kv_encode_row(kt, k.data() + size_t(i) * row, want.data(), row, hd);
           kv_pool_read_row(kt, lk, kb.data(), slots[i], got.data());
-          kv_encode_row(vt, v.data() + size_t(i) * row, want_v.data(), row);
+          kv_encode_row(vt, v.data() + size_t(i) * row, want_v.data(), row, hd);
           kv_pool_read_row(vt, lv, vb.data(), slots[i], got_v.data());
           if (want != got || want_v != got_v) ++bad;
         }
@@ -830,12 +830,12 @@ TEST(GpuOps, StoreKvTypesWithRopeWithinQuantError) {
     gpu::rope_and_store_kv_slots(dq->as<float>(), dk->as<float>(), dv->as<float>(), dp->as<int>(), ds->as<int>(), n,
                                  n_heads, n_kv, hd, 10000.0f, 1.0f, kc.p, vc.p, t, t, bs, nullptr, nullptr);
     const std::vector<uint8_t> kb = kc.get<uint8_t>(kc.n), vb = vc.get<uint8_t>(vc.n);
-    std::vector<uint8_t> rowb(kv_row_bytes(t, n_kv * hd));
+    std::vector<uint8_t> rowb(kv_row_bytes(t, n_kv * hd, hd));
     std::vector<float> dec(n_kv * hd);
     for (int i = 0; i < n; ++i)
       for (int which = 0; which < 2; ++which) {
         kv_pool_read_row(t, l, (which ? vb : kb).data(), slots[i], rowb.data());
-        kv_decode_row(t, rowb.data(), dec.data(), n_kv * hd);
+        kv_decode_row(t, rowb.data(), dec.data(), n_kv * hd, hd);
         const float* want = (which ? v : kr).data() + size_t(i) * n_kv * hd;
         for (int b = 0; b < n_kv * hd / 32; ++b) {
           float amax = 0;
@@ -875,22 +875,22 @@ TEST(GpuOps, GatherKvDecodesEveryTypeToF16) {
     for (KvType vt : {KvType::Q4_0, KvType::FP8, KvType::Q8_0}) {
       const KvPoolLayout lk = kv_pool_layout(kt, bs, n_kv, hd), lv = kv_pool_layout(vt, bs, n_kv, hd);
       std::vector<uint8_t> kp(size_t(n_pages) * lk.page), vp(size_t(n_pages) * lv.page);
-      std::vector<uint8_t> krow(kv_row_bytes(kt, kv_dim)), vrow(kv_row_bytes(vt, kv_dim));
+      std::vector<uint8_t> krow(kv_row_bytes(kt, kv_dim, hd)), vrow(kv_row_bytes(vt, kv_dim, hd));
       std::vector<float> want_k(size_t(cu_k.back()) * kv_dim), want_v(want_k.size());
       const std::vector<float> x = randn(size_t(n_pages) * bs * kv_dim * 2, 70 + int(kt) * 5 + int(vt));
       for (int slot = 0; slot < n_pages * bs; ++slot) {
-        kv_encode_row(kt, x.data() + size_t(slot) * kv_dim, krow.data(), kv_dim);
+        kv_encode_row(kt, x.data() + size_t(slot) * kv_dim, krow.data(), kv_dim, hd);
         kv_pool_write_row(kt, lk, kp.data(), slot, krow.data());
-        kv_encode_row(vt, x.data() + size_t(n_pages * bs + slot) * kv_dim, vrow.data(), kv_dim);
+        kv_encode_row(vt, x.data() + size_t(n_pages * bs + slot) * kv_dim, vrow.data(), kv_dim, hd);
         kv_pool_write_row(vt, lv, vp.data(), slot, vrow.data());
       }
       for (int s = 0; s < 2; ++s)
         for (int p = 0; p < lens[s]; ++p) {
           const int slot = tables[s * max_blocks + p / bs] * bs + p % bs;
           kv_pool_read_row(kt, lk, kp.data(), slot, krow.data());
-          kv_decode_row(kt, krow.data(), &want_k[size_t(cu_k[s] + p) * kv_dim], kv_dim);
+          kv_decode_row(kt, krow.data(), &want_k[size_t(cu_k[s] + p) * kv_dim], kv_dim, hd);
           kv_pool_read_row(vt, lv, vp.data(), slot, vrow.data());
-          kv_decode_row(vt, vrow.data(), &want_v[size_t(cu_k[s] + p) * kv_dim], kv_dim);
+          kv_decode_row(vt, vrow.data(), &want_v[size_t(cu_k[s] + p) * kv_dim], kv_dim, hd);
         }
       auto dk = upload(kp);
       auto dv = upload(vp);

@@ -228,13 +228,14 @@ int ceil_div(int a, int b) { return (a + b - 1) / b; }
 // A pool of n_pages pages of type t: every slot a row of random values
 // (uniform in [-1, 1], drawn in slot order) encoded by kv_encode_row and put
 // in the page layout (f16 and bf16 give the same bits as converting each value).
-std::vector<uint8_t> random_pool(KvType t, const KvPoolLayout& l, int n_pages, int row_elems, std::mt19937& rng) {
+std::vector<uint8_t> random_pool(KvType t, const KvPoolLayout& l, int n_pages, int n_kv, int hd, std::mt19937& rng) {
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<uint8_t> pool(size_t(n_pages) * l.page), row(kv_row_bytes(t, row_elems));
+  const int row_elems = n_kv * hd;
+  std::vector<uint8_t> pool(size_t(n_pages) * l.page), row(kv_row_bytes(t, row_elems, hd));
   std::vector<float> x(row_elems);
   for (int64_t slot = 0; slot < int64_t(n_pages) * l.block_size; ++slot) {
     for (float& v : x) v = u(rng);
-    kv_encode_row(t, x.data(), row.data(), row_elems);
+    kv_encode_row(t, x.data(), row.data(), row_elems, hd);
     kv_pool_write_row(t, l, pool.data(), slot, row.data());
   }
   return pool;
@@ -256,8 +257,8 @@ HostProblem make_problem(const Case& c) {
   hp.n_pages = used + 3;  // spare pages hold random data nobody should read
   hp.lk = kv_pool_layout(c.k_type, c.bs, c.n_kv, c.hd);
   hp.lv = kv_pool_layout(c.v_type, c.bs, c.n_kv, c.hd);
-  hp.kpool = random_pool(c.k_type, hp.lk, hp.n_pages, c.n_kv * c.hd, rng);
-  hp.vpool = random_pool(c.v_type, hp.lv, hp.n_pages, c.n_kv * c.hd, rng);
+  hp.kpool = random_pool(c.k_type, hp.lk, hp.n_pages, c.n_kv, c.hd, rng);
+  hp.vpool = random_pool(c.v_type, hp.lv, hp.n_pages, c.n_kv, c.hd, rng);
   std::vector<int32_t> pages(hp.n_pages);
   std::iota(pages.begin(), pages.end(), 0);
   if (c.shuffle) std::shuffle(pages.begin(), pages.end(), rng);
@@ -337,64 +338,70 @@ TEST(PagedAttentionRef, ShuffledTableMatchesContiguous) {
 
 // The reference over quantized pools (page layout of src/paged_kv.h) equals
 // the reference over f32 pools holding the decoded values (kv_pool_read_row
-// + kv_decode_row of every slot): the layout and the per-head decoding agree.
+// + kv_decode_row of every slot): the layout and the per-head decoding agree,
+// for blocks of 32 and for the blocks of 16 and 8 of small heads.
 TEST(PagedAttentionRef, QuantizedPoolsMatchDecodedF32) {
-  for (KvType kt : {KvType::Q8_0, KvType::Q4_0, KvType::FP8, KvType::BF16})
-    for (KvType vt : {KvType::FP8, KvType::Q4_0, KvType::F16}) {
-      Case c;
-      c.lens = {1, 20, 77};
-      c.nq = {1, 2, 1};
-      c.n_heads = 8;
-      c.n_kv = 2;
-      c.hd = 64;
-      c.bs = 16;
-      c.window = kt == KvType::Q4_0 ? 30 : 0;
-      c.k_type = kt;
-      c.v_type = vt;
-      c.seed = 40 + int(kt) * 5 + int(vt);
-      HostProblem a = make_problem(c);
-      HostProblem b = a;
-      b.c.k_type = b.c.v_type = KvType::F32;
-      b.lk = kv_pool_layout(KvType::F32, c.bs, c.n_kv, c.hd);
-      b.lv = b.lk;
-      const int row = c.n_kv * c.hd;
-      b.kpool.assign(size_t(a.n_pages) * b.lk.page, 0);
-      b.vpool.assign(b.kpool.size(), 0);
-      std::vector<uint8_t> kr(kv_row_bytes(kt, row)), vr(kv_row_bytes(vt, row));
-      for (int64_t slot = 0; slot < int64_t(a.n_pages) * c.bs; ++slot) {
-        kv_pool_read_row(kt, a.lk, a.kpool.data(), slot, kr.data());
-        kv_decode_row(kt, kr.data(), reinterpret_cast<float*>(b.kpool.data()) + slot * row, row);
-        kv_pool_read_row(vt, a.lv, a.vpool.data(), slot, vr.data());
-        kv_decode_row(vt, vr.data(), reinterpret_cast<float*>(b.vpool.data()) + slot * row, row);
+  for (int hd : {64, 16, 8}) {
+    for (KvType kt : {KvType::Q8_0, KvType::Q4_0, KvType::FP8, KvType::BF16})
+      for (KvType vt : {KvType::FP8, KvType::Q4_0, KvType::F16}) {
+        Case c;
+        c.lens = {1, 20, 77};
+        c.nq = {1, 2, 1};
+        c.n_heads = 8;
+        c.n_kv = 2;
+        c.hd = hd;
+        c.bs = 16;
+        c.window = kt == KvType::Q4_0 ? 30 : 0;
+        c.k_type = kt;
+        c.v_type = vt;
+        c.seed = 40 + int(kt) * 5 + int(vt);
+        HostProblem a = make_problem(c);
+        HostProblem b = a;
+        b.c.k_type = b.c.v_type = KvType::F32;
+        b.lk = kv_pool_layout(KvType::F32, c.bs, c.n_kv, c.hd);
+        b.lv = b.lk;
+        const int row = c.n_kv * c.hd;
+        b.kpool.assign(size_t(a.n_pages) * b.lk.page, 0);
+        b.vpool.assign(b.kpool.size(), 0);
+        std::vector<uint8_t> kr(kv_row_bytes(kt, row, c.hd)), vr(kv_row_bytes(vt, row, c.hd));
+        for (int64_t slot = 0; slot < int64_t(a.n_pages) * c.bs; ++slot) {
+          kv_pool_read_row(kt, a.lk, a.kpool.data(), slot, kr.data());
+          kv_decode_row(kt, kr.data(), reinterpret_cast<float*>(b.kpool.data()) + slot * row, row, c.hd);
+          kv_pool_read_row(vt, a.lv, a.vpool.data(), slot, vr.data());
+          kv_decode_row(vt, vr.data(), reinterpret_cast<float*>(b.vpool.data()) + slot * row, row, c.hd);
+        }
+        EXPECT_EQ(reference(a), reference(b)) << kv_type_name(kt) << "/" << kv_type_name(vt) << " hd " << hd;
       }
-      EXPECT_EQ(reference(a), reference(b)) << kv_type_name(kt) << "/" << kv_type_name(vt);
-    }
+  }
 }
 
 // kv_pool_write_row / kv_pool_read_row: a row survives the round trip, and
-// rows of neighbouring slots (same page, next page) do not overlap.
+// rows of neighbouring slots (same page, next page) do not overlap (heads of
+// 64: blocks of 32; heads of 16 and 8: blocks of their own size).
 TEST(PagedAttentionRef, PoolRowRoundTrip) {
-  for (KvType t : {KvType::Q8_0, KvType::Q4_0, KvType::FP8, KvType::F16}) {
-    const KvPoolLayout l = kv_pool_layout(t, 8, 3, 64);
-    const int row = 3 * 64;
-    std::vector<uint8_t> pool(size_t(3) * l.page, 0);
-    std::vector<std::vector<uint8_t>> rows;
-    std::mt19937 rng(9);
-    std::uniform_real_distribution<float> u(-2.0f, 2.0f);
-    for (int slot = 0; slot < 24; ++slot) {
-      std::vector<float> x(row);
-      for (float& v : x) v = u(rng);
-      rows.emplace_back(kv_row_bytes(t, row));
-      kv_encode_row(t, x.data(), rows.back().data(), row);
-      kv_pool_write_row(t, l, pool.data(), slot, rows.back().data());
+  for (int hd : {64, 16, 8}) {
+    for (KvType t : {KvType::Q8_0, KvType::Q4_0, KvType::FP8, KvType::F16}) {
+      const KvPoolLayout l = kv_pool_layout(t, 8, 3, hd);
+      const int row = 3 * hd;
+      std::vector<uint8_t> pool(size_t(3) * l.page, 0);
+      std::vector<std::vector<uint8_t>> rows;
+      std::mt19937 rng(9);
+      std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+      for (int slot = 0; slot < 24; ++slot) {
+        std::vector<float> x(row);
+        for (float& v : x) v = u(rng);
+        rows.emplace_back(kv_row_bytes(t, row, hd));
+        kv_encode_row(t, x.data(), rows.back().data(), row, hd);
+        kv_pool_write_row(t, l, pool.data(), slot, rows.back().data());
+      }
+      std::vector<uint8_t> got(kv_row_bytes(t, row, hd));
+      for (int slot = 0; slot < 24; ++slot) {
+        kv_pool_read_row(t, l, pool.data(), slot, got.data());
+        EXPECT_EQ(got, rows[slot]) << kv_type_name(t) << " hd " << hd << " slot " << slot;
+      }
+      EXPECT_EQ(l.page, 8 * (l.q_row + l.s_row));
+      EXPECT_EQ(l.page % 16, 0) << "pages keep 16-byte alignment";
     }
-    std::vector<uint8_t> got(kv_row_bytes(t, row));
-    for (int slot = 0; slot < 24; ++slot) {
-      kv_pool_read_row(t, l, pool.data(), slot, got.data());
-      EXPECT_EQ(got, rows[slot]) << kv_type_name(t) << " slot " << slot;
-    }
-    EXPECT_EQ(l.page, 8 * (l.q_row + l.s_row));
-    EXPECT_EQ(l.page % 16, 0) << "pages keep 16-byte alignment";
   }
 }
 
@@ -846,8 +853,8 @@ void kv_type_sweep(double copy_bw) {
     DevBuf kpool(size_t(pool_pages) * l.page), vpool(size_t(pool_pages) * l.page);
     std::mt19937 rng(7 + int(t));
     const int chunk_pages = 256;
-    const std::vector<uint8_t> hk = random_pool(t, l, chunk_pages, n_kv * hd, rng);
-    const std::vector<uint8_t> hv = random_pool(t, l, chunk_pages, n_kv * hd, rng);
+    const std::vector<uint8_t> hk = random_pool(t, l, chunk_pages, n_kv, hd, rng);
+    const std::vector<uint8_t> hv = random_pool(t, l, chunk_pages, n_kv, hd, rng);
     for (int pg = 0; pg < pool_pages; pg += chunk_pages) {
       const size_t n = size_t(std::min(chunk_pages, pool_pages - pg)) * l.page;
       ck(cudaMemcpy(kpool.as<uint8_t>() + size_t(pg) * l.page, hk.data(), n, cudaMemcpyHostToDevice), "fill");

@@ -15,12 +15,12 @@ namespace {
 struct KvRow {
   KvType type;
   const char* name;
-  int block;
-  size_t block_bytes;
+  int bits;     // bits of one value (one quant for the scaled types)
+  bool scaled;  // blocks of values sharing an f16 scale
 };
 constexpr KvRow kKvTypes[] = {
-    {KvType::F32, "f32", 1, 4},    {KvType::F16, "f16", 1, 2},   {KvType::BF16, "bf16", 1, 2},
-    {KvType::Q8_0, "q8_0", 32, 34}, {KvType::Q4_0, "q4_0", 32, 18}, {KvType::FP8, "fp8", 32, 34},
+    {KvType::F32, "f32", 32, false},  {KvType::F16, "f16", 16, false}, {KvType::BF16, "bf16", 16, false},
+    {KvType::Q8_0, "q8_0", 8, true},  {KvType::Q4_0, "q4_0", 4, true}, {KvType::FP8, "fp8", 8, true},
 };
 
 const KvRow& row_of(KvType t) {
@@ -29,7 +29,10 @@ const KvRow& row_of(KvType t) {
   fail("unknown KV type");
 }
 
-// The DType that stores a KV type with GGUF's own block format.
+// Bytes of one block of len values: the f16 scale (scaled types), then the values.
+size_t block_bytes(const KvRow& r, int len) { return (r.scaled ? 2 : 0) + static_cast<size_t>(len) * r.bits / 8; }
+
+// The DType that stores a KV type with GGUF's own block format (blocks of 32).
 DType dtype_of(KvType t) {
   switch (t) {
     case KvType::F32: return DType::F32;
@@ -42,7 +45,77 @@ DType dtype_of(KvType t) {
   fail("no GGUF type for KV type %s", kv_type_name(t));
 }
 
+// GGUF's blocks serve the plain types and q8_0 / q4_0 in blocks of 32 (the
+// bytes the GPU's store reproduces); q8_0 / q4_0 blocks of 16 and 8 go through
+// the block coders below (ggml's arithmetic over len values), as does fp8 at
+// every length.
+bool gguf_blocks(KvType t, int len) { return !row_of(t).scaled || (t != KvType::FP8 && len == kQK); }
+
 constexpr float kFp8Max = 448.0f;
+
+// quantize_row_q8_0_ref over one block of len values.
+void encode_q8_0_block(const float* x, uint8_t* out, int len) {
+  float amax = 0;
+  for (int i = 0; i < len; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float d = amax / 127;
+  const float id = d != 0.f ? 1.0f / d : 0.f;
+  const uint16_t d16 = fp32_to_fp16(d);
+  std::memcpy(out, &d16, 2);
+  for (int i = 0; i < len; ++i) out[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(std::round(x[i] * id)));
+}
+
+// quantize_row_q4_0_ref over one block of len values: the signed value of
+// largest magnitude maps to -8; byte j holds elements j and j + len / 2.
+void encode_q4_0_block(const float* x, uint8_t* out, int len) {
+  float amax = 0.f, max = 0.f;
+  for (int i = 0; i < len; ++i) {
+    if (amax < std::fabs(x[i])) {
+      amax = std::fabs(x[i]);
+      max = x[i];
+    }
+  }
+  const float d = max / -8;
+  const float id = d != 0.f ? 1.0f / d : 0.f;
+  const uint16_t d16 = fp32_to_fp16(d);
+  std::memcpy(out, &d16, 2);
+  for (int j = 0; j < len / 2; ++j) {
+    // Truncation of x + 8.5 is rounding to nearest of x + 8 (x + 8.5 >= 0).
+    const int q0 = std::min(15, static_cast<int>(x[j] * id + 8.5f));
+    const int q1 = std::min(15, static_cast<int>(x[j + len / 2] * id + 8.5f));
+    out[2 + j] = static_cast<uint8_t>(q0 | (q1 << 4));
+  }
+}
+
+void encode_fp8_block(const float* x, uint8_t* out, int len) {
+  float amax = 0;
+  for (int i = 0; i < len; ++i) amax = std::max(amax, std::fabs(x[i]));
+  // The scale maps the block's largest value onto e4m3's largest, 448.
+  const uint16_t d16 = fp32_to_fp16(amax / kFp8Max);
+  const float d = fp16_to_fp32(d16);
+  std::memcpy(out, &d16, 2);
+  for (int i = 0; i < len; ++i) out[2 + i] = fp8_e4m3_from_float(d > 0 ? x[i] / d : 0.0f);
+}
+
+void decode_block(KvType t, const uint8_t* in, float* y, int len) {
+  uint16_t d16;
+  std::memcpy(&d16, in, 2);
+  const float d = fp16_to_fp32(d16);
+  const uint8_t* q = in + 2;
+  switch (t) {
+    case KvType::Q8_0:
+      for (int i = 0; i < len; ++i) y[i] = static_cast<float>(static_cast<int8_t>(q[i])) * d;
+      return;
+    case KvType::Q4_0:
+      for (int j = 0; j < len / 2; ++j) {
+        y[j] = static_cast<float>((q[j] & 0xF) - 8) * d;
+        y[j + len / 2] = static_cast<float>((q[j] >> 4) - 8) * d;
+      }
+      return;
+    default:
+      for (int i = 0; i < len; ++i) y[i] = fp8_e4m3_to_float(q[i]) * d;
+      return;
+  }
+}
 
 }  // namespace
 
@@ -56,13 +129,25 @@ KvType kv_type_from_name(const std::string& name) {
 }
 
 const char* kv_type_name(KvType t) { return row_of(t).name; }
-int kv_type_block(KvType t) { return row_of(t).block; }
 
-size_t kv_row_bytes(KvType t, int64_t n) {
+int kv_block_len(KvType t, int head_dim) {
   const KvRow& r = row_of(t);
-  RUNLM_CHECK(n % r.block == 0, "KV type %s: a row of %lld elements is not a multiple of its block of %d", r.name,
-              static_cast<long long>(n), r.block);
-  return static_cast<size_t>(n / r.block) * r.block_bytes;
+  if (!r.scaled) return 1;
+  const int len = head_dim > 0 ? kv_quant_block_len(head_dim) : 0;
+  RUNLM_CHECK(len > 0,
+              "KV cache type %s at head_dim=%d unsupported: a scale covers 32, 16 or 8 values of one head, so the "
+              "quantized types (q8_0, q4_0, fp8) need head_dim a multiple of 8; supported at head_dim=%d: f32, f16, "
+              "bf16",
+              r.name, head_dim, head_dim);
+  return len;
+}
+
+size_t kv_row_bytes(KvType t, int64_t n, int head_dim) {
+  const KvRow& r = row_of(t);
+  const int len = kv_block_len(t, head_dim);
+  RUNLM_CHECK(n % len == 0, "KV type %s: a row of %lld elements is not a multiple of its block of %d (head_dim=%d)",
+              r.name, static_cast<long long>(n), len, head_dim);
+  return static_cast<size_t>(n / len) * block_bytes(r, len);
 }
 
 float fp8_e4m3_to_float(uint8_t v) {
@@ -94,37 +179,35 @@ uint8_t fp8_e4m3_from_float(float x) {
   return static_cast<uint8_t>(sign | code);
 }
 
-void kv_encode_row(KvType t, const float* x, void* dst, int64_t n) {
-  if (t != KvType::FP8) {
+void kv_encode_row(KvType t, const float* x, void* dst, int64_t n, int head_dim) {
+  const int len = kv_block_len(t, head_dim);
+  kv_row_bytes(t, n, head_dim);  // checks the block multiple
+  if (gguf_blocks(t, len)) {
     quantize_row(dtype_of(t), x, dst, n);
     return;
   }
-  kv_row_bytes(t, n);  // checks the block multiple
   uint8_t* out = static_cast<uint8_t*>(dst);
-  for (int64_t b = 0; b < n / 32; ++b, out += 34) {
-    float amax = 0;
-    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
-    // The scale maps the block's largest value onto e4m3's largest, 448.
-    const uint16_t d16 = fp32_to_fp16(amax / kFp8Max);
-    const float d = fp16_to_fp32(d16);
-    std::memcpy(out, &d16, 2);
-    for (int i = 0; i < 32; ++i) out[2 + i] = fp8_e4m3_from_float(d > 0 ? x[b * 32 + i] / d : 0.0f);
+  const size_t bytes = block_bytes(row_of(t), len);
+  for (int64_t b = 0; b < n / len; ++b, out += bytes) {
+    const float* xb = x + b * len;
+    switch (t) {
+      case KvType::Q8_0: encode_q8_0_block(xb, out, len); break;
+      case KvType::Q4_0: encode_q4_0_block(xb, out, len); break;
+      default: encode_fp8_block(xb, out, len); break;
+    }
   }
 }
 
-void kv_decode_row(KvType t, const void* src, float* dst, int64_t n) {
-  if (t != KvType::FP8) {
+void kv_decode_row(KvType t, const void* src, float* dst, int64_t n, int head_dim) {
+  const int len = kv_block_len(t, head_dim);
+  kv_row_bytes(t, n, head_dim);
+  if (gguf_blocks(t, len)) {
     dequantize_row(dtype_of(t), src, dst, n);
     return;
   }
-  kv_row_bytes(t, n);
   const uint8_t* in = static_cast<const uint8_t*>(src);
-  for (int64_t b = 0; b < n / 32; ++b, in += 34) {
-    uint16_t d16;
-    std::memcpy(&d16, in, 2);
-    const float d = fp16_to_fp32(d16);
-    for (int i = 0; i < 32; ++i) dst[b * 32 + i] = fp8_e4m3_to_float(in[2 + i]) * d;
-  }
+  const size_t bytes = block_bytes(row_of(t), len);
+  for (int64_t b = 0; b < n / len; ++b, in += bytes) decode_block(t, in, dst + b * len, len);
 }
 
 }  // namespace runlm

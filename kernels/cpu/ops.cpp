@@ -102,7 +102,7 @@ void attention_one_token(float* out, const float* q, const KvLayerView& kv, int 
   auto row = [&](const uint8_t* base, KvType type, size_t row_bytes, int t, float* buf) -> const float* {
     const uint8_t* src = base + slot(t) * row_bytes;
     if (type == KvType::F32) return reinterpret_cast<const float*>(src);
-    kv_decode_row(type, src, buf, kv_dim);
+    kv_decode_row(type, src, buf, kv_dim, head_dim);
     return buf;
   };
   for (int t = first; t <= pos; ++t) {
@@ -136,9 +136,7 @@ namespace runlm {
 void paged_decode_attention_ref(const PagedDecodeParams& p) {
   const PagedKvView& kv = p.kv;
   const int hd = kv.head_dim;
-  for (KvType t : {kv.k_type, kv.v_type})
-    RUNLM_CHECK(!kv_type_quantized(t) || hd % 32 == 0,
-                "paged_decode_attention_ref: head_dim=%d with KV type %s (needs a multiple of 32)", hd, kv_type_name(t));
+  for (KvType t : {kv.k_type, kv.v_type}) kv_block_len(t, hd);  // the quantized types need head_dim % 8 == 0
   const KvPoolLayout lk = kv_pool_layout(kv.k_type, kv.block_size, kv.n_kv_heads, hd);
   const KvPoolLayout lv = kv_pool_layout(kv.v_type, kv.block_size, kv.n_kv_heads, hd);
   const int group = p.n_heads / kv.n_kv_heads;
@@ -160,13 +158,13 @@ void paged_decode_attention_ref(const PagedDecodeParams& p) {
       default: break;
     }
     const uint8_t* s = static_cast<const uint8_t*>(pool) + l.scale_offset(slot);
-    const int nb = hd / 32, qb = t == KvType::Q4_0 ? 16 : 32;
+    const int len = kv_block_len(t, hd), nb = hd / len, qb = t == KvType::Q4_0 ? len / 2 : len;
     uint8_t block[34];
     for (int b = 0; b < nb; ++b) {
       const int blk = kvh * nb + b;
       std::memcpy(block, s + 2 * blk, 2);
       std::memcpy(block + 2, q + int64_t(qb) * blk, size_t(qb));
-      kv_decode_row(t, block, dst + 32 * b, 32);
+      kv_decode_row(t, block, dst + len * b, len, hd);
     }
   };
   std::vector<float> kbuf(hd), vbuf(hd), scores, acc(hd);
