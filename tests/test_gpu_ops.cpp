@@ -345,7 +345,9 @@ TEST(GpuOps, GemvX8MatchesInt8Reference) {
         const double err_f = rel_err(y, ref_f);
         EXPECT_LT(err_f, 1.5e-2) << dtype_name(t) << " n=" << n;
         EXPECT_GT(err_f, 1e-4) << "x was not quantized?";
-        if (n < kMaxTok) EXPECT_TRUE(std::isnan(all[n * s.rows])) << dtype_name(t) << " n=" << n;
+        if (n < kMaxTok) {
+          EXPECT_TRUE(std::isnan(all[n * s.rows])) << dtype_name(t) << " n=" << n;
+        }
       }
       gpu::free_matrix(gm);
     }
