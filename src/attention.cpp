@@ -71,6 +71,18 @@ void validate(const AttnParams& p) {
   RUNLM_CHECK(static_cast<int64_t>(p.total_q) * p.n_heads < (int64_t(1) << 31),
               "attention: total_q*n_heads=%lld too large for int32 lse indexing",
               static_cast<long long>(p.total_q) * p.n_heads);
+  if (p.block_tables) {
+    RUNLM_CHECK(p.block_size >= 1 && p.max_blocks_per_seq >= 1 && p.num_pages >= 1,
+                "attention: paged K/V needs block_size=%d, max_blocks_per_seq=%d and num_pages=%d >= 1", p.block_size,
+                p.max_blocks_per_seq, p.num_pages);
+    // Slots are int32 in the kernels (and TMA row coordinates).
+    RUNLM_CHECK(static_cast<int64_t>(p.num_pages) * p.block_size < (int64_t(1) << 31),
+                "attention: paged K/V of %d pages x %d slots too large; supported: < 2^31 slots", p.num_pages,
+                p.block_size);
+    RUNLM_CHECK(p.max_seqlen_k <= static_cast<int64_t>(p.max_blocks_per_seq) * p.block_size,
+                "attention: max_seqlen_k=%d exceeds what a block table of %d pages of %d keys holds", p.max_seqlen_k,
+                p.max_blocks_per_seq, p.block_size);
+  }
 }
 
 }  // namespace
@@ -78,10 +90,15 @@ void validate(const AttnParams& p) {
 const std::vector<AttnBackendInfo>& attn_backends() {
   static const std::vector<AttnBackendInfo> kTable = {
       // naive materialises one row of S in shared memory: any head_dim up to 256.
-      {AttnBackend::Naive, "naive", {}, 256, true, true, true, true, 80, 1000, kNaiveLaunch},
-      {AttnBackend::Fa2, "fa2", {64, 128, 256}, 256, true, true, true, true, 80, 1000, kFa2Launch},
+      // Paged K/V: naive reads any page size; fa2 and fa3 the engine's
+      // (--block-size, powers of two 8..256): fa2 finds a key's page with a
+      // shift, fa3 loads a tile as TMA boxes of whole 8-row swizzle atoms.
+      {AttnBackend::Naive, "naive", {}, 256, true, true, true, true, 80, 1000, kNaiveLaunch, {}},
+      {AttnBackend::Fa2, "fa2", {64, 128, 256}, 256, true, true, true, true, 80, 1000, kFa2Launch,
+       {8, 16, 32, 64, 128, 256}},
       // fa3 is built for sm_90a only (wgmma, setmaxnreg): that code runs on 9.0 alone.
-      {AttnBackend::Fa3, "fa3", {64, 128, 256}, 256, true, true, true, true, 90, 90, kFa3Launch},
+      {AttnBackend::Fa3, "fa3", {64, 128, 256}, 256, true, true, true, true, 90, 90, kFa3Launch,
+       {8, 16, 32, 64, 128, 256}},
   };
   return kTable;
 }
@@ -123,6 +140,13 @@ std::string attn_unsupported_reason(AttnBackend b, const AttnParams& p, int sm) 
     return strfmt("%s: dtype=%s unsupported", r.name, dtype_name(p.dtype));
   if (p.causal && !r.causal) return strfmt("%s: causal unsupported", r.name);
   if (p.window_left >= 0 && !r.window) return strfmt("%s: window unsupported", r.name);
+  if (p.block_tables && !r.block_sizes.empty()) {
+    bool ok = false;
+    for (int bs : r.block_sizes) ok |= bs == p.block_size;
+    if (!ok)
+      return strfmt("%s: paged K/V block_size=%d unsupported; supported: block_size %s", r.name, p.block_size,
+                    join_ints(r.block_sizes).c_str());
+  }
   if (sm < r.min_sm || sm > r.max_sm) {
     if (r.min_sm == r.max_sm)
       return strfmt("%s: sm_%d unsupported; supported: sm_%d", r.name, sm, r.min_sm);

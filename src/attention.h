@@ -14,6 +14,22 @@
 //     tokens is window_left = N-1); -1 means no window.
 //   - a query row that sees no key at all gets out = 0 and lse = -inf.
 //   - lse (optional) is the natural-log sum of exp(scale * q.k) per row.
+//
+// Paged K/V (optional, block_tables != nullptr): k and v point to one layer's
+// f16/bf16 pools of src/paged_kv.h instead of contiguous rows. The pools hold
+// num_pages * block_size slots; slot s = page * block_size + offset is one row
+// of [n_kv_heads, head_dim] elements, rows back to back. Sequence b's key j
+// (0 <= j < its key count) lives at slot
+//   block_tables[b * max_blocks_per_seq + j / block_size] * block_size + j % block_size
+// cu_seqlens_k keeps its meaning (prefix sums of the key counts; total_k =
+// cu_seqlens_k[batch]) but no longer addresses rows. Every mask rule above is
+// unchanged. Table entries past a sequence's ceil(keys / block_size) pages
+// are never read. An entry may be -1 for a page wholly before the window of
+// the sequence's first query (the sliding window's released pages): no query
+// sees its keys. Slots past the last key (the tail of the last page) may hold
+// anything, NaN included: no backend lets them reach the output. Backends
+// that cannot read a given paged layout (block_size) refuse it through
+// attn_unsupported_reason, never by falling back to another path.
 #pragma once
 
 #include <cstdint>
@@ -28,8 +44,8 @@ enum class AttnBackend { Naive, Fa2, Fa3, Auto };
 
 struct AttnParams {
   const void* q = nullptr;      // [total_q, n_heads, head_dim]     bf16 or f16, contiguous, device
-  const void* k = nullptr;      // [total_k, n_kv_heads, head_dim]  same dtype
-  const void* v = nullptr;      // [total_k, n_kv_heads, head_dim]  same dtype
+  const void* k = nullptr;      // [total_k, n_kv_heads, head_dim]  same dtype (paged: [num_pages * block_size, ...])
+  const void* v = nullptr;      // [total_k, n_kv_heads, head_dim]  same dtype (paged: [num_pages * block_size, ...])
   void* out = nullptr;          // [total_q, n_heads, head_dim]     same dtype
   float* lse = nullptr;         // [n_heads, total_q] f32, optional (nullptr = not written)
   const int32_t* cu_seqlens_q = nullptr;  // [batch + 1] device, prefix sums of query lengths
@@ -47,6 +63,11 @@ struct AttnParams {
   int window_left = -1;         // -1 = no window
   float scale = 0.0f;           // softmax scale, usually 1/sqrt(head_dim)
   void* stream = nullptr;       // cudaStream_t
+  // Paged K/V (see the top of this file); block_tables == nullptr: contiguous.
+  const int32_t* block_tables = nullptr;  // [batch, max_blocks_per_seq] page indices, device
+  int max_blocks_per_seq = 0;   // row stride of block_tables
+  int block_size = 0;           // keys per page
+  int num_pages = 0;            // pages in each pool: k and v hold num_pages * block_size slots
 };
 
 using AttnLaunchFn = void (*)(const AttnParams&);
@@ -61,6 +82,7 @@ struct AttnBackendInfo {
   int min_sm;                    // compute capability * 10, e.g. 80, 90
   int max_sm;                    // highest compute capability it runs on (sm_90a code runs on 9.0 only)
   AttnLaunchFn launch;           // nullptr when built without CUDA
+  std::vector<int> block_sizes;  // paged K/V: the block_size values it reads; empty = any >= 1
 };
 
 // The table, one row per concrete backend (Auto excluded), fastest last.

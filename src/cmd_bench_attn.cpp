@@ -4,6 +4,9 @@
 // against the CPU reference (float64), then timed with CUDA events (warm-up,
 // median of repeats). FLOPs = 4 * batch * heads * seqlen^2 * head_dim, halved
 // for causal. Prints a table, or one JSON object per line with -o json.
+// --block-size N reads K and V as paged pools (AttnParams' paged mode): the
+// same rows scattered over pages of N keys in a shuffled order, one block
+// table per shape; 0 (default) is the contiguous layout.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -88,6 +91,7 @@ int cmd_bench_attn(int argc, char** argv) {
       ("dtype", "bf16 or f16", cxxopts::value<std::string>()->default_value("bf16"))
       ("r,repeats", "timed repeats (median reported)", cxxopts::value<int>()->default_value("10"))
       ("o,output", "table or json", cxxopts::value<std::string>()->default_value("table"))
+      ("block-size", "paged K/V with pages of this many keys (0 = contiguous)", cxxopts::value<int>()->default_value("0"))
       ("h,help", "show help");
   cxxopts::ParseResult args;
   try {
@@ -117,6 +121,11 @@ int cmd_bench_attn(int argc, char** argv) {
   for (int d : hdims)
     RUNLM_CHECK(d >= 1 && hidden % d == 0, "bench-attn: --hdim %d does not divide --hidden %d", d, hidden);
   for (int s : seqlens) RUNLM_CHECK(s >= 1 && s <= total, "bench-attn: --seqlen %d must be in 1..%d", s, total);
+  const int block_size = args["block-size"].as<int>();
+  RUNLM_CHECK(block_size >= 0, "bench-attn: --block-size %d must be >= 0", block_size);
+  for (int s : seqlens)
+    RUNLM_CHECK(block_size == 0 || s % block_size == 0, "bench-attn: --seqlen %d is not a multiple of --block-size %d",
+                s, block_size);
 
 #ifndef RUNLM_CUDA
   fail("bench-attn: runlm was built without CUDA");
@@ -145,6 +154,27 @@ int cmd_bench_attn(int argc, char** argv) {
     }
     ck(cudaMemcpy(devp, bits.data(), n * 2, cudaMemcpyHostToDevice), "upload inputs");
   }
+  // Paged: token row g of K and V moves to slot page_of[g / bs] * bs + g % bs
+  // of pools of the same size; every shape's sequences cover rows
+  // [0, batch * seqlen), so one scatter serves them all.
+  const int n_pages = block_size > 0 ? (total + block_size - 1) / block_size : 0;
+  std::vector<int32_t> page_of(n_pages);
+  DevMem dpk(block_size > 0 ? size_t(n_pages) * block_size * hidden * 2 : 1);
+  DevMem dpv(block_size > 0 ? size_t(n_pages) * block_size * hidden * 2 : 1);
+  if (block_size > 0) {
+    for (int i = 0; i < n_pages; ++i) page_of[i] = i;
+    std::shuffle(page_of.begin(), page_of.end(), std::mt19937(777));
+    const std::pair<const void*, void*> kv[] = {{dk.p, dpk.p}, {dv.p, dpv.p}};
+    const size_t row = size_t(hidden) * 2;  // bytes of one token row
+    for (const auto& [src, dst] : kv)
+      for (int g0 = 0; g0 < total; g0 += block_size) {
+        const int rows = std::min(block_size, total - g0);
+        ck(cudaMemcpy(static_cast<char*>(dst) + size_t(page_of[g0 / block_size]) * block_size * row,
+                      static_cast<const char*>(src) + size_t(g0) * row, rows * row, cudaMemcpyDeviceToDevice),
+           "scatter pages");
+      }
+  }
+  DevMem dtab(size_t(std::max(n_pages, 1)) * 4);
   DevMem dcu(size_t(total + 1) * 4);
   cudaEvent_t ev0, ev1;
   ck(cudaEventCreate(&ev0), "cudaEventCreate");
@@ -152,8 +182,9 @@ int cmd_bench_attn(int argc, char** argv) {
 
   const bool json = out_fmt == "json";
   if (!json) {
-    std::printf("bench-attn on %s (sm_%d%d), %s, %d tokens, hidden %d, median of %d\n", prop.name, prop.major,
-                prop.minor, dtype_name(dtype), total, hidden, repeats);
+    std::printf("bench-attn on %s (sm_%d%d), %s, %d tokens, hidden %d, median of %d, K/V %s (block size %d)\n",
+                prop.name, prop.major, prop.minor, dtype_name(dtype), total, hidden, repeats,
+                block_size > 0 ? "paged" : "contiguous", block_size);
     std::printf("%-6s %5s %6s %5s %5s %-7s %9s %9s %9s\n", "hdim", "seq", "batch", "heads", "caus", "backend", "ms",
                 "TFLOP/s", "rel_err");
   }
@@ -180,6 +211,20 @@ int cmd_bench_attn(int argc, char** argv) {
         p.dtype = dtype;
         p.causal = sh.causal;
         p.scale = 1.0f / std::sqrt(float(hd));
+        if (block_size > 0) {
+          // Sequence b's key j is token row b * seq + j (seq is a multiple of block_size).
+          const int per_seq = seq / block_size;
+          std::vector<int32_t> tables(size_t(sh.batch) * per_seq);
+          for (int b = 0; b < sh.batch; ++b)
+            for (int i = 0; i < per_seq; ++i) tables[size_t(b) * per_seq + i] = page_of[b * per_seq + i];
+          ck(cudaMemcpy(dtab.p, tables.data(), tables.size() * 4, cudaMemcpyHostToDevice), "upload block tables");
+          p.k = dpk.p;
+          p.v = dpv.p;
+          p.block_tables = static_cast<const int32_t*>(dtab.p);
+          p.max_blocks_per_seq = per_seq;
+          p.block_size = block_size;
+          p.num_pages = n_pages;
+        }
 
         // Reference rows: a fixed sample that includes the first and last rows.
         AttnRefParams r;
@@ -206,9 +251,9 @@ int cmd_bench_attn(int argc, char** argv) {
               std::printf(
                   "{\"what\": \"bench-attn\", \"backend\": \"%s\", \"hdim\": %d, \"seqlen\": %d, \"batch\": %d, "
                   "\"heads\": %d, \"causal\": %s, \"dtype\": \"%s\", \"ms\": %.4f, \"TFLOPs\": %.1f, \"rel_err\": %.2e, "
-                  "\"status\": \"%s\", \"gpu\": \"%s\"}\n",
+                  "\"status\": \"%s\", \"gpu\": \"%s\", \"block_size\": %d}\n",
                   name, hd, seq, sh.batch, sh.heads, sh.causal ? "true" : "false", dtype_name(dtype), ms, tflops, err,
-                  status, prop.name);
+                  status, prop.name, block_size);
             } else {
               std::printf("%-6d %5d %6d %5d %5d %-7s %9.3f %9.1f %9.2e %s\n", hd, seq, sh.batch, sh.heads, causal, name,
                           ms, tflops, err, status);

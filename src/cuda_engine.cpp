@@ -570,7 +570,12 @@ class CudaEngine final : public Engine {
       const size_t ws = paged_decode_workspace_bytes(plan.n_dec(), plan.dec_tokens, c.n_heads, c.head_dim, plan.max_dec_len);
       decode_ws_.reserve(std::max<size_t>(ws, 1));
     }
-    if (plan.n_pre() > 0) {
+    // f16 pools (the attention dtype) feed the prefill backends in place
+    // through the block tables (AttnParams' paged mode): no gather pass.
+    // Other KV types are decoded to contiguous f16 by gather_kv first
+    // (dequantizing inside fa2/fa3 is future work).
+    const bool paged_prefill = type_k_ == KvType::F16 && type_v_ == KvType::F16;
+    if (plan.n_pre() > 0 && !paged_prefill) {
       k_gather_.reserve(static_cast<size_t>(total_k) * c.kv_dim());
       v_gather_.reserve(static_cast<size_t>(total_k) * c.kv_dim());
     }
@@ -616,14 +621,21 @@ class CudaEngine final : public Engine {
         paged_decode_attention(p, decode_ws_.get(), decode_ws_.size(), stream_);
       }
       if (plan.n_pre() > 0) {
-        // Quantized pools are decoded to f16 here: an extra pass the prefill
-        // backends (fa2/fa3 reading the pool directly) should remove later.
-        gpu::gather_kv(k_pool(l), v_pool(l), type_k_, type_v_, d + o.pre_tables, o.pre_max_blocks, d + o.pre_cu_k,
-                       plan.n_pre(), total_k, block_size_, c.kv_dim(), k_gather_.get(), v_gather_.get(), stream_);
         AttnParams p;
+        if (paged_prefill) {
+          p.k = k_pool(l);
+          p.v = v_pool(l);
+          p.block_tables = d + o.pre_tables;
+          p.max_blocks_per_seq = o.pre_max_blocks;
+          p.block_size = block_size_;
+          p.num_pages = static_cast<int>(n_slots_ / block_size_);
+        } else {
+          gpu::gather_kv(k_pool(l), v_pool(l), type_k_, type_v_, d + o.pre_tables, o.pre_max_blocks, d + o.pre_cu_k,
+                         plan.n_pre(), total_k, block_size_, c.kv_dim(), k_gather_.get(), v_gather_.get(), stream_);
+          p.k = k_gather_.get();
+          p.v = v_gather_.get();
+        }
         p.q = qh_.get() + static_cast<size_t>(plan.dec_tokens) * c.q_dim();
-        p.k = k_gather_.get();
-        p.v = v_gather_.get();
         p.out = atth_.get() + static_cast<size_t>(plan.dec_tokens) * c.q_dim();
         p.cu_seqlens_q = d + o.pre_cu_q;
         p.cu_seqlens_k = d + o.pre_cu_k;

@@ -10,6 +10,9 @@
 // v2 32 rows a warp as FA2; v3 ex2.approx and one scale per row max; v4
 // (this) ldmatrix addresses from per-thread XOR offsets and P packed per
 // k16 step, which took the d128 spill from 92 to 12 bytes.
+// Paged K/V (attention.h; kPaged, a separate instantiation so the contiguous
+// kernel is unchanged): the cp.async tile loads find each key row's pool slot
+// through the sequence's block table; nothing else differs.
 #include <cfloat>
 #include <cstdlib>
 
@@ -32,6 +35,9 @@ struct Fa2Args {
   int total_q, n_heads, n_kv_heads, window_left;
   bool causal;
   float scale_log2;  // softmax scale * log2(e)
+  const int32_t* block_tables;  // paged only: [batch, max_blocks_per_seq]
+  int max_blocks_per_seq;
+  int log2_bs;                  // paged only: log2(block_size)
 };
 
 // Tile shape per head dim and variant: kWarps warps of 16*kMT rows each, BN
@@ -89,7 +95,43 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const T* src, int64_t st
   }
 }
 
-template <typename T, int D, int V>
+// load_tile for paged K/V: row r of the tile is the sequence's key n0 + r, at
+// pool slot table[(n0 + r) >> log2_bs] * block_size + ((n0 + r) & (block_size - 1)),
+// src is the pool's slot 0 (this kv head), stride its row length. Rows >=
+// valid (past the sequence's last key) are zero-filled and their table
+// entries never read: the tail of the last page may hold anything, and P = 0
+// times a NaN there would still be NaN. Rows whose page is -1 (released by
+// the sliding window: no query sees them) are zero-filled too. Every thread
+// copies the same chunk column ch of rows r0, r0 + kRowStep, ...; called once
+// for K and once for V (the second reads the same table entries from L1).
+// Interleaving K and V per row, one table read a thread per tile plus
+// shuffles, or 32-bit offsets all spilled as much or more at d128 (ptxas,
+// NOTES.md).
+template <int D, int R, int kThreads, typename T>
+__device__ __forceinline__ void load_tile_paged(uint32_t dst, const T* src, int stride, const int32_t* table,
+                                                int log2_bs, int n0, int valid) {
+  constexpr int kChunks = D / 8;
+  constexpr int kIters = R * kChunks / kThreads, kRowStep = kThreads / kChunks;
+  static_assert(R * kChunks % kThreads == 0 && kThreads % kChunks == 0, "chunks split evenly over the threads");
+  const int ch = threadIdx.x % kChunks, r0 = threadIdx.x / kChunks;
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    const int row = r0 + i * kRowStep;
+    const T* s = src;
+    int bytes = 0;
+    if (row < valid) {
+      const int j = n0 + row;
+      const int page = __ldg(table + (j >> log2_bs));
+      if (page >= 0) {
+        s = src + (int64_t((page << log2_bs) | (j & ((1 << log2_bs) - 1))) * stride + ch * 8);
+        bytes = 16;
+      }
+    }
+    cp_async_16(dst + swz_offset<D>(row, ch), s, bytes);
+  }
+}
+
+template <typename T, int D, int V, bool kPaged>
 __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>::kMinBlocks)
     attn_fa2_fwd(Fa2Args a) {
   using Tr = ElemTraits<T>;
@@ -137,8 +179,10 @@ __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>:
   const uint32_t v_row = ((lane & 7) + ((lane >> 3) & 1) * 8) * D * 2;     // + stage base
   const int64_t q_stride = int64_t(a.n_heads) * D, kv_stride = int64_t(a.n_kv_heads) * D;
   const T* qg = static_cast<const T*>(a.q) + (int64_t(q_start + m0) * a.n_heads + h) * D;
-  const T* kg = static_cast<const T*>(a.k) + (int64_t(k_start) * a.n_kv_heads + kvh) * D;
-  const T* vg = static_cast<const T*>(a.v) + (int64_t(k_start) * a.n_kv_heads + kvh) * D;
+  // Contiguous: the sequence's first key row; paged: the pool's slot 0.
+  const T* kg = static_cast<const T*>(a.k) + (int64_t(kPaged ? 0 : k_start) * a.n_kv_heads + kvh) * D;
+  const T* vg = static_cast<const T*>(a.v) + (int64_t(kPaged ? 0 : k_start) * a.n_kv_heads + kvh) * D;
+  const int32_t* table = kPaged ? a.block_tables + int64_t(b) * a.max_blocks_per_seq : nullptr;
 
   float o[kMT][kDT][4];
   float m_run[kMT][2], l_run[kMT][2];  // running max (base-2, scaled) and partial row sums
@@ -152,8 +196,13 @@ __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>:
 
   if (t_lo < t_hi) {
     load_tile<D, BM, kThreads>(sQ, qg, q_stride, sq - m0);
-    load_tile<D, BN, kThreads>(sK, kg + int64_t(t_lo * BN) * kv_stride, kv_stride, sk - t_lo * BN);
-    load_tile<D, BN, kThreads>(sV, vg + int64_t(t_lo * BN) * kv_stride, kv_stride, sk - t_lo * BN);
+    if constexpr (kPaged) {
+      load_tile_paged<D, BN, kThreads>(sK, kg, a.n_kv_heads * D, table, a.log2_bs, t_lo * BN, sk - t_lo * BN);
+      load_tile_paged<D, BN, kThreads>(sV, vg, a.n_kv_heads * D, table, a.log2_bs, t_lo * BN, sk - t_lo * BN);
+    } else {
+      load_tile<D, BN, kThreads>(sK, kg + int64_t(t_lo * BN) * kv_stride, kv_stride, sk - t_lo * BN);
+      load_tile<D, BN, kThreads>(sV, vg + int64_t(t_lo * BN) * kv_stride, kv_stride, sk - t_lo * BN);
+    }
     cp_async_commit();
   }
 
@@ -162,8 +211,15 @@ __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>:
     if (t + 1 < t_hi) {
       // The other stage was last read in iteration t-1, which ended with a barrier.
       const int n1 = (t + 1) * BN;
-      load_tile<D, BN, kThreads>(sK + (stage ^ 1) * BN * D * 2, kg + int64_t(n1) * kv_stride, kv_stride, sk - n1);
-      load_tile<D, BN, kThreads>(sV + (stage ^ 1) * BN * D * 2, vg + int64_t(n1) * kv_stride, kv_stride, sk - n1);
+      if constexpr (kPaged) {
+        load_tile_paged<D, BN, kThreads>(sK + (stage ^ 1) * BN * D * 2, kg, a.n_kv_heads * D, table, a.log2_bs, n1,
+                                         sk - n1);
+        load_tile_paged<D, BN, kThreads>(sV + (stage ^ 1) * BN * D * 2, vg, a.n_kv_heads * D, table, a.log2_bs, n1,
+                                         sk - n1);
+      } else {
+        load_tile<D, BN, kThreads>(sK + (stage ^ 1) * BN * D * 2, kg + int64_t(n1) * kv_stride, kv_stride, sk - n1);
+        load_tile<D, BN, kThreads>(sV + (stage ^ 1) * BN * D * 2, vg + int64_t(n1) * kv_stride, kv_stride, sk - n1);
+      }
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -302,18 +358,26 @@ __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>:
   }
 }
 
-template <typename T, int D, int V>
+template <typename T, int D, int V, bool kPaged>
 void launch_fa2(const AttnParams& p) {
   constexpr int BM = fa2_bm<D, V>();
   constexpr size_t smem = fa2_smem_bytes<D, V>();
   RUNLM_CHECK(p.n_heads <= 65535 && p.batch <= 65535, "fa2: n_heads=%d batch=%d unsupported; supported: <= 65535 each",
               p.n_heads, p.batch);
   if (p.max_seqlen_q == 0) return;
-  cudaCheck(cudaFuncSetAttribute(attn_fa2_fwd<T, D, V>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  cudaCheck(
+      cudaFuncSetAttribute(attn_fa2_fwd<T, D, V, kPaged>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  int log2_bs = 0;
+  if (kPaged) {
+    while ((1 << log2_bs) < p.block_size) ++log2_bs;
+    RUNLM_CHECK((1 << log2_bs) == p.block_size, "fa2: paged K/V block_size=%d unsupported; supported: powers of two",
+                p.block_size);
+  }
   Fa2Args a{p.q,       p.k,          p.v,           p.out,         p.lse,    p.cu_seqlens_q,
-            p.cu_seqlens_k, p.total_q, p.n_heads, p.n_kv_heads, p.window_left, p.causal, p.scale * kLog2e};
+            p.cu_seqlens_k, p.total_q, p.n_heads, p.n_kv_heads, p.window_left, p.causal, p.scale * kLog2e,
+            p.block_tables, p.max_blocks_per_seq, log2_bs};
   dim3 grid(ceil_div(p.max_seqlen_q, BM), p.n_heads, p.batch);
-  attn_fa2_fwd<T, D, V><<<grid, Fa2Traits<D, V>::kWarps * 32, smem, static_cast<cudaStream_t>(p.stream)>>>(a);
+  attn_fa2_fwd<T, D, V, kPaged><<<grid, Fa2Traits<D, V>::kWarps * 32, smem, static_cast<cudaStream_t>(p.stream)>>>(a);
   cudaCheckLaunch();
 }
 
@@ -325,12 +389,20 @@ int fa2_variant() {
   return v;
 }
 
+template <typename T, int D, bool kPaged>
+void launch_fa2_variant(const AttnParams& p) {
+  if (fa2_variant() == 1)
+    launch_fa2<T, D, 1, kPaged>(p);
+  else
+    launch_fa2<T, D, 0, kPaged>(p);
+}
+
 template <typename T, int D>
 void launch_fa2_dim(const AttnParams& p) {
-  if (fa2_variant() == 1)
-    launch_fa2<T, D, 1>(p);
+  if (p.block_tables)
+    launch_fa2_variant<T, D, true>(p);
   else
-    launch_fa2<T, D, 0>(p);
+    launch_fa2_variant<T, D, false>(p);
 }
 
 template <typename T>

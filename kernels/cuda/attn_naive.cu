@@ -3,6 +3,8 @@
 // key), takes a max-subtracted softmax over it and sums P V, all in fp32.
 // Version 1, no tiling: every CTA re-reads its sequence's K and V, so it is
 // memory-bound and slow on long sequences; it exists to be obviously right.
+// Paged K/V (attention.h): each key row's address goes through the block
+// table, with a division (any block_size); only keys < seqlen_k are read.
 #include <cfloat>
 
 #include "cuda/attn_kernels.h"
@@ -25,6 +27,8 @@ struct NaiveArgs {
   int total_q, n_heads, n_kv_heads, head_dim, window_left;
   bool causal;
   float scale;
+  const int32_t* block_tables;  // nullptr: contiguous K/V
+  int max_blocks_per_seq, block_size;
 };
 
 __device__ float block_reduce(float x, bool is_max, float* scratch) {
@@ -54,9 +58,15 @@ __global__ void __launch_bounds__(kNaiveThreads) attn_naive_kernel(NaiveArgs a) 
   const int kvh = h / (a.n_heads / a.n_kv_heads);
   const int64_t row = q0 + i;
   const T* q = static_cast<const T*>(a.q) + (row * a.n_heads + h) * d;
-  const T* kbase = static_cast<const T*>(a.k) + (int64_t(k0) * a.n_kv_heads + kvh) * d;
-  const T* vbase = static_cast<const T*>(a.v) + (int64_t(k0) * a.n_kv_heads + kvh) * d;
   const int64_t kv_stride = int64_t(a.n_kv_heads) * d;
+  // Element offset of key j's row (relative to kvh's column), contiguous or paged.
+  const int32_t* table = a.block_tables ? a.block_tables + int64_t(b) * a.max_blocks_per_seq : nullptr;
+  auto key_row = [&](int j) -> int64_t {
+    if (!table) return (int64_t(k0) + j) * kv_stride;
+    return (int64_t(table[j / a.block_size]) * a.block_size + j % a.block_size) * kv_stride;
+  };
+  const T* kbase = static_cast<const T*>(a.k) + int64_t(kvh) * d;
+  const T* vbase = static_cast<const T*>(a.v) + int64_t(kvh) * d;
   T* out = static_cast<T*>(a.out) + (row * a.n_heads + h) * d;
 
   // Visible keys are one contiguous range [j_lo, j_hi) (see attention.h).
@@ -72,7 +82,7 @@ __global__ void __launch_bounds__(kNaiveThreads) attn_naive_kernel(NaiveArgs a) 
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int j = warp; j < n; j += kNaiveThreads / 32) {
-    const T* kr = kbase + int64_t(j_lo + j) * kv_stride;
+    const T* kr = kbase + key_row(j_lo + j);
     float acc = 0.0f;
     for (int c = lane; c < d; c += 32) acc += qs[c] * Tr::to_float(kr[c]);
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
@@ -98,7 +108,7 @@ __global__ void __launch_bounds__(kNaiveThreads) attn_naive_kernel(NaiveArgs a) 
   const float inv = 1.0f / sum;
   for (int c = threadIdx.x; c < d; c += kNaiveThreads) {
     float acc = 0.0f;
-    for (int j = 0; j < n; ++j) acc += s[j] * Tr::to_float(vbase[int64_t(j_lo + j) * kv_stride + c]);
+    for (int j = 0; j < n; ++j) acc += s[j] * Tr::to_float(vbase[key_row(j_lo + j) + c]);
     out[c] = Tr::from_float(acc * inv);
   }
   if (a.lse && threadIdx.x == 0) a.lse[int64_t(h) * a.total_q + row] = mx + logf(sum);
@@ -118,7 +128,7 @@ void launch_typed(const AttnParams& p) {
   if (p.max_seqlen_q == 0) return;
   cudaCheck(cudaFuncSetAttribute(attn_naive_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   NaiveArgs a{p.q, p.k, p.v, p.out, p.lse, p.cu_seqlens_q, p.cu_seqlens_k, p.total_q, p.n_heads, p.n_kv_heads,
-              p.head_dim, p.window_left, p.causal, p.scale};
+              p.head_dim, p.window_left, p.causal, p.scale, p.block_tables, p.max_blocks_per_seq, p.block_size};
   dim3 grid(p.max_seqlen_q, p.n_heads, p.batch);
   attn_naive_kernel<T><<<grid, kNaiveThreads, smem, static_cast<cudaStream_t>(p.stream)>>>(a);
   cudaCheckLaunch();

@@ -10,12 +10,16 @@
 // Versions (NOTES.md): v1 serial per warpgroup; v2 intra-warpgroup overlap
 // (+ ping-pong, measured slower and compiled out); v3 per-warp barrier
 // release, stages sized to shared memory; v4 (this) no S zeroing.
+// Paged K/V (attention.h) is a separate instantiation (kPaged): the K/V
+// tensor maps span the pool and the producer warp assembles each tile from
+// one TMA box per page run (mainloop.cuh); the contiguous kernel is unchanged.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <numeric>
 #include <string>
 
 #include "cuda/attn_kernels.h"
@@ -33,7 +37,7 @@ namespace {
 
 using namespace fa3;
 
-template <typename T, int D, int BN>
+template <typename T, int D, int BN, bool kPaged>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_fa3_fwd(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                  const __grid_constant__ CUtensorMap tmV, const Args a) {
@@ -57,23 +61,29 @@ __global__ void __launch_bounds__(kThreads, 1)
   const StaticTileScheduler sched{a.n_m_blocks, a.n_heads, a.batch, a.heads_per_group};
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
-    regs_dealloc<kProducerRegs>();
-    if (threadIdx.x == 0) {
-      tma_prefetch_desc(&tmQ);
-      tma_prefetch_desc(&tmK);
-      tma_prefetch_desc(&tmV);
+    regs_dealloc<kPaged ? kProducerRegsPaged : kProducerRegs>();
+    // One thread produces; with paged K/V its whole warp (a lane per TMA box).
+    if (threadIdx.x == 0 || (kPaged && threadIdx.x < 32)) {
+      if (threadIdx.x == 0) {
+        tma_prefetch_desc(&tmQ);
+        tma_prefetch_desc(&tmK);
+        tma_prefetch_desc(&tmV);
+      }
       PipeState pipe;
       int q_iter = 0;
       for (int t = sched.get_initial_work(); sched.valid(t); t = sched.get_next_work(t)) {
         const WorkTile w = sched.tile(t);
         const TileRange r = tile_range<L::BM, L::BN>(a, w.m_block, w.batch);
         if (!r.valid || r.t_lo >= r.t_hi) continue;  // consumers skip the same blocks
-        producer_load_block<D, BN>(base, &tmQ, &tmK, &tmV, r, w.head, w.head / a.group, q_iter, pipe);
+        if constexpr (kPaged)
+          producer_load_block_paged<D, BN>(base, &tmQ, &tmK, &tmV, a, r, w.batch, w.head, q_iter, pipe);
+        else
+          producer_load_block<D, BN>(base, &tmQ, &tmK, &tmV, r, w.head, w.head / a.group, q_iter, pipe);
         ++q_iter;
       }
     }
   } else {
-    regs_alloc<kConsumerRegs>();
+    regs_alloc<kPaged ? kConsumerRegsPaged : kConsumerRegs>();
     const int wgc = wg - 1;
     // Ping-pong: warpgroup 0 takes the first turn; warpgroup 0 takes one
     // extra turn at the end so both barriers end with no pending arrivals.
@@ -91,7 +101,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       OnlineSoftmax<L::BN> sm;
       sm.init();
       if (r.t_lo < r.t_hi) {
-        consumer_mma_block<T, D, BN>(base, a, r, wgc, q_iter, pipe, o, sm);
+        consumer_mma_block<T, D, BN, kPaged>(base, a, r, wgc, q_iter, pipe, o, sm);
         ++q_iter;
       }
       epilogue_store<T, D, L::BN>(a, r, w.head, wgc, o, sm);
@@ -158,13 +168,26 @@ int choose_heads_per_group(int n_heads, int n_kv_heads, int batch, int max_seqle
   return static_cast<int>(std::min<int64_t>(n_hb, std::max<int64_t>(1, g)));
 }
 
-template <typename T, int D, int BN>
+template <typename T, int D, int BN, bool kPaged>
 void launch_fa3(const AttnParams& p) {
   using L = Layout<D, BN>;
   if (p.max_seqlen_q == 0) return;
+  // Contiguous: K/V rows are the batch's keys, one box a tile. Paged: rows
+  // are the pool's slots, a tile is BN / box boxes of box rows, box =
+  // gcd(block_size, BN) (= min for the power-of-two BN; 16 or 8 for BN 176),
+  // so no box crosses a page or a tile edge.
+  int kv_rows = p.total_k, box = L::BN, log2_bs = 0;
+  if (kPaged) {
+    kv_rows = p.num_pages * p.block_size;
+    box = std::gcd(p.block_size, L::BN);
+    while ((1 << log2_bs) < p.block_size) ++log2_bs;
+    RUNLM_CHECK((1 << log2_bs) == p.block_size && box % 8 == 0 && L::BN / box <= 32,
+                "fa3: paged K/V block_size=%d unsupported with BN=%d; supported: powers of two >= 8", p.block_size,
+                L::BN);
+  }
   const CUtensorMap tq = make_tmap(p.q, p.dtype, p.total_q, p.n_heads, D, L::BM, "q");
-  const CUtensorMap tk = make_tmap(p.k, p.dtype, p.total_k, p.n_kv_heads, D, L::BN, "k");
-  const CUtensorMap tv = make_tmap(p.v, p.dtype, p.total_k, p.n_kv_heads, D, L::BN, "v");
+  const CUtensorMap tk = make_tmap(p.k, p.dtype, kv_rows, p.n_kv_heads, D, box, "k");
+  const CUtensorMap tv = make_tmap(p.v, p.dtype, kv_rows, p.n_kv_heads, D, box, "v");
   Args a;
   a.out = p.out;
   a.lse = p.lse;
@@ -180,6 +203,10 @@ void launch_fa3(const AttnParams& p) {
   a.batch = p.batch;
   a.heads_per_group =
       choose_heads_per_group(p.n_heads, p.n_kv_heads, p.batch, p.max_seqlen_k, D, p.causal, a.n_m_blocks);
+  a.block_tables = p.block_tables;
+  a.max_blocks_per_seq = p.max_blocks_per_seq;
+  a.log2_bs = log2_bs;
+  a.box_rows = box;
   const int64_t tiles = int64_t(a.n_m_blocks) * p.n_heads * p.batch;
   RUNLM_CHECK(tiles < (int64_t(1) << 31), "fa3: %lld work tiles unsupported; supported: < 2^31",
               static_cast<long long>(tiles));
@@ -187,8 +214,9 @@ void launch_fa3(const AttnParams& p) {
   cudaCheck(cudaGetDevice(&dev));
   cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   const int grid = int(tiles < sms ? tiles : sms);
-  cudaCheck(cudaFuncSetAttribute(attn_fa3_fwd<T, D, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(L::kAlloc)));
-  attn_fa3_fwd<T, D, BN><<<grid, kThreads, L::kAlloc, static_cast<cudaStream_t>(p.stream)>>>(tq, tk, tv, a);
+  cudaCheck(cudaFuncSetAttribute(attn_fa3_fwd<T, D, BN, kPaged>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 int(L::kAlloc)));
+  attn_fa3_fwd<T, D, BN, kPaged><<<grid, kThreads, L::kAlloc, static_cast<cudaStream_t>(p.stream)>>>(tq, tk, tv, a);
   cudaCheckLaunch();
 }
 
@@ -201,16 +229,24 @@ int fa3_bn_override() {
   return bn;
 }
 
-template <typename T>
-void launch_fa3_typed(const AttnParams& p) {
+template <typename T, bool kPaged>
+void launch_fa3_paged(const AttnParams& p) {
   switch (p.head_dim) {
-    case 64: return launch_fa3<T, 64, DefaultBN<64>::value>(p);
+    case 64: return launch_fa3<T, 64, DefaultBN<64>::value, kPaged>(p);
     case 128:
-      if (fa3_bn_override() == 176) return launch_fa3<T, 128, 176>(p);
-      return launch_fa3<T, 128, DefaultBN<128>::value>(p);
-    case 256: return launch_fa3<T, 256, DefaultBN<256>::value>(p);
+      if (fa3_bn_override() == 176) return launch_fa3<T, 128, 176, kPaged>(p);
+      return launch_fa3<T, 128, DefaultBN<128>::value, kPaged>(p);
+    case 256: return launch_fa3<T, 256, DefaultBN<256>::value, kPaged>(p);
     default: fail("fa3: head_dim=%d unsupported; supported: head_dim {64,128,256}", p.head_dim);
   }
+}
+
+template <typename T>
+void launch_fa3_typed(const AttnParams& p) {
+  if (p.block_tables)
+    launch_fa3_paged<T, true>(p);
+  else
+    launch_fa3_paged<T, false>(p);
 }
 
 }  // namespace

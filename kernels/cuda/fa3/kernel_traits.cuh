@@ -19,6 +19,11 @@ constexpr int kConsumerThreads = 128 * kConsumerWGs;
 constexpr int kConsumerWarps = kConsumerThreads / 32;  // arrivals on each *_empty barrier
 constexpr int kProducerRegs = 24;   // setmaxnreg: the producer needs few registers...
 constexpr int kConsumerRegs = 240;  // ...so consumers get 240: 24*128 + 240*256 <= 64K
+// Paged K/V: the producer warp's block-table lookups (a lane per TMA box)
+// spilled 4-20 bytes at 24 registers; 32 fit, and the consumers fit in 232
+// without spills (ptxas -v, all four tile shapes): 32*128 + 232*256 <= 64K.
+constexpr int kProducerRegsPaged = 32;
+constexpr int kConsumerRegsPaged = 232;
 
 // Ping-pong between the consumer warpgroups (mainloop.cuh): measured slower
 // than intra-warpgroup overlap alone on H100 (d128 16k: 585 vs 623 TFLOP/s
@@ -81,6 +86,11 @@ struct Args {
   float scale_log2;
   int n_m_blocks, batch;
   int heads_per_group;  // see StaticTileScheduler
+  // Paged K/V only (the K/V tensor maps then span the whole pool):
+  const int32_t* block_tables;  // [batch, max_blocks_per_seq] page indices
+  int max_blocks_per_seq;
+  int log2_bs;                  // log2(block_size)
+  int box_rows;                 // rows per K/V TMA box: min(block_size, BN) (gcd for BN = 176)
 };
 
 // The keys a query block can see, as a range of BN-key tiles [t_lo, t_hi).

@@ -9,6 +9,11 @@
 // separate barriers so QK^T starts before V has landed and K's slot is
 // released while the softmax runs. Slot and phase come from one running
 // tile counter that producer and consumers advance identically.
+//
+// Paged K/V (attention.h) changes the producer (producer_load_block_paged:
+// a tile is assembled from TMA boxes, one per page run) and adds one step
+// before the last tile's P V (zero_v_tail); the GEMMs and the softmax are
+// the same code.
 #pragma once
 
 #include "cuda/fa3/kernel_traits.cuh"
@@ -59,6 +64,110 @@ __device__ __forceinline__ void producer_load_block(uint32_t base, const void* t
     for (int c = 0; c < kBlocks; ++c)
       tma_load_3d(base + L::kV + s * L::kKVBytes + c * L::BN * 128, tmV, L::v_full(base, s), c * 64, kv_head, row);
   }
+}
+
+// Producer for paged K/V: warp 0 of warpgroup 0, all 32 lanes. Q as above
+// (lane 0). The K/V tensor maps span the whole pool (rows = slots, box rows
+// box = a.box_rows). Box i of tile t holds keys n0 + i*box .. n0 + (i+1)*box - 1
+// (n0 = t*BN); box divides both block_size and BN, so these keys lie in one
+// page and box i's first row is the slot of key n0 + i*box, read from the
+// block table. Lane i looks up and issues box i (BN/box <= 22 boxes), so the
+// table reads of a tile overlap one another and the wait for the empty slot.
+//
+// Layout: box i lands at row i*box of each 64-column block. box >= 8 and
+// the blocks are 1024-byte aligned, so every box starts on a 1024-byte
+// boundary. The 128-byte swizzle permutes the 16-byte chunks of a 128-byte
+// row by the row's index within its 8-row (1024-byte) atom, taken from the
+// shared-memory address; a box of whole atoms starting on an atom boundary
+// therefore writes exactly the bytes that one BN-row box would write there,
+// and the consumers' wgmma descriptors read the tile unchanged.
+//
+// Boxes that start at or past the sequence's last key are not issued (their
+// table entries may not exist); expect_tx announces exactly the bytes of the
+// boxes that are. Their rows keep stale shared memory, and rows of the last
+// page past the last key hold whatever the pool has there: the consumers mask
+// those scores (K) and zero those rows (V, zero_v_tail). A box in a page
+// released by the sliding window (entry -1, only before the block's first
+// visible key) re-reads the tile's last box instead.
+template <int D, int BN>
+__device__ __forceinline__ void producer_load_block_paged(uint32_t base, const void* tmQ, const void* tmK,
+                                                          const void* tmV, const Args& a, const TileRange& r,
+                                                          int batch, int head, int q_iter, PipeState& pipe) {
+  using L = Layout<D, BN>;
+  constexpr int kBlocks = D / 64;
+  static_assert(BN / 8 <= 32, "one lane per box of >= 8 rows");
+  const int lane = threadIdx.x & 31;
+  if (lane == 0) {
+    mbar_wait(L::q_empty(base), (q_iter & 1) ^ 1);
+    mbar_arrive_expect_tx(L::q_full(base), L::kQBytes);
+#pragma unroll
+    for (int c = 0; c < kBlocks; ++c)
+      tma_load_3d(base + L::kQ + c * L::BM * 128, tmQ, L::q_full(base), c * 64, head, r.q_start + r.m0);
+  }
+  const int32_t* table = a.block_tables + int64_t(batch) * a.max_blocks_per_seq;
+  const int kv_head = head / a.group;
+  for (int t = r.t_lo; t < r.t_hi; ++t, ++pipe.count) {
+    const int s = pipe.slot<L::kStages>();
+    const uint32_t ph = pipe.phase<L::kStages>();
+    const int box = a.box_rows;
+    const int j = t * BN + lane * box;  // first key of this lane's box
+    const bool mine = lane * box < BN && j < r.sk;
+    int page = 0;
+    if (mine) page = __ldg(table + (j >> a.log2_bs));
+    int row = (page << a.log2_bs) | (j & ((1 << a.log2_bs) - 1));  // the pool slot of key j
+    // The boxes that hold a key < sk (at least the first): one per issuing lane.
+    const int n_boxes = __popc(__ballot_sync(0xffffffffu, mine));
+    // A page released by the sliding window (-1) holds keys no query of the
+    // block sees; its box loads the last box's page instead (finite data:
+    // that box holds a visible key, so its page is not released), which the
+    // mask then hides (K) and P = 0 multiplies (V).
+    const int last_row = __shfl_sync(0xffffffffu, row, n_boxes - 1);
+    if (page < 0) row = last_row;
+    const uint32_t bytes = uint32_t(n_boxes * box) * 128u * kBlocks;
+    const uint32_t dst = base + L::kK + s * L::kKVBytes + uint32_t(lane * box) * 128u;  // K; V is at + (kV - kK)
+    mbar_wait(L::k_empty(base, s), ph ^ 1);
+    if (lane == 0) mbar_arrive_expect_tx(L::k_full(base, s), bytes);
+    __syncwarp();  // the transaction count is raised before any lane's box is issued
+    if (mine) {
+#pragma unroll
+      for (int c = 0; c < kBlocks; ++c) tma_load_3d(dst + c * BN * 128, tmK, L::k_full(base, s), c * 64, kv_head, row);
+    }
+    mbar_wait(L::v_empty(base, s), ph ^ 1);
+    if (lane == 0) mbar_arrive_expect_tx(L::v_full(base, s), bytes);
+    __syncwarp();
+    if (mine) {
+#pragma unroll
+      for (int c = 0; c < kBlocks; ++c)
+        tma_load_3d(dst + (L::kV - L::kK) + c * BN * 128, tmV, L::v_full(base, s), c * 64, kv_head, row);
+    }
+  }
+}
+
+// Named barrier of the two consumer warpgroups in zero_v_tail (0 is
+// __syncthreads, 1 and 2 the ping-pong turns).
+constexpr int kZeroVBar = 3;
+
+// Paged K/V only, before the last tile's P V: rows [valid, BN) of that V
+// tile (valid = sk - n0, keys past the sequence's end) hold the tail of its
+// last page (anything, NaN included) or stale shared memory (boxes not
+// issued). P is exactly 0 there, but 0 * NaN = NaN in the GEMM, so the 256
+// consumer threads zero those rows (all 16-byte chunks of each 128-byte row,
+// so the swizzle does not matter), fence the writes for the async proxy
+// (this GEMM's reads, the next TMA fill of the slot) and meet at a named
+// barrier before either warpgroup issues the GEMM. Only the last tile of a
+// block can reach past the sequence's end, and both warpgroups see the same
+// valid (the range is per block), so both return or both reach the barrier.
+template <int D, int BN>
+__device__ __forceinline__ void zero_v_tail(uint32_t v_stage, int valid) {
+  if (valid >= BN) return;
+  constexpr int kChunksPerRow = D / 64 * 8;  // 16-byte chunks: 8 per 64-column block
+  const int n = (BN - valid) * kChunksPerRow;
+  for (int i = int(threadIdx.x) - 128; i < n; i += kConsumerThreads) {
+    const int row = valid + i / kChunksPerRow, c = i % kChunksPerRow;
+    st_shared_zero16(v_stage + (c / 8) * BN * 128 + row * 128 + (c % 8) * 16);
+  }
+  fence_proxy_async_shared();
+  named_bar_sync(kZeroVBar, kConsumerThreads);
 }
 
 // Masks scores outside the causal diagonal, the window or the sequence.
@@ -117,7 +226,7 @@ __device__ __forceinline__ void fence_regs_u32(uint32_t (&r)[N][4]) {
 // the CUDA cores while the tensor cores finish P V_{t-1}. O is rescaled only
 // after that GEMM has completed. P's registers are read by the asynchronous
 // wgmma, so they are pinned (fence_regs_u32) until its wait.
-template <typename T, int D, int BN>
+template <typename T, int D, int BN, bool kPaged>
 __device__ __forceinline__ void consumer_mma_block(uint32_t base, const Args& a, const TileRange& r, int wgc, int q_iter,
                                                    PipeState& pipe, float (&o)[D / 2], OnlineSoftmax<BN>& sm) {
   const PingPong<kPingPong> pp{wgc};
@@ -232,6 +341,7 @@ __device__ __forceinline__ void consumer_mma_block(uint32_t base, const Args& a,
 
   // Epilogue of the loop: the last tile's P V.
   mbar_wait(L::v_full(base, prev), prev_ph);
+  if constexpr (kPaged) zero_v_tail<D, BN>(base + L::kV + prev * L::kKVBytes, r.sk - (r.t_hi - 1) * BN);
   pp.wait_turn();
   issue_pv(prev);
   pp.pass_turn();
