@@ -412,6 +412,14 @@ class CudaEngine final : public Engine {
     for (const gpu::GpuMatrix* w : {&l0.wq, &l0.wk, &l0.wv, &l0.wo, &l0.w_gate, &l0.w_up, &l0.w_down})
       all_f16 = all_f16 && w->type == DType::F16;
     gemv_max_tokens_ = all_f16 ? kMaxGemvTokensF16 : kMaxGemvTokens;
+    // RUNLM_PREFILL_KV=gather: prefill attention reads f16 K/V gathered out of
+    // the pages (the path of the other KV types) instead of the pages
+    // themselves, for measuring one against the other.
+    if (const char* e = std::getenv("RUNLM_PREFILL_KV")) {
+      RUNLM_CHECK(std::strcmp(e, "pages") == 0 || std::strcmp(e, "gather") == 0,
+                  "RUNLM_PREFILL_KV must be pages or gather, got '%s'", e);
+      gather_prefill_kv_ = std::strcmp(e, "gather") == 0;
+    }
     if (const char* e = std::getenv("RUNLM_GEMV_MAX_TOKENS")) {
       const int v = std::atoi(e);
       RUNLM_CHECK(v >= 1 && v <= kMaxGemvTokens, "RUNLM_GEMV_MAX_TOKENS must be 1 to %d, got '%s'", kMaxGemvTokens, e);
@@ -574,7 +582,7 @@ class CudaEngine final : public Engine {
     // through the block tables (AttnParams' paged mode): no gather pass.
     // Other KV types are decoded to contiguous f16 by gather_kv first
     // (dequantizing inside fa2/fa3 is future work).
-    const bool paged_prefill = type_k_ == KvType::F16 && type_v_ == KvType::F16;
+    const bool paged_prefill = type_k_ == KvType::F16 && type_v_ == KvType::F16 && !gather_prefill_kv_;
     if (plan.n_pre() > 0 && !paged_prefill) {
       k_gather_.reserve(static_cast<size_t>(total_k) * c.kv_dim());
       v_gather_.reserve(static_cast<size_t>(total_k) * c.kv_dim());
@@ -916,6 +924,7 @@ class CudaEngine final : public Engine {
   DeviceBuffer<uint8_t> x8_;  // x quantized for gemv_x8 ([16, widest] int8 + scales)
   bool gemv_x8_ = true;
   int gemv_max_tokens_ = kMaxGemvTokens;  // longer chunks take the GEMM path
+  bool gather_prefill_kv_ = false;        // RUNLM_PREFILL_KV=gather
   int* host_io_ = nullptr;  // pinned: tokens [n_batch], positions [n_batch], cu_seqlens [4]
   // Paged cache and batched steps.
   int block_size_ = 16;

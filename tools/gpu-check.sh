@@ -444,6 +444,20 @@ section_long_ctx() {
   done
 }
 
+# Prefill of one 32k prompt on the paged cache: attention reading the pages
+# (default) against K/V gathered out of them first, at two page sizes.
+section_prefill_kv() {
+  local t=${MODEL_TYPES%% *} bs mode
+  for bs in 16 64; do
+    for mode in pages gather; do
+      RUNLM_PREFILL_KV=$mode timeout 120 "$RUNLM" bench -m "$MODEL_DIR/llama2-7b-$t.gguf" -npl 1 -npp 32768 -ntg 16 \
+        -b 4096 --kv paged --block-size $bs -o md 2>"$OUT/prefill_kv.err" | grep -E '^\| (random|llama)' |
+        sed "s/\$/ block-size $bs, $mode/"
+      grep -E 'rror' "$OUT/prefill_kv.err"
+    done
+  done
+}
+
 # runlm bench's parallel-sequences mode (llama-batched-bench columns).
 section_bench_npl() {
   local t
