@@ -98,6 +98,7 @@ class CpuEngine final : public Engine {
 
   const char* backend_name() const override { return "cpu"; }
   int n_ctx() const override { return n_ctx_; }
+  int n_vocab() const override { return cfg_.n_vocab; }
   KvType type_k() const override { return type_k_; }
   KvType type_v() const override { return type_v_; }
   BlockManager* blocks() override { return blocks_.get(); }

@@ -171,6 +171,7 @@ class CudaEngine final : public Engine {
 
   const char* backend_name() const override { return "cuda"; }
   int n_ctx() const override { return n_ctx_; }
+  int n_vocab() const override { return cfg_.n_vocab; }
   KvType type_k() const override { return type_k_; }
   KvType type_v() const override { return type_v_; }
   int max_batch_tokens() const override { return n_batch_; }
@@ -182,7 +183,9 @@ class CudaEngine final : public Engine {
   // come first and run through the paged decode kernel; longer items
   // (prefill chunks) follow and run through the prefill attention backends on
   // their K/V gathered out of the pages.
-  void forward_batch(const std::vector<BatchItem>& items, float* logits) override {
+  // One batched step (forward_batch): the logits of the rows that want them
+  // into `logits`, or only their argmax into `greedy_tokens`.
+  void run_items(const std::vector<BatchItem>& items, float* logits, int* greedy_tokens) {
     RUNLM_CHECK(blocks_, "forward_batch needs the paged KV cache (--kv paged)");
     const ModelConfig& c = cfg_;
     BatchPlan plan;
@@ -206,14 +209,26 @@ class CudaEngine final : public Engine {
     upload_plan(plan);
     run_batch(plan);
     const int n_rows = static_cast<int>(plan.logit_rows.size());
-    if (n_rows == 0) {
-      check(cudaStreamSynchronize(stream_), "sync");
-      return;
+    if (n_rows > 0 && greedy_tokens) {
+      // Greedy rows: the argmax on the device, ints back (not n_vocab floats).
+      gpu::argmax_rows(logits_.get(), n_rows, c.n_vocab, argmax_.get(), stream_);
+      check(cudaMemcpyAsync(greedy_tokens, argmax_.get(), static_cast<size_t>(n_rows) * sizeof(int),
+                            cudaMemcpyDeviceToHost, stream_),
+            "copy tokens");
+    } else if (n_rows > 0) {
+      check(cudaMemcpyAsync(logits, logits_.get(), static_cast<size_t>(n_rows) * c.n_vocab * sizeof(float),
+                            cudaMemcpyDeviceToHost, stream_),
+            "copy logits");
     }
-    check(cudaMemcpyAsync(logits, logits_.get(), static_cast<size_t>(n_rows) * c.n_vocab * sizeof(float),
-                          cudaMemcpyDeviceToHost, stream_),
-          "copy logits");
     check(cudaStreamSynchronize(stream_), "sync");
+  }
+
+  void forward_batch(const std::vector<BatchItem>& items, float* logits) override {
+    run_items(items, logits, nullptr);
+  }
+
+  void forward_batch_greedy(const std::vector<BatchItem>& items, int* tokens) override {
+    run_items(items, nullptr, tokens);
   }
 
   float* logits_buffer(size_t n) override {
@@ -395,6 +410,7 @@ class CudaEngine final : public Engine {
     gate_.allocate(m * hidden_);
     up_.allocate(m * hidden_);
     logits_.allocate(m * c.n_vocab);
+    argmax_.allocate(m);
     rows_.allocate(m * c.dim);
     tokens_.allocate(m);
     positions_.allocate(m);
@@ -912,6 +928,7 @@ class CudaEngine final : public Engine {
   DeviceBuffer<uint16_t> atth_; // [n_batch, n_heads * head_dim] f16 prefill attention output
   DeviceBuffer<float> gate_, up_;  // [n_batch, hidden]
   DeviceBuffer<float> logits_;  // [n_batch, n_vocab]
+  DeviceBuffer<int> argmax_;    // [n_batch] greedy tokens (forward_batch_greedy)
   // [n_layers][n_slots / block_size pages of kv_pool_layout] (contiguous: [n_layers, n_ctx, kv_dim] f16)
   DeviceBuffer<uint8_t> k_cache_, v_cache_;
   KvType type_k_ = KvType::F16, type_v_ = KvType::F16;

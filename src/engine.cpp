@@ -2,10 +2,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "common.h"
 #include "model.h"
+#include "sampler.h"
 #include "llama.h"
 
 namespace runlm {
@@ -24,6 +26,16 @@ const char* device_name(Device d) {
     case Device::Cuda: return "cuda";
   }
   return "?";
+}
+
+void Engine::forward_batch_greedy(const std::vector<BatchItem>& items, int* tokens) {
+  const size_t rows = static_cast<size_t>(std::count_if(items.begin(), items.end(), [](const BatchItem& it) {
+    return it.want_logits;
+  }));
+  const int n_vocab = this->n_vocab();
+  float* logits = logits_buffer(rows * n_vocab);
+  forward_batch(items, logits);
+  for (size_t r = 0; r < rows; ++r) tokens[r] = argmax(logits + r * n_vocab, n_vocab);
 }
 
 float* Engine::logits_buffer(size_t n) {

@@ -58,6 +58,7 @@ class Engine {
   virtual ~Engine() = default;
   virtual const char* backend_name() const = 0;
   virtual int n_ctx() const = 0;
+  virtual int n_vocab() const = 0;  // the width of a logits row
   // Element types of the KV cache (-ctk, -ctv).
   virtual KvType type_k() const = 0;
   virtual KvType type_v() const = 0;
@@ -77,6 +78,11 @@ class Engine {
   // uses; batch callers use ids >= 1.
   virtual BlockManager* blocks() { return nullptr; }
   virtual void forward_batch(const std::vector<BatchItem>& items, float* logits) = 0;
+  // forward_batch for a step whose every row is sampled greedily with no
+  // logit edits: only each row's argmax (runlm::argmax), one token per item
+  // with want_logits, in item order. The GPU engine reduces on the device and
+  // copies back ints instead of n_vocab floats a row.
+  virtual void forward_batch_greedy(const std::vector<BatchItem>& items, int* tokens);
   // Host memory for n floats of forward_batch logits that this engine fills
   // fastest (page-locked on the GPU: a 256-sequence step copies 33 MB).
   // Valid until the next call; the contents are not kept.

@@ -265,6 +265,13 @@ int Sampler::sample(const float* logits, int n_vocab) {
   return cands_.back().id;  // rounding left r past the total mass
 }
 
+bool Sampler::is_plain_argmax() const {
+  if (params_.temperature > 0) return false;
+  for (const auto& st : stages_)
+    if (st->edits_logits() && !st->idle()) return false;
+  return true;
+}
+
 void Sampler::accept(int token) {
   for (auto& s : stages_) s->accept(token);
 }

@@ -76,6 +76,10 @@ class Sampler {
   explicit Sampler(const SamplingParams& params);
   // Picks the next token from logits [n_vocab].
   int sample(const float* logits, int n_vocab);
+  // True when the next sample() is the plain argmax of the logits (greedy,
+  // no penalty to apply): a caller may then take the argmax elsewhere (the
+  // GPU) and skip sample().
+  bool is_plain_argmax() const;
   // Records a token of the context (prompt or generated) for the penalty.
   void accept(int token);
   void reset();

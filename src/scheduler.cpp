@@ -221,27 +221,35 @@ void Scheduler::run(const std::function<void(Completion&&)>& on_done, const std:
       n_logits += it.want_logits;
       items.push_back(it);
     }
-    float* logits = engine_.logits_buffer(static_cast<size_t>(n_logits) * n_vocab);
-    Stopwatch forward_clock;
-    engine_.forward_batch(items, logits);
-    times_.forward += forward_clock.seconds();
-    ++steps_;
-
-    // Sampling first, every row at once (each sequence has its own sampler
-    // and random stream, so the threads change no draw); then the tokens are
-    // taken in item order.
-    Stopwatch sample_clock;
     std::vector<Sampler*> samplers;
     for (size_t i = 0; i < plan.size(); ++i)
       if (items[i].want_logits) samplers.push_back(plan[i].first->sampler.get());
     sampled.assign(samplers.size(), -1);
+    // A step whose rows are all plain greedy asks the engine for the argmax
+    // only (on the GPU: no logits copy, no host scan).
+    const bool all_argmax =
+        std::all_of(samplers.begin(), samplers.end(), [](const Sampler* s) { return s->is_plain_argmax(); });
+    float* logits = all_argmax ? nullptr : engine_.logits_buffer(static_cast<size_t>(n_logits) * n_vocab);
+    Stopwatch forward_clock;
+    if (all_argmax) engine_.forward_batch_greedy(items, sampled.data());
+    else engine_.forward_batch(items, logits);
+    times_.forward += forward_clock.seconds();
+    ++steps_;
+
+    // Sampling, every row at once (each sequence has its own sampler and
+    // random stream, so the threads change no draw); then the tokens are
+    // taken in item order.
+    Stopwatch sample_clock;
     auto sample_rows = [&](int64_t begin, int64_t end, int) {
       for (int64_t r = begin; r < end; ++r)
         sampled[r] = samplers[r]->sample(logits + static_cast<size_t>(r) * n_vocab, n_vocab);
     };
     constexpr int kRowsPerThread = 16;  // below this the hand-off costs more than it saves
-    if (samplers.size() >= 2 * kRowsPerThread) {
-      if (!sample_pool_) sample_pool_ = std::make_unique<ThreadPool>(std::min(16, static_cast<int>(std::thread::hardware_concurrency())));
+    if (all_argmax) {
+      // Done by the engine.
+    } else if (samplers.size() >= 2 * kRowsPerThread) {
+      if (!sample_pool_)
+        sample_pool_ = std::make_unique<ThreadPool>(std::min(16, static_cast<int>(std::thread::hardware_concurrency())));
       sample_pool_->parallel_for(static_cast<int64_t>(samplers.size()), sample_rows);
     } else {
       sample_rows(0, static_cast<int64_t>(samplers.size()), 0);

@@ -22,6 +22,7 @@
 #include "cpu/ops.h"
 #include "cpu/quant.h"
 #include "dtype.h"
+#include "sampler.h"
 #include "thread_pool.h"
 
 #ifdef RUNLM_CUDA
@@ -535,6 +536,35 @@ TEST(GpuOps, GemmBatchedMatchesEachProduct) {
   gpu::free_matrix(go);
   gpu::free_matrix(gq);
   for (auto& g : gms) gpu::free_matrix(g);
+}
+
+// ---- argmax_rows (greedy sampling on the device) ---------------------------------
+
+TEST(GpuOps, ArgmaxRowsMatchesHostArgmax) {
+  REQUIRE_GPU();
+  const int rows = 37, cols = 32000;
+  std::vector<float> x = randn(static_cast<size_t>(rows) * cols, 77, 3.0f);
+  // Ties (the first index wins), NaNs (skipped), all -inf, all NaN, a max in
+  // the last column.
+  float* r0 = x.data();
+  r0[100] = r0[20000] = 50.0f;
+  float* r1 = x.data() + cols;
+  r1[0] = std::nanf("");
+  r1[5] = 60.0f;
+  r1[6] = std::nanf("");
+  std::fill(x.begin() + 2 * cols, x.begin() + 3 * cols, -INFINITY);
+  std::fill(x.begin() + 3 * cols, x.begin() + 4 * cols, std::nanf(""));
+  x[5 * cols - 1] = 99.0f;
+  auto dx = upload(x);
+  DevBuf out(sizeof(int) * rows);  // poisoned
+  gpu::argmax_rows(dx->as<float>(), rows, cols, out.as<int>(), nullptr);
+  const std::vector<int> got = out.get<int>(rows);
+  for (int r = 0; r < rows; ++r)
+    EXPECT_EQ(got[r], argmax(x.data() + static_cast<size_t>(r) * cols, cols)) << "row " << r;
+  EXPECT_EQ(got[0], 100);
+  EXPECT_EQ(got[1], 5);
+  EXPECT_EQ(got[2], 0);
+  EXPECT_EQ(got[4], cols - 1);
 }
 
 // ---- embed_rows ---------------------------------------------------------------------

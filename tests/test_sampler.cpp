@@ -199,3 +199,16 @@ TEST(Sampler, FastPathsDrawWhatTheFullPipelineDraws) {
     }
   }
 }
+
+TEST(Sampler, PlainArgmaxOnlyWhenGreedyWithNothingToEdit) {
+  SamplingParams p = greedy();
+  EXPECT_TRUE(Sampler(p).is_plain_argmax());
+  p.repeat_penalty = 1.3f;
+  Sampler penalised(p);
+  EXPECT_TRUE(penalised.is_plain_argmax());  // no history yet: the penalty changes nothing
+  penalised.accept(3);
+  EXPECT_FALSE(penalised.is_plain_argmax());
+  p = SamplingParams{};
+  p.temperature = 0.7f;
+  EXPECT_FALSE(Sampler(p).is_plain_argmax());
+}

@@ -96,6 +96,11 @@ const void* gemm_f16_data(const GpuMatrix& w);  // the pointer gemm_batched want
 void gemm_batched(const void* const* w, const uint16_t* const* x, float* const* y, int n, int64_t rows, int64_t cols,
                   int n_tokens, Stream stream);
 
+// out[r] = the index of the largest of x[r, 0..cols) (f32 [rows, cols]),
+// the smallest index on a tie, NaNs skipped (0 when all are NaN): greedy
+// sampling as runlm::argmax does it on the host.
+void argmax_rows(const float* x, int rows, int cols, int* out, Stream stream);
+
 // Row of an embedding table (any supported type) for each token -> f32 [n, cols].
 void embed_rows(const GpuMatrix& table, const int* tokens, int n, float* out, Stream stream);
 
