@@ -45,6 +45,29 @@ std::vector<int> greedy(Engine& engine, const Model& model, std::vector<int> pro
   return generate(engine, sampler, model.tokenizer(), req, nullptr).tokens;
 }
 
+// The prompts through the continuous-batching scheduler on a paged engine,
+// greedily, prompt i for n_predict[i] tokens, at most max_parallel at once:
+// each request's tokens by index.
+std::map<int, std::vector<int>> batch_greedy(Engine& engine, const Model& model,
+                                             const std::vector<std::string>& prompts,
+                                             const std::vector<int>& n_predict, int max_parallel) {
+  SchedulerOptions so;
+  so.max_parallel = max_parallel;
+  so.max_seq_len = engine.n_ctx();
+  Scheduler sched(engine, model.tokenizer(), so);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    Request r;
+    r.index = static_cast<int>(i);
+    r.prompt = model.tokenizer().encode(prompts[i], true);
+    r.n_predict = n_predict[i];
+    r.sampling.temperature = 0;
+    sched.submit(r);
+  }
+  std::map<int, std::vector<int>> out;
+  sched.run([&](Completion&& c) { out[c.index] = std::move(c.tokens); });
+  return out;
+}
+
 double relative_error(const std::vector<float>& a, const std::vector<float>& ref) {
   double num = 0, den = 0;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -159,26 +182,13 @@ TEST(CudaEngine, BatchedPagedStepsMatchSingleSequenceRuns) {
   eo.block_size = 16;
   eo.kv_pages = 64;
   auto paged = make_cuda_engine(*model, eo);
-  SchedulerOptions so;
-  so.max_parallel = 4;
-  so.max_seq_len = 256;
-  Scheduler sched(*paged, model->tokenizer(), so);
-  SamplingParams sp;
-  sp.temperature = 0;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    Request r;
-    r.index = static_cast<int>(i);
-    r.prompt = model->tokenizer().encode(prompts[i], true);
-    r.n_predict = 24 + 5 * static_cast<int>(i);
-    r.sampling = sp;
-    sched.submit(r);
-  }
-  std::map<int, Completion> out;
-  sched.run([&](Completion&& c) { out[c.index] = std::move(c); });
+  std::vector<int> n_predict;
+  for (size_t i = 0; i < prompts.size(); ++i) n_predict.push_back(24 + 5 * static_cast<int>(i));
+  const auto out = batch_greedy(*paged, *model, prompts, n_predict, 4);
   for (size_t i = 0; i < prompts.size(); ++i) {
     auto single = engine_on(Device::Cuda, *model, 256);
-    const auto want = greedy(*single, *model, model->tokenizer().encode(prompts[i], true), 24 + 5 * static_cast<int>(i));
-    EXPECT_EQ(out.at(static_cast<int>(i)).tokens, want) << prompts[i];
+    const auto want = greedy(*single, *model, model->tokenizer().encode(prompts[i], true), n_predict[i]);
+    EXPECT_EQ(out.at(static_cast<int>(i)), want) << prompts[i];
   }
 }
 
@@ -199,13 +209,15 @@ TEST(CudaEngine, BatchedPagedSlidingWindowMatchesSingleSequenceRuns) {
                                             "The economy"};
   constexpr int kWindow = 24;
   std::vector<std::vector<int>> want;
+  std::vector<int> n_predict;
+  for (size_t i = 0; i < prompts.size(); ++i) n_predict.push_back(20 + 3 * static_cast<int>(i));
   for (size_t i = 0; i < prompts.size(); ++i) {
     EngineOptions so;
     so.device = Device::Cuda;
     so.n_ctx = 256;
     so.sliding_window = kWindow;
     auto single = make_cuda_engine(*model, so);
-    want.push_back(greedy(*single, *model, model->tokenizer().encode(prompts[i], true), 20 + 3 * static_cast<int>(i)));
+    want.push_back(greedy(*single, *model, model->tokenizer().encode(prompts[i], true), n_predict[i]));
   }
   for (AttnBackend be : {AttnBackend::Fa2, AttnBackend::Auto}) {
     EngineOptions eo;
@@ -218,24 +230,9 @@ TEST(CudaEngine, BatchedPagedSlidingWindowMatchesSingleSequenceRuns) {
     eo.block_size = 8;
     eo.kv_pages = 128;
     auto paged = make_cuda_engine(*model, eo);
-    SchedulerOptions so;
-    so.max_parallel = 3;
-    so.max_seq_len = 256;
-    Scheduler sched(*paged, model->tokenizer(), so);
-    SamplingParams sp;
-    sp.temperature = 0;
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      Request r;
-      r.index = static_cast<int>(i);
-      r.prompt = model->tokenizer().encode(prompts[i], true);
-      r.n_predict = 20 + 3 * static_cast<int>(i);
-      r.sampling = sp;
-      sched.submit(r);
-    }
-    std::map<int, Completion> out;
-    sched.run([&](Completion&& c) { out[c.index] = std::move(c); });
+    const auto out = batch_greedy(*paged, *model, prompts, n_predict, 3);
     for (size_t i = 0; i < prompts.size(); ++i)
-      EXPECT_EQ(out.at(static_cast<int>(i)).tokens, want[i]) << attn_backend_name(be) << ": " << prompts[i];
+      EXPECT_EQ(out.at(static_cast<int>(i)), want[i]) << attn_backend_name(be) << ": " << prompts[i];
   }
 }
 
