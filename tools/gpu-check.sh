@@ -397,7 +397,8 @@ for r in rows[1:]:
     name = re.sub(r"\(.*", "", r[ki])[:70]
     v = float(r[vi].replace(",", ""))
     unit = r[hdr.index("Metric Unit")]
-    v = v / 1e3 if unit == "nsecond" else (v if unit == "usecond" else v * 1e3)
+    # ncu names units "nsecond"/"usecond"/"msecond" or "ns"/"us"/"ms" by version.
+    v = v / 1e3 if unit in ("nsecond", "ns") else (v if unit in ("usecond", "us") else v * 1e3)
     tot[name] += v; cnt[name] += 1
 s = sum(tot.values())
 print("ncu: %d kernels, %.1f us GPU time" % (sum(cnt.values()), s))
