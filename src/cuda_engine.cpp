@@ -842,7 +842,7 @@ class CudaEngine final : public Engine {
 
   void project_qkv_gemm(const GpuLayer& g, int m) {
     if (g.qkv.n > 0) return project_gemm(g.qkv, {}, m);
-    project_gemm(GemmGroup{}, {{&g.wq, q_.get()}}, m);
+    gpu::gemm(g.wq, xh_.get(), q_.get(), m, gemm_scratch_.get(), stream_);
     project_gemm(g.kv, {{&g.wk, k_.get()}, {&g.wv, v_.get()}}, m);
   }
 

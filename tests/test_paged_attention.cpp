@@ -830,6 +830,33 @@ double copy_bandwidth() {
   return 2.0 * bytes / (ms[ms.size() / 2] * 1e-3);  // read + write
 }
 
+// The benches' problem: B sequences of one decode token each over L keys in
+// pages of bs (every table [B, L / bs]), K and V of type t in the pools.
+PagedDecodeParams one_token_params(const DevBuf& q, const DevBuf& out, const DevBuf& cu, const DevBuf& lens,
+                                   const int32_t* tables, const void* k_pool, const void* v_pool, KvType t, int B,
+                                   int L, int bs, int n_heads, int n_kv, int hd) {
+  PagedDecodeParams p;
+  p.q = q.as<float>();
+  p.out = out.as<float>();
+  p.cu_q = cu.as<int32_t>();
+  p.n_seqs = B;
+  p.total_q = B;
+  p.max_q_per_seq = 1;
+  p.max_seq_len = L;
+  p.n_heads = n_heads;
+  p.scale = 1.0f / std::sqrt(float(hd));
+  p.kv.k_pool = k_pool;
+  p.kv.v_pool = v_pool;
+  p.kv.k_type = p.kv.v_type = t;
+  p.kv.block_tables = tables;
+  p.kv.max_blocks_per_seq = L / bs;
+  p.kv.seq_lens = lens.as<int32_t>();
+  p.kv.block_size = bs;
+  p.kv.n_kv_heads = n_kv;
+  p.kv.head_dim = hd;
+  return p;
+}
+
 // Issue 7's rows: each KV type (K and V the same) at B=64 L=8192 and B=1
 // L=32768, GQA 32/8, hd 128, page 16, shuffled pages; GB/s of the bytes the
 // kernel actually reads (quants + scales of K and V), tokens/s (decode steps
@@ -886,25 +913,8 @@ void kv_type_sweep(double copy_bw) {
       upload(dtab, all_tables);
       const size_t ws_bytes = paged_decode_workspace_bytes(B, B, n_heads, hd, L);
       DevBuf ws(ws_bytes);
-      PagedDecodeParams p;
-      p.q = dq.as<float>();
-      p.out = dout.as<float>();
-      p.cu_q = dcu.as<int32_t>();
-      p.n_seqs = B;
-      p.total_q = B;
-      p.max_q_per_seq = 1;
-      p.max_seq_len = L;
-      p.n_heads = n_heads;
-      p.scale = 1.0f / std::sqrt(float(hd));
-      p.kv.k_pool = kpool.p;
-      p.kv.v_pool = vpool.p;
-      p.kv.k_type = p.kv.v_type = t;
-      p.kv.block_tables = dtab.as<int32_t>();
-      p.kv.max_blocks_per_seq = pages;
-      p.kv.seq_lens = dlens.as<int32_t>();
-      p.kv.block_size = bs;
-      p.kv.n_kv_heads = n_kv;
-      p.kv.head_dim = hd;
+      PagedDecodeParams p =
+          one_token_params(dq, dout, dcu, dlens, dtab.as<int32_t>(), kpool.p, vpool.p, t, B, L, bs, n_heads, n_kv, hd);
       // Validate sequence 0 against the reference on a host copy of its pages.
       {
         ck(cudaMemset(dout.p, 0xff, hq.size() * 4), "poison");
@@ -1026,26 +1036,8 @@ TEST(PagedAttentionBench, DecodeSweep) {
           dev_tables.push_back(std::make_unique<DevBuf>(need * 4));
           upload(*dev_tables.back(), t);
           host_tables[layout].push_back(std::move(t));
-          PagedDecodeParams p;
-          p.q = dq.as<float>();
-          p.out = dout.as<float>();
-          p.cu_q = dcu.as<int32_t>();
-          p.n_seqs = B;
-          p.total_q = B;
-          p.max_q_per_seq = 1;
-          p.max_seq_len = L;
-          p.n_heads = n_heads;
-          p.scale = 1.0f / std::sqrt(float(hd));
-          p.kv.k_pool = kpool.p;
-          p.kv.v_pool = vpool.p;
-          p.kv.k_type = p.kv.v_type = KvType::F16;
-          p.kv.block_tables = dev_tables.back()->as<int32_t>();
-          p.kv.max_blocks_per_seq = pages;
-          p.kv.seq_lens = dlens.as<int32_t>();
-          p.kv.block_size = bs;
-          p.kv.n_kv_heads = n_kv;
-          p.kv.head_dim = hd;
-          ps[layout].push_back(p);
+          ps[layout].push_back(one_token_params(dq, dout, dcu, dlens, dev_tables.back()->as<int32_t>(), kpool.p, vpool.p,
+                                                KvType::F16, B, L, bs, n_heads, n_kv, hd));
         }
       // Validate first: sequence 0 (and the last) of the paged layout against
       // the reference, and paged == contiguous bitwise when they hold the same

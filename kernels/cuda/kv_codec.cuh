@@ -224,27 +224,4 @@ struct KvQ4 {
   }
 };
 
-template <KvType T>
-struct KvPolicyOf;
-template <>
-struct KvPolicyOf<KvType::F16> {
-  using type = KvF16;
-};
-template <>
-struct KvPolicyOf<KvType::BF16> {
-  using type = KvBf16;
-};
-template <>
-struct KvPolicyOf<KvType::Q8_0> {
-  using type = KvQ8;
-};
-template <>
-struct KvPolicyOf<KvType::FP8> {
-  using type = KvFp8;
-};
-template <>
-struct KvPolicyOf<KvType::Q4_0> {
-  using type = KvQ4;
-};
-
 }  // namespace runlm
