@@ -277,8 +277,8 @@ struct MmaQ4 {
 
 // grid, workspace and results as paged_decode_kernel (paged_attention.cuh),
 // with kMmaRows rows a chunk. Each warp walks its own 16 x U keys of every
-// CTA step (U = 256 / HD 16-key sub-tiles: the raw bytes of one step fill
-// ~96 registers at every head_dim) and keeps an online softmax state per
+// CTA step (U = 2 16-key sub-tiles at hd 64 and 128, 1 at hd 256, whose
+// q and O take twice the registers) and keeps an online softmax state per
 // row; the 4 warps merge through shared memory at the end.
 template <typename KP, typename VP, int HD>
 __global__ void __launch_bounds__(kThreads, 2)
@@ -288,13 +288,20 @@ __global__ void __launch_bounds__(kThreads, 2)
   static_assert(KP::kScaled || VP::kScaled, "tensor-core decode: for pools with a quantized K or V");
   constexpr int R = kMmaRows;
   constexpr int NB = HD / 32;                  // 32-value blocks of a head row
-  constexpr int U = 256 / HD;                  // 16-key sub-tiles per warp per step
+  constexpr int U = HD <= 128 ? 2 : 1;         // 16-key sub-tiles per warp per step
   constexpr int kWarpKeys = 16 * U;
   constexpr int kStep = kWarps * kWarpKeys;    // keys per CTA step
   constexpr int kScWords = NB / 2;             // f16 scale words of a key's head row (2 per word)
+  // hd 256: q (32 registers), O (64) and a step's raw bytes (~96) do not fit
+  // in 255 registers together (ptxas spilled 32-56 bytes), so V's bytes and
+  // scales are loaded once S is done with K's, half of the blocks at a time
+  // (their latency is then covered by the softmax and other warps only).
+  constexpr bool kLateV = HD == 256;
+  constexpr bool kQInSmem = HD == 256;
 
   __shared__ float s_m[kWarps][R], s_d[kWarps][R];
   __shared__ float s_o[kWarps][R][HD];
+  __shared__ uint4 s_q[kQInSmem ? NB : 1][32];  // q's A fragments by block and lane (hd 256)
 
   const int chunk = blockIdx.x % n_chunks, part = blockIdx.x / n_chunks;
   const int kvh = blockIdx.y, s = blockIdx.z;
@@ -324,7 +331,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int lo = p.window > 0 ? max(0, pos - p.window + 1) : 0;
   const int key_lo = max(k_begin, lo), key_hi = min(k_end, pos + 1);  // row g's keys in this CTA: [key_lo, key_hi)
 
-  // q as A fragments in K's element order, log2(e) * scale folded in, f16.
+  // q as A fragments in K's element order, log2(e) * scale folded in, f16;
+  // at hd 256 in shared memory (one 16-byte read per block and 16 keys).
   uint32_t qa[NB][2][2];  // [block][k-step][a0, a2]
   {
     const int h = kvh * group + (valid ? rho % group : 0);
@@ -338,6 +346,12 @@ __global__ void __launch_bounds__(kThreads, 2)
         const float x1 = valid ? qp[32 * b + KP::k_elem(t, r, 1)] * qscale : 0.0f;
         qa[b][r >> 1][r & 1] = pack_f16x2(x0, x1);
       }
+  }
+  if constexpr (kQInSmem) {
+    if (warp == 0)
+#pragma unroll
+      for (int b = 0; b < NB; ++b) s_q[b][lane] = make_uint4(qa[b][0][0], qa[b][0][1], qa[b][1][0], qa[b][1][1]);
+    __syncthreads();  // s_q is complete before any warp's first mma (no early return past this point)
   }
 
   // Keys every valid row attends to: [lo_max, hi_min) (warp-wide min / max
@@ -386,18 +400,32 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int j = 0; j < 2; ++j) pg[u][j] = group_page(k_first + warp * kWarpKeys + 16 * u + 8 * j);
 
   for (int base = k_first + warp * kWarpKeys; base < k_end; base += kStep) {
+    int pg_v[U][2];  // this step's pages (pg moves on to the next step's)
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) pg_v[u][j] = pg[u][j];
     // Raw bytes of the step, all in flight before the first use.
     uint32_t kw[U][2][NB][KP::kKWords];   // K of key 16u + 8j + g, lane t's share of each block
     uint32_t vw[U][4][NB][VP::kVWords];   // V of keys 16u + {2t, 2t+1, 2t+8, 2t+9}, lane g's share
     uint32_t ksw[U][4][KP::kScaled ? kScWords : 1];  // scales of those 4 keys
     uint32_t vsw[U][4][VP::kScaled ? kScWords : 1];
+    // V bytes (and V scales) of keys 16u + 8j + 2t + c, blocks [b0, b1).
+    auto load_v = [&](int u, int j, int c, int b0, int b1) {
+      const int row = min(base + 16 * u + 8 * j + 2 * t + c, k_end - 1) & bs_mask;
+      const uint8_t* vpg = v_pool + int64_t(pg_v[u][j]) * v_page;
+      const uint8_t* vr = vpg + row * v_qrow + v_head;
+#pragma unroll
+      for (int b = b0; b < b1; ++b) VP::v_load(vr + b * VP::kBlockBytes, g, vw[u][2 * j + c][b]);
+      if constexpr (VP::kScaled)
+        if (b0 == 0) ldg_words<kScWords>(vpg + v_scales + row * s_row + sc_head, vsw[u][2 * j + c]);
+    };
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int key0 = base + 16 * u + 8 * j;
         const uint8_t* kpg = k_pool + int64_t(pg[u][j]) * k_page;
-        const uint8_t* vpg = v_pool + int64_t(pg[u][j]) * v_page;
         {
           const int row = min(key0 + g, k_end - 1) & bs_mask;
           const uint8_t* kr = kpg + row * k_qrow + k_head;
@@ -407,11 +435,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const int row = min(key0 + 2 * t + c, k_end - 1) & bs_mask;
-          const uint8_t* vr = vpg + row * v_qrow + v_head;
-#pragma unroll
-          for (int b = 0; b < NB; ++b) VP::v_load(vr + b * VP::kBlockBytes, g, vw[u][2 * j + c][b]);
+          if constexpr (!kLateV) load_v(u, j, c, 0, NB);
           if constexpr (KP::kScaled) ldg_words<kScWords>(kpg + k_scales + row * s_row + sc_head, ksw[u][2 * j + c]);
-          if constexpr (VP::kScaled) ldg_words<kScWords>(vpg + v_scales + row * s_row + sc_head, vsw[u][2 * j + c]);
         }
       }
     // Next step's pages, in flight with this step's bytes.
@@ -424,32 +449,41 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       // S for row g, keys 16u + 8j + 2t + c.
-      float sc[2][2];
+      float acc[2][4] = {};
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int b = 0; b < NB; ++b) {
+        uint32_t q4[4] = {qa[b][0][0], qa[b][0][1], qa[b][1][0], qa[b][1][1]};
+        if constexpr (kQInSmem) {
+          const uint4 x = s_q[b][lane];
+          q4[0] = x.x, q4[1] = x.y, q4[2] = x.z, q4[3] = x.w;
+        }
 #pragma unroll
-        for (int b = 0; b < NB; ++b) {
+        for (int j = 0; j < 2; ++j) {
           uint32_t kb[4];
           KP::k_frag(kw[u][j][b], kb);
           if constexpr (KP::kScaled) {
             // The block's two k-steps into a fresh accumulator, then its
             // scale (per key: columns 2t, 2t+1) onto the row's score.
             float blk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            mma_rows8(blk, qa[b][0][0], qa[b][0][1], kb[0], kb[1]);
-            mma_rows8(blk, qa[b][1][0], qa[b][1][1], kb[2], kb[3]);
+            mma_rows8(blk, q4[0], q4[1], kb[0], kb[1]);
+            mma_rows8(blk, q4[2], q4[3], kb[2], kb[3]);
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
               const uint32_t w = ksw[u][2 * j + c][b / 2];
-              acc[c] = fmaf(f16_bits_to_float(b % 2 ? w >> 16 : w & 0xffffu), blk[c], acc[c]);
+              acc[j][c] = fmaf(f16_bits_to_float(b % 2 ? w >> 16 : w & 0xffffu), blk[c], acc[j][c]);
             }
           } else {
-            mma_rows8(acc, qa[b][0][0], qa[b][0][1], kb[0], kb[1]);
-            mma_rows8(acc, qa[b][1][0], qa[b][1][1], kb[2], kb[3]);
+            mma_rows8(acc[j], q4[0], q4[1], kb[0], kb[1]);
+            mma_rows8(acc[j], q4[2], q4[3], kb[2], kb[3]);
           }
         }
-        sc[j][0] = acc[0];
-        sc[j][1] = acc[1];
+      }
+      float sc[2][2] = {{acc[0][0], acc[0][1]}, {acc[1][0], acc[1][1]}};
+      if constexpr (kLateV) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) load_v(u, j, c, 0, NB / 2);
       }
       if (edge) {
 #pragma unroll
@@ -497,6 +531,12 @@ __global__ void __launch_bounds__(kThreads, 2)
       const uint32_t p89 = pack_f16x2(pr[1][0], pr[1][1]);
 #pragma unroll
       for (int b = 0; b < NB; ++b) {
+        if (kLateV && b == NB / 2) {  // the second half of V's blocks, once the first half's registers are free
+#pragma unroll
+          for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) load_v(u, j, c, NB / 2, NB);
+        }
         uint32_t b0 = p01, b1 = p89;
         if constexpr (VP::kScaled) {
           // V's scale of (key, block) onto that key's probability (f16, one rounding).
