@@ -37,12 +37,22 @@
 // row (on the partial dot for K, on the probability for V). With <= 2 rows
 // a thread takes 8 keys per iteration instead of 4 to keep the bytes in
 // flight up.
+// Version 4 (issue 7): pools with a quantized K or V (q8_0, q4_0, fp8; the
+// partner f16 or quantized) at head_dim 64, 128, 256 run on tensor cores
+// (paged_decode_mma.cuh: mma.sync for QK and PV, 8 rows a CTA, the K/V
+// bytes converted exactly to f16 fragments in registers, the block scales
+// on the f32 accumulators of K and on P for V); version 3 stays for
+// f16/f16, every bf16 pair and head_dim 32. RUNLM_PAGED_DECODE=simt keeps
+// version 3 for every pair (comparisons).
 #include <algorithm>
 #include <cfloat>
 #include <cstdint>
 
-#include "cuda/paged_attention.cuh"
+#include <cstdlib>
+#include <cstring>
+
 #include "cuda/paged_attention.h"
+#include "cuda/paged_decode_mma.cuh"
 
 namespace runlm {
 
@@ -192,6 +202,39 @@ KernelFn pick_kernel(KvType k, KvType v, int hd, int r) {
   return fn;
 }
 
+// The tensor-core kernel covers K and V in {f16, q8_0, q4_0, fp8} with at
+// least one quantized, head_dim 64, 128, 256 (version 4 above).
+bool mma_types(KvType k, KvType v, int hd) {
+  auto in = [](KvType t) { return t == KvType::F16 || kv_type_quantized(t); };
+  return in(k) && in(v) && (kv_type_quantized(k) || kv_type_quantized(v)) && (hd == 64 || hd == 128 || hd == 256);
+}
+
+bool mma_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("RUNLM_PAGED_DECODE");
+    return !(e && std::strcmp(e, "simt") == 0);
+  }();
+  return on;
+}
+
+bool use_mma(const PagedDecodeParams& p) {
+  return mma_enabled() && mma_types(p.kv.k_type, p.kv.v_type, p.kv.head_dim);
+}
+
+KernelFn pick_mma_kernel(KvType k, KvType v, int hd) {
+  KernelFn fn = nullptr;
+  switch (k) {
+    case KvType::F16: fn = pick_mma_kernel_kf16(v, hd); break;
+    case KvType::Q8_0: fn = pick_mma_kernel_kq8_0(v, hd); break;
+    case KvType::Q4_0: fn = pick_mma_kernel_kq4_0(v, hd); break;
+    case KvType::FP8: fn = pick_mma_kernel_kfp8(v, hd); break;
+    default: break;
+  }
+  RUNLM_CHECK(fn, "paged_decode_attention: no tensor-core kernel for K=%s V=%s head_dim=%d", kv_type_name(k),
+              kv_type_name(v), hd);
+  return fn;
+}
+
 // Resident CTAs the device can hold of this kernel (SMs x occupancy), cached
 // per (device, kernel): the queries enqueue nothing, so they are legal while
 // a stream is being captured, but they are not free.
@@ -237,9 +280,15 @@ Plan make_plan(const PagedDecodeParams& p, int forced_partition) {
   Plan pl;
   const int group = p.n_heads / p.kv.n_kv_heads;
   const int rows = p.max_q_per_seq * group;
-  pl.rows_per_cta = rows_per_cta(rows);
-  pl.n_chunks = ceil_div(rows, pl.rows_per_cta);
-  pl.fn = pick_kernel(p.kv.k_type, p.kv.v_type, p.kv.head_dim, pl.rows_per_cta);
+  if (use_mma(p)) {
+    pl.rows_per_cta = kMmaRows;
+    pl.n_chunks = ceil_div(rows, kMmaRows);
+    pl.fn = pick_mma_kernel(p.kv.k_type, p.kv.v_type, p.kv.head_dim);
+  } else {
+    pl.rows_per_cta = rows_per_cta(rows);
+    pl.n_chunks = ceil_div(rows, pl.rows_per_cta);
+    pl.fn = pick_kernel(p.kv.k_type, p.kv.v_type, p.kv.head_dim, pl.rows_per_cta);
+  }
   const int span = std::max(1, key_span(p));
   const int bound = parts_bound(p.n_seqs, p.max_seq_len);
   if (forced_partition > 0) {
@@ -288,6 +337,11 @@ size_t paged_decode_workspace_bytes(int n_seqs, int total_q, int n_heads, int he
   // choices are checked against the workspace at launch.
   if (bound <= 1 || total_q <= 0) return 0;
   return size_t(total_q) * n_heads * bound * (size_t(head_dim) + 2) * sizeof(float);
+}
+
+bool paged_decode_uses_tensor_cores(const PagedDecodeParams& p) {
+  check_params(p);
+  return use_mma(p);
 }
 
 int paged_decode_auto_partition(const PagedDecodeParams& p) {

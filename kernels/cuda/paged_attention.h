@@ -41,6 +41,12 @@ void paged_decode_attention(const PagedDecodeParams& p, void* workspace, size_t 
 void paged_decode_attention(const PagedDecodeParams& p, void* workspace, size_t workspace_bytes, void* stream,
                             int partition_size);
 
+// Whether these params run on the tensor-core kernel (K or V quantized, the
+// other f16 or quantized, head_dim 64, 128 or 256; RUNLM_PAGED_DECODE=simt
+// turns it off): q and the probabilities are then rounded to f16 before the
+// products (tests set their tolerance from it).
+bool paged_decode_uses_tensor_cores(const PagedDecodeParams& p);
+
 // The partition size the automatic choice picks for these params on the
 // current device (0 = no split); for the bench's report.
 int paged_decode_auto_partition(const PagedDecodeParams& p);
