@@ -18,11 +18,12 @@
 // reads the 32 (Q4_0) or 16 (Q8_0) x bytes of its unit, a warp 1 KB / 512 B
 // contiguous per step and token, shared by every row the warp does.
 //
-// Grid: 4 warps a CTA, kRows rows a warp (2, or 1 past 8 tokens where the
-// accumulators grow), so a 4096-row matrix is 512 CTAs, ~4 per SM, and each
-// lane keeps 2 steps of 2 units x kRows rows of 16 bytes in flight (64-128
-// bytes): ~64 KB in flight per SM, enough to cover DRAM latency.
+// Grid: 4 warps a CTA, kRows rows a warp (1 or 2, kRowsOf below), so a
+// 4096-row matrix is 512-1024 CTAs, and each lane keeps 2 steps of 2 units x
+// kRows rows of 16 bytes in flight (64-128 bytes): ~64 KB in flight per SM,
+// enough to cover DRAM latency.
 #include <algorithm>
+#include <cstdlib>
 
 #include "cuda/common.cuh"
 #include "cuda/gemv_common.cuh"
@@ -118,8 +119,14 @@ struct X8Dot<DType::Q8_0> {
   }
 };
 
-template <int kTok>
-constexpr int kRowsOf = kTok <= 8 ? 2 : 1;
+// Rows a warp takes: 2 up to 8 tokens (x loads shared by both rows), 1
+// past that (the accumulators grow). Q4_0 at one token takes 1: its rows
+// are short (4 units a lane at 4096 columns), and more warps in flight beat
+// sharing x (H100, GpuOpsBench.GemvLlama7bShapes with RUNLM_GEMV_X8_ROWS:
+// 11008x4096 80.1% of copy at 1 row, 75.3% at 2, 76.3% at 4; tg128 498
+// against 481 t/s).
+template <DType kT, int kTok>
+constexpr int kRowsOf = kT == DType::Q4_0 && kTok == 1 ? 1 : kTok <= 8 ? 2 : 1;
 // Few tokens: DRAM-bound, so the next step's loads are issued before this
 // step's dot products (register double buffer).
 template <int kTok>
@@ -146,9 +153,8 @@ __device__ __forceinline__ void dot_step(const Step<kT, kRows, kU>& st, const WV
   }
 }
 
-template <DType kT, int kTok>
+template <DType kT, int kTok, int kRows>
 __global__ void __launch_bounds__(kThreads) gemv_x8_kernel(GemvTargets tg, X8View x) {
-  constexpr int kRows = kRowsOf<kTok>;
   int blk = blockIdx.x;
   const int ti = target_of(tg, blk);
   const WView w = view_of(tg, ti);
@@ -171,10 +177,37 @@ __global__ void __launch_bounds__(kThreads) gemv_x8_kernel(GemvTargets tg, X8Vie
   reduce_store<kTok>(acc, w, row0, lane, y);
 }
 
+template <DType kT, int kTok, int kRows>
+void launch_x8_rows(const GemvOut* outs, int n_outs, const X8View& x, cudaStream_t s) {
+  const GemvTargets tg = make_targets(outs, n_outs, kWarps * kRows, "gemv_x8");
+  launch_pdl(gemv_x8_kernel<kT, kTok, kRows>, dim3(static_cast<unsigned>(tg.end[n_outs - 1])), dim3(kThreads), 0, s,
+             tg, x);
+}
+
+// Rows a warp takes at one token: RUNLM_GEMV_X8_ROWS=1|2|4 overrides
+// kRowsOf (for measuring); 0 keeps it.
+int single_token_rows() {
+  static const int rows = [] {
+    const char* e = std::getenv("RUNLM_GEMV_X8_ROWS");
+    if (!e || !*e) return 0;
+    const int v = std::atoi(e);
+    RUNLM_CHECK(v == 1 || v == 2 || v == 4, "RUNLM_GEMV_X8_ROWS must be 1, 2 or 4, got '%s'", e);
+    return v;
+  }();
+  return rows;
+}
+
 template <DType kT, int kTok>
 void launch_x8(const GemvOut* outs, int n_outs, const X8View& x, cudaStream_t s) {
-  const GemvTargets tg = make_targets(outs, n_outs, kWarps * kRowsOf<kTok>, "gemv_x8");
-  launch_pdl(gemv_x8_kernel<kT, kTok>, dim3(static_cast<unsigned>(tg.end[n_outs - 1])), dim3(kThreads), 0, s, tg, x);
+  if constexpr (kTok == 1) {
+    switch (single_token_rows()) {
+      case 1: return launch_x8_rows<kT, 1, 1>(outs, n_outs, x, s);
+      case 2: return launch_x8_rows<kT, 1, 2>(outs, n_outs, x, s);
+      case 4: return launch_x8_rows<kT, 1, 4>(outs, n_outs, x, s);
+      default: break;
+    }
+  }
+  launch_x8_rows<kT, kTok, kRowsOf<kT, kTok>>(outs, n_outs, x, s);
 }
 
 }  // namespace
