@@ -119,6 +119,10 @@ void gemm(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_tokens, voi
   RUNLM_CHECK(w.data != nullptr, "gemm: matrix not uploaded");
   RUNLM_CHECK(n_tokens >= 1, "gemm: n_tokens=%d", n_tokens);
   RUNLM_CHECK(w.rows <= INT32_MAX && w.cols <= INT32_MAX, "gemm: matrix too large");
+  if (n_tokens <= gemm_fused_max_tokens() && gemm_fused_supports(w) && gemm_fused_fits_device(w)) {
+    gemm_fused_q(w, x_f16, y, n_tokens, scratch, scratch ? gemm_scratch_bytes(w) : 0, stream);
+    return;
+  }
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const WView v = make_view(w);
   const void* a = v.q;
