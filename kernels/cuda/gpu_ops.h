@@ -88,13 +88,16 @@ void gemv_x8(const GemvOut* outs, int n_outs, const void* x8, int n_tokens, Stre
 // 64 == 0) go to gemm_fused_q below, the rest to dequantization + cuBLAS.
 size_t gemm_scratch_bytes(const GpuMatrix& w);
 void gemm(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_tokens, void* scratch, Stream stream);
+// gemm()'s other path for every type and n_tokens: W dequantized to an f16
+// copy in scratch (none for f16), then cuBLAS.
+void gemm_cublas(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_tokens, void* scratch, Stream stream);
 
 // ---- fused quantized GEMM (kernels/cuda/gemm_q_mma.cu) ----------------------
 //
 // gemm() for Q4_0 / Q8_0 weights without an f16 copy of W: quant tiles are
 // dequantized in registers into mma.sync operands. Needs cols % 64 == 0
 // (gemm_fused_supports) and the shared memory of its largest tile
-// (gemm_fused_fits_device: any sm_90; sm_80 lacks it for Q8_0). scratch
+// (gemm_fused_fits_device: ~200 KB, an H100's; an A100's 163 KB is short). scratch
 // (scratch_bytes of device memory, may be null) holds split-K partials: with
 // few row tiles the columns are split so the SMs fill; the partials are
 // summed in a fixed order (deterministic). splits > 0 forces the number of
