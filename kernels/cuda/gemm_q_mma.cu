@@ -46,19 +46,26 @@
 // the last CTA of a tile to finish (atomic ticket) sums the S partials in
 // slice order (deterministic, whichever CTA is last) and writes y.
 //
-// Prediction (H100 SXM, 3.0 TB/s, mma.sync f16 ~600 TFLOP/s peak), NOT YET
-// MEASURED. Q4_0 = 0.5625 B/weight, Q8_0 = 1.0625:
-//   shape (rows x cols)   Q4_0 MB  Q8_0 MB  GFLOP @64 tok
-//   4096 x 4096              9.4     17.8      2.1
-//   11008 x 4096            25.4     47.9      5.8
-//   4096 x 11008            25.4     47.9      5.8
-// n <= 64: bound by the weight read plus x re-read from L2 per row tile
-// (rows/128 x n x cols x 2 B: 45 MB at 64 tokens for the large shapes):
-// expect ~11-13 us for the large Q4_0 shapes at 64 tokens (~2 TB/s of
-// weights), ~20 us for Q8_0, ~5 us for 4096 x 4096 Q4_0 (vs ~45 us for the
-// dequant + cuBLAS path). n >= 128: compute bound; the A decode costs ~19
-// ALU instructions per k16 per m16 tile, next to 8 mma per warp-step at
-// BN=128: expect 250-350 TFLOP/s (11008 x 4096 x 512: 46 GFLOP, ~150 us).
+// Prediction (H100 SXM: 3.0 TB/s; mma.sync f16 ~600 TFLOP/s peak, ~6
+// cycles per m16n8k16 per SM sub-partition), NOT YET MEASURED.
+// Q4_0 = 0.5625 B/weight, Q8_0 = 1.0625; FLOP = 2 rows cols n.
+//   shape (rows x cols)   Q4_0 MB  Q8_0 MB  GFLOP at n = 16 / 64 / 128 / 256 / 512
+//   4096 x 4096              9.4     17.8   0.54 / 2.1 / 4.3 / 8.6 / 17.2
+//   11008 x 4096, 4096 x 11008  25.4  47.9   1.44 / 5.8 / 11.5 / 23.1 / 46.2
+// The A decode costs ~18 instructions per k16 step per m16 tile (4-byte
+// load, byte_perm, lop3, hsub2, hmul2 per pair), next to 2 (BN=16) to 16
+// (BN=128) mma per warp: issue slots, not DRAM, bound everything past ~32
+// tokens. Expected, large shapes:
+//   n = 16:  weight-bound, ~11 us Q4_0 (~2.3 TB/s), ~20 us Q8_0
+//   n = 64:  issue-bound (each A fragment is decoded by both N-warps), ~15 us
+//            Q4_0 and ~20 us Q8_0: ~3x the dequant + cuBLAS path (~45 us),
+//            short of the ~10 us weight bound
+//   n = 128..512: ~300-350 TFLOP/s (33 / 70 / 140 us); cuBLAS on the f16
+//            copy (~600+ TFLOP/s) plus the 27.5 us dequantization pass
+//            catches up near 256 tokens, hence the default threshold 128.
+// 4096 x 4096: about a third of these. Beyond v1: wgmma with A from
+// registers (sm_90a) would drop the mma and B-load issue slots and leave
+// the decode alone in the issue budget.
 #include <algorithm>
 #include <cstdlib>
 
@@ -408,15 +415,19 @@ void launch_mma(const WView& v, const uint16_t* x, float* y, int n, void* scratc
               dtype_name(kT), BN, Tr::kSmem, dev.smem_optin);
   auto kernel = gemm_q_mma_kernel<kT, BN>;
   cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmem));
-  int per_sm = 0;
-  cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, Tr::kSmem));
+  // Queried once (the first call, the engine's warm-up, is outside any graph capture).
+  static const int per_sm = [&] {
+    int b = 0;
+    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, kThreads, Tr::kSmem));
+    return std::max(b, 1);
+  }();
 
   const int rows = static_cast<int>(v.rows), cols = static_cast<int>(v.cols);
   const int tiles_m = ceil_div(rows, kBM), tiles_n = ceil_div(n, BN), tiles = tiles_m * tiles_n;
   const int k_tiles = ceil_div(cols, kBK);
   // Slices: about one wave of CTAs, at least 2 k-tiles a slice (so the ring
   // has something to overlap), and no more than the scratch holds.
-  int splits = force_splits > 0 ? force_splits : std::max(1, dev.sms * std::max(per_sm, 1) / tiles);
+  int splits = force_splits > 0 ? force_splits : std::max(1, dev.sms * per_sm / tiles);
   splits = std::min(splits, force_splits > 0 ? k_tiles : std::max(1, k_tiles / 2));
   const size_t ticket_bytes = align_up(size_t(tiles) * sizeof(int), kPartAlign);
   const size_t slice_bytes = size_t(tiles) * kBM * BN * sizeof(float);
