@@ -483,10 +483,11 @@ TEST(GpuOps, GemmEveryTypeAgainstMatmul) {
 // The fused Q4_0 / Q8_0 kernel (gemm_fused_q, called directly so the test
 // does not depend on RUNLM_GEMM_FUSED_MAX_TOKENS) against the float64
 // product, same tolerance as above (its f16 weights are bit-identical to the
-// cuBLAS path's). Rows not a multiple of the 128-row tile, every token tile
-// (16/32/64/128) with partial tiles, column slices chosen (0), none (1) and
-// forced (3, uneven over 8 or 16 k-tiles); cols % 128 == 64 gives a
-// half-full last k-tile. Auto split must be bit-for-bit repeatable.
+// cuBLAS path's). Both versions (1: mma.sync; 2: wgmma, on sm_90 only),
+// rows not a multiple of the 128-row tile, every token tile (16/32/64/128)
+// with partial tiles, column slices chosen (0), none (1) and forced (3);
+// cols % 128 == 64 gives a half-full last k-tile. Auto split must be
+// bit-for-bit repeatable.
 TEST(GpuOps, GemmFusedQuantAgainstMatmul) {
   REQUIRE_GPU();
   constexpr double kTol = 2e-3;
@@ -495,6 +496,8 @@ TEST(GpuOps, GemmFusedQuantAgainstMatmul) {
   };
   std::vector<Shape> shapes = {{272, 512}, {1000, 1024}, {200, 960}};
   if (!small_only()) shapes.push_back({4096 + 48, 2048});
+  std::vector<int> versions = {1};
+  if (gpu::gemm_fused_has_wgmma()) versions.push_back(2);
   for (DType t : {DType::Q4_0, DType::Q8_0}) {
     for (const Shape& sh : shapes) {
       const HostMatrix hm = make_matrix(t, sh.rows, sh.cols, 5000 + static_cast<uint32_t>(sh.rows));
@@ -514,18 +517,22 @@ TEST(GpuOps, GemmFusedQuantAgainstMatmul) {
         const std::vector<double> ref = ref_matmul(wf, sh.rows, sh.cols, xr, n);
         auto dx = upload(xh);
         DevBuf dy(sizeof(float) * n * sh.rows);
-        std::vector<float> first;
-        for (int splits : {0, 1, 3, 0}) {
-          dy.poison();
-          gpu::gemm_fused_q(gm, dx->as<uint16_t>(), dy.as<float>(), n, scratch.p, scratch_bytes, nullptr, splits);
-          const std::vector<float> y = dy.get<float>(static_cast<size_t>(n * sh.rows));
-          EXPECT_LT(rel_err(y, ref), kTol) << dtype_name(t) << " " << sh.rows << "x" << sh.cols << " n=" << n
-                                           << " splits=" << splits;
-          if (splits == 0 && first.empty())
-            first = y;
-          else if (splits == 0)
-            EXPECT_EQ(0, std::memcmp(first.data(), y.data(), y.size() * sizeof(float)))
-                << "split-K not deterministic: " << dtype_name(t) << " n=" << n;
+        for (int version : versions) {
+          std::vector<float> first;
+          for (int splits : {0, 1, 3, 0}) {
+            dy.poison();
+            gpu::gemm_fused_q(gm, dx->as<uint16_t>(), dy.as<float>(), n, scratch.p, scratch_bytes, nullptr, splits,
+                              version);
+            const std::vector<float> y = dy.get<float>(static_cast<size_t>(n * sh.rows));
+            EXPECT_LT(rel_err(y, ref), kTol) << dtype_name(t) << " " << sh.rows << "x" << sh.cols << " n=" << n
+                                             << " splits=" << splits << " version=" << version;
+            if (splits == 0 && first.empty()) {
+              first = y;
+            } else if (splits == 0) {
+              EXPECT_EQ(0, std::memcmp(first.data(), y.data(), y.size() * sizeof(float)))
+                  << "split-K not deterministic: " << dtype_name(t) << " n=" << n << " version=" << version;
+            }
+          }
         }
       }
       gpu::free_matrix(gm);
@@ -1196,17 +1203,21 @@ TEST(GpuOpsBench, GemvLlama7bShapes) {
   }
 }
 
-// Fused Q4_0 / Q8_0 GEMM (gemm_fused_q) against dequantization + cuBLAS
+// Fused Q4_0 / Q8_0 GEMM (gemm_fused_q version 1 = mma.sync, version 2 =
+// wgmma where the device has it) against dequantization + cuBLAS
 // (gemm_cublas) on the Llama-2-7B shapes, in one table: us, TFLOP/s and
-// weight GB/s (the matrix's device bytes / time) for each, and the two
-// outputs' relative difference (validation: < 2e-3 expected). Weights rotate
-// over > 200 MB of copies so small-n timings read DRAM, not L2.
+// weight GB/s (the matrix's device bytes / time) for each, cuBLAS time over
+// the best fused time, and the largest relative difference of a fused
+// output from cuBLAS's (validation: < 2e-3 expected). Weights rotate over
+// > 200 MB of copies so small-n timings read DRAM, not L2.
 TEST(GpuOpsBench, GemmFusedQuantShapes) {
   REQUIRE_GPU();
   if (!bench_enabled()) GTEST_SKIP() << "set RUNLM_BENCH_GPU_OPS=1";
   constexpr int kMaxTokens = 512;
-  std::printf("[bench] %-5s %13s %4s | %9s %8s %7s | %9s %8s %7s | %7s %8s\n", "type", "rows x cols", "n", "fused us",
-              "TFLOP/s", "GB/s", "cublas us", "TFLOP/s", "GB/s", "speedup", "rel diff");
+  const bool wg = gpu::gemm_fused_has_wgmma();
+  std::printf("[bench] %-5s %13s %4s | %8s %7s %6s | %8s %7s %6s | %9s %7s %6s | %7s %8s\n", "type",
+              "rows x cols", "n", "mma us", "TFLOP/s", "GB/s", "wgmma us", "TFLOP/s", "GB/s", "cublas us", "TFLOP/s",
+              "GB/s", "speedup", "rel diff");
   for (DType t : {DType::Q4_0, DType::Q8_0}) {
     for (int si = 0; si < 3; ++si) {
       const BenchShape& s = kLlama7b[si];
@@ -1228,24 +1239,36 @@ TEST(GpuOpsBench, GemmFusedQuantShapes) {
       auto dx = upload(xh);
       DevBuf dy_fused(sizeof(float) * kMaxTokens * s.rows), dy_cublas(sizeof(float) * kMaxTokens * s.rows);
       for (int n : {16, 64, 128, 256, 512}) {
-        const float fused_ms = time_ms(
-            [&](int i) {
-              gpu::gemm_fused_q(ms[i % copies], dx->as<uint16_t>(), dy_fused.as<float>(), n, scratch.p,
-                                scratch_bytes, nullptr);
-            },
-            20);
+        const size_t outs = static_cast<size_t>(n) * s.rows;
         const float cublas_ms = time_ms(
             [&](int i) {
               gpu::gemm_cublas(ms[i % copies], dx->as<uint16_t>(), dy_cublas.as<float>(), n, scratch.p, nullptr);
             },
             20);
-        const size_t outs = static_cast<size_t>(n) * s.rows;
-        const double diff = rel_err(dy_fused.get<float>(outs), dy_cublas.get<float>(outs));
+        const std::vector<float> y_cublas = dy_cublas.get<float>(outs);
+        float fused_ms[3] = {0, 0, 0};  // by version; 0 = not run
+        double diff = 0;
+        for (int version = 1; version <= (wg ? 2 : 1); ++version) {
+          fused_ms[version] = time_ms(
+              [&](int i) {
+                gpu::gemm_fused_q(ms[i % copies], dx->as<uint16_t>(), dy_fused.as<float>(), n, scratch.p,
+                                  scratch_bytes, nullptr, 0, version);
+              },
+              20);
+          diff = std::max(diff, rel_err(dy_fused.get<float>(outs), y_cublas));
+        }
         const double flop = 2.0 * s.rows * s.cols * n, wbytes = double(base.bytes);
-        std::printf("[bench] %-5s %6lldx%-6lld %4d | %9.1f %8.1f %7.0f | %9.1f %8.1f %7.0f | %6.2fx %8.1e\n",
-                    dtype_name(t), static_cast<long long>(s.rows), static_cast<long long>(s.cols), n,
-                    fused_ms * 1e3, flop / (fused_ms * 1e9), wbytes / (fused_ms * 1e6), cublas_ms * 1e3,
-                    flop / (cublas_ms * 1e9), wbytes / (cublas_ms * 1e6), cublas_ms / fused_ms, diff);
+        const float best = wg ? std::min(fused_ms[1], fused_ms[2]) : fused_ms[1];
+        auto cols3 = [&](float ms_, int w) {
+          if (ms_ <= 0) return std::printf(" | %*s %7s %6s", w, "-", "-", "-");
+          return std::printf(" | %*.1f %7.1f %6.0f", w, ms_ * 1e3, flop / (ms_ * 1e9), wbytes / (ms_ * 1e6));
+        };
+        std::printf("[bench] %-5s %6lldx%-6lld %4d", dtype_name(t), static_cast<long long>(s.rows),
+                    static_cast<long long>(s.cols), n);
+        cols3(fused_ms[1], 8);
+        cols3(fused_ms[2], 8);
+        cols3(cublas_ms, 9);
+        std::printf(" | %6.2fx %8.1e\n", cublas_ms / best, diff);
       }
       gpu::free_matrix(base);
     }

@@ -151,3 +151,66 @@ for blk in range(4):
                     addrs.append(j*256 + ((((4*blk + 2*s) ^ ((g & 3) << 1))) << 4) + (t >> 1)*16 + (t & 1)*8)
                 worst = max(worst, wavefronts(addrs, 8))
 print('B lds64 wavefronts per half-warp', worst)
+
+# Version 2 (wgmma): A fragments in the natural k order from the same quant
+# tile (two 4-byte loads + byte_perm per row per chunk), x in the 128-byte
+# swizzle a K-major wgmma descriptor reads; check both against the values.
+def run_v2(kT, BN, rows, n, cols=BK):
+    rng = random.Random(2)
+    lv = [[rng.randrange(-8, 8) if kT == 'q4' else rng.randrange(-128, 128) for c in range(cols)] for r in range(rows)]
+    sc = [[f16(rng.uniform(0.01, 0.1)) for b in range(cols//32)] for r in range(rows)]
+    RB = 64 if kT == 'q4' else 128
+    sq = bytearray(BM*RB); ss = bytearray(BM*8)
+    def qswz(r, c): return r*64 + ((c ^ ((r >> 1) & 3)) << 4) if kT == 'q4' else r*128 + ((c ^ (r & 7)) << 4)
+    for r in range(min(rows, BM)):
+        for b in range(cols // 32):
+            struct.pack_into('<e', ss, r*8 + 2*b, sc[r][b])
+            if kT == 'q4':
+                for j in range(16):
+                    sq[qswz(r, b) + j] = (lv[r][32*b+j] + 8) | ((lv[r][32*b+j+16] + 8) << 4)
+            else:
+                for j in range(32):
+                    sq[qswz(r, 2*b + j // 16) + j % 16] = lv[r][32*b+j] & 0xFF
+    lds32 = lambda a: struct.unpack_from('<I', sq, a)[0]
+    for warp in range(8):
+        for lane in range(32):
+            g, t = lane >> 2, lane & 3; arow = (warp >> 2)*64 + (warp & 3)*16 + g
+            if arow + 8 >= rows: continue
+            qkey = ((g >> 1) & 3) if kT == 'q4' else g
+            psel = 0x4342 if t & 1 else 0x4140; wofs = 4*(t >> 1)
+            sa = struct.unpack_from('<II', ss, arow*8); sb = struct.unpack_from('<II', ss, (arow+8)*8)
+            for blk in range(4):
+                wsel = 0x3232 if blk & 1 else 0x1010
+                da = bits2f(byte_perm(sa[0] if blk < 2 else sa[1], 0, wsel)); db = bits2f(byte_perm(sb[0] if blk < 2 else sb[1], 0, wsel))
+                frags = {}
+                if kT == 'q4':
+                    ra = arow*64 + ((blk ^ qkey) << 4) + wofs; rb = ra + 8*64
+                    xa0, xa1 = byte_perm(lds32(ra), 0, psel), byte_perm(lds32(ra + 8), 0, psel)
+                    xb0, xb1 = byte_perm(lds32(rb), 0, psel), byte_perm(lds32(rb + 8), 0, psel)
+                    L = lambda x, d: level_pair(x & 0xF000F, 1032, d); H = lambda x, d: level_pair((x >> 4) & 0xF000F, 1032, d)
+                    frags[0] = [L(xa0, da), L(xb0, db), L(xa1, da), L(xb1, db)]
+                    frags[1] = [H(xa0, da), H(xb0, db), H(xa1, da), H(xb1, db)]
+                else:
+                    for s in range(2):
+                        ra = arow*128 + (((2*blk + s) ^ qkey) << 4) + wofs; rb = ra + 8*128
+                        Q = lambda a, d: level_pair(byte_perm(lds32(a), 0, psel) ^ 0x800080, 1152, d)
+                        frags[s] = [Q(ra, da), Q(rb, db), Q(ra + 8, da), Q(rb + 8, db)]
+                for s in range(2):
+                    k0 = 32*blk + 16*s
+                    want = lambda r, k: f16(lv[r][k] * sc[r][k // 32])
+                    exp = [(want(arow, k0+2*t), want(arow, k0+2*t+1)), (want(arow+8, k0+2*t), want(arow+8, k0+2*t+1)),
+                           (want(arow, k0+2*t+8), want(arow, k0+2*t+9)), (want(arow+8, k0+2*t+8), want(arow+8, k0+2*t+9))]
+                    assert frags[s] == exp, (kT, warp, lane, blk, s, frags[s], exp)
+    # x tile: the cp.async destinations cover the tile once, and logical
+    # (token j, column k) sits where the 128-byte swizzle puts it.
+    seen = set()
+    for j in range(BN):
+        for c in range(16):
+            off = (c >> 3)*BN*128 + j*128 + (((c & 7) ^ (j & 7)) << 4)
+            atom_row, atom_chunk = (off % (BN*128)) // 128, (off % 128) // 16
+            assert atom_row == j and atom_chunk ^ (j & 7) == c & 7 and off // (BN*128) == c >> 3
+            seen.add(off)
+    assert len(seen) == BN*16
+    print('v2', kT, BN, 'A fragments and x layout ok')
+for kT in ('q4', 'q8'):
+    run_v2(kT, 64, 120, 50)

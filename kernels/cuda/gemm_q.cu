@@ -11,11 +11,12 @@
 // Q4_0 steps of 16-256 tokens slower than F16.
 //
 // Version 2 (gemm(), this dispatch): Q4_0 and Q8_0 with n_tokens <=
-// gemm_fused_max_tokens() (default 128, env RUNLM_GEMM_FUSED_MAX_TOKENS, 0 =
-// off) go to the fused kernel of gemm_q_mma.cu (quant tiles dequantized in
-// registers into mma.sync operands, no f16 copy; cols % 64 == 0 and an
-// sm_90-sized shared memory required, else version 1). Its scratch use is
-// split-K partials, within gemm_scratch_bytes. Not yet measured.
+// gemm_fused_max_tokens() (default 256, env RUNLM_GEMM_FUSED_MAX_TOKENS, 0 =
+// off) go to the fused kernels of gemm_q_mma.cu (quant tiles dequantized in
+// registers into wgmma (sm_90) or mma.sync operands, no f16 copy; cols % 64
+// == 0 and an H100-sized shared memory required, else version 1). Their
+// scratch use is split-K partials, within gemm_scratch_bytes. Not yet
+// measured.
 //
 // cuBLAS handle: one per device, created on first use with a preallocated
 // workspace (cublasSetWorkspace) so cuBLAS never allocates inside a CUDA

@@ -102,16 +102,20 @@ void gemm_cublas(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_toke
 // few row tiles the columns are split so the SMs fill; the partials are
 // summed in a fixed order (deterministic). splits > 0 forces the number of
 // column slices (tests), 0 picks it; either is capped by what scratch holds.
+// version: 1 = mma.sync (sm_80+), 2 = wgmma (sm_90 only, gemm_fused_has_wgmma),
+// 0 = 2 where it runs, else 1.
 bool gemm_fused_supports(const GpuMatrix& w);
 bool gemm_fused_fits_device(const GpuMatrix& w);
+bool gemm_fused_has_wgmma();
 void gemm_fused_q(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_tokens, void* scratch,
-                  size_t scratch_bytes, Stream stream, int splits = 0);
+                  size_t scratch_bytes, Stream stream, int splits = 0, int version = 0);
 // Largest n_tokens gemm() sends to gemm_fused_q: RUNLM_GEMM_FUSED_MAX_TOKENS
 // (read once; 0 disables the fused path), else kGemmFusedMaxTokensDefault.
-// 128: predicted (gemm_q_mma.cu) to beat dequant + cuBLAS up to ~128-256
-// tokens, where cuBLAS's higher TFLOP/s starts to repay the 27 us
-// dequantization pass; to be set from measurements.
-constexpr int kGemmFusedMaxTokensDefault = 128;
+// 256: predicted (gemm_q_mma.cu, not measured) to beat dequant + cuBLAS up
+// to ~512 tokens with version 2 (wgmma, H100) and up to ~256 with version 1;
+// past that cuBLAS's higher TFLOP/s repays the 27 us dequantization pass.
+// To be set from measurements (GpuOpsBench.GemmFusedQuantShapes).
+constexpr int kGemmFusedMaxTokensDefault = 256;
 int gemm_fused_max_tokens();
 // gemm() for n F16 matrices of one shape over the same n_tokens, in one
 // cuBLAS batched call (q/k/v, gate/up): at decode batch sizes one matrix is
