@@ -77,6 +77,7 @@
 // 4096 x 4096: about a third of these times, split-K included.
 #include <algorithm>
 #include <cstdlib>
+#include <mutex>
 
 #include "cuda/common.cuh"
 #include "cuda/gpu_codec.cuh"
@@ -549,6 +550,7 @@ struct DeviceInfo {
   int sms = 0;
   int smem_optin = 0;
   bool sm90 = false;  // the sm_90a binary (wgmma) runs here
+  int index = 0;
 };
 
 DeviceInfo device_info() {
@@ -556,6 +558,8 @@ DeviceInfo device_info() {
   int dev = 0;
   cudaCheck(cudaGetDevice(&dev));
   RUNLM_CHECK(dev >= 0 && dev < 16, "gemm_fused_q: device %d beyond 16", dev);
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
   DeviceInfo& d = info[dev];
   if (d.sms == 0) {
     int major = 0, minor = 0;
@@ -563,6 +567,7 @@ DeviceInfo device_info() {
     cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     cudaCheck(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
     d.sm90 = major == 9 && minor == 0;
+    d.index = dev;
     cudaCheck(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev));
   }
   return d;
@@ -577,8 +582,13 @@ void launch_fused(const WView& v, const uint16_t* x, float* y, int n, void* scra
               "gemm_fused_q: %s BN=%d version %d needs %d bytes of shared memory per block; the device allows %d",
               dtype_name(kT), BN, kWg ? 2 : 1, kSmem, dev.smem_optin);
   auto kernel = kWg ? gemm_q_wgmma_kernel<kT, BN> : gemm_q_mma_kernel<kT, BN>;
-  cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  // Queried once (the first call, the engine's warm-up, is outside any graph capture).
+  // Set once per device and instantiation, and the occupancy queried once:
+  // the first call (the engine's warm-up) is outside any graph capture.
+  static bool smem_set[16] = {};
+  if (!smem_set[dev.index]) {
+    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    smem_set[dev.index] = true;
+  }
   static const int per_sm = [&] {
     int b = 0;
     cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, kThreads, kSmem));
