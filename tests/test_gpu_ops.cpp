@@ -2,8 +2,8 @@
 // references (kernels/cpu/ops.h, kernels/cpu/quant.h): random inputs from
 // fixed seeds, outputs poisoned with NaN before each run, relative error
 // ||y - ref|| / ||ref||. Skipped in a CPU-only build or without a device.
-// GpuOpsBench.* times gemv and gemm on the Llama-2-7B shapes when
-// RUNLM_BENCH_GPU_OPS=1 (prints, never asserts on time).
+// GpuOpsBench.* times gemv and gemm (fused quantized and cuBLAS) on the
+// Llama-2-7B shapes when RUNLM_BENCH_GPU_OPS=1 (prints, never asserts on time).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -475,6 +475,80 @@ TEST(GpuOps, GemmEveryTypeAgainstMatmul) {
       gpu::gemm(gm, dx->as<uint16_t>(), dy.as<float>(), n, scratch.p, nullptr);
       const double err = rel_err(dy.get<float>(static_cast<size_t>(n * rows)), ref);
       EXPECT_LT(err, kTol) << dtype_name(t) << " n=" << n;
+    }
+    gpu::free_matrix(gm);
+  }
+}
+
+// The fused Q4_0 / Q8_0 kernel (gemm_fused_q, called directly so the test
+// does not depend on RUNLM_GEMM_FUSED_MAX_TOKENS) against the float64
+// product, same tolerance as above (its f16 weights are bit-identical to the
+// cuBLAS path's). Both versions (1: mma.sync; 2: wgmma, on sm_90 only),
+// rows not a multiple of the 128-row tile, every token tile (16/32/64/128)
+// with partial tiles, column slices chosen (0), none (1) and forced (3);
+// cols % 128 == 64 gives a half-full last k-tile. Auto split must be
+// bit-for-bit repeatable.
+TEST(GpuOps, GemmFusedQuantAgainstMatmul) {
+  REQUIRE_GPU();
+  constexpr double kTol = 2e-3;
+  struct Shape {
+    int64_t rows, cols;
+  };
+  std::vector<Shape> shapes = {{272, 512}, {1000, 1024}, {200, 960}};
+  if (!small_only()) shapes.push_back({4096 + 48, 2048});
+  std::vector<int> versions = {1};
+  if (gpu::gemm_fused_has_wgmma()) versions.push_back(2);
+  for (DType t : {DType::Q4_0, DType::Q8_0}) {
+    for (const Shape& sh : shapes) {
+      const HostMatrix hm = make_matrix(t, sh.rows, sh.cols, 5000 + static_cast<uint32_t>(sh.rows));
+      const std::vector<float> wf = dequantize(hm.q);
+      gpu::GpuMatrix gm = gpu::upload_matrix(hm.q);
+      ASSERT_TRUE(gpu::gemm_fused_supports(gm));
+      const size_t scratch_bytes = gpu::gemm_scratch_bytes(gm);
+      DevBuf scratch(scratch_bytes);  // poisoned: the tickets must be reset by the call
+      for (int n : {1, 7, 16, 17, 33, 64, 100, 128, 200}) {
+        const std::vector<float> x = randn(static_cast<size_t>(n * sh.cols), 17 + n);
+        std::vector<uint16_t> xh(x.size());
+        std::vector<float> xr(x.size());
+        for (size_t i = 0; i < x.size(); ++i) {
+          xh[i] = fp32_to_fp16(x[i]);
+          xr[i] = fp16_to_fp32(xh[i]);
+        }
+        const std::vector<double> ref = ref_matmul(wf, sh.rows, sh.cols, xr, n);
+        auto dx = upload(xh);
+        DevBuf dy(sizeof(float) * n * sh.rows);
+        for (int version : versions) {
+          std::vector<float> first;
+          for (int splits : {0, 1, 3, 0}) {
+            dy.poison();
+            gpu::gemm_fused_q(gm, dx->as<uint16_t>(), dy.as<float>(), n, scratch.p, scratch_bytes, nullptr, splits,
+                              version);
+            const std::vector<float> y = dy.get<float>(static_cast<size_t>(n * sh.rows));
+            EXPECT_LT(rel_err(y, ref), kTol) << dtype_name(t) << " " << sh.rows << "x" << sh.cols << " n=" << n
+                                             << " splits=" << splits << " version=" << version;
+            if (splits == 0 && first.empty()) {
+              first = y;
+            } else if (splits == 0) {
+              EXPECT_EQ(0, std::memcmp(first.data(), y.data(), y.size() * sizeof(float)))
+                  << "split-K not deterministic: " << dtype_name(t) << " n=" << n << " version=" << version;
+            }
+          }
+        }
+      }
+      gpu::free_matrix(gm);
+    }
+  }
+  // Not supported: cols % 64 != 0, other types; both name what is.
+  for (const auto& [t, cols] : {std::pair{DType::Q4_0, int64_t{1056}}, std::pair{DType::F16, int64_t{512}}}) {
+    const HostMatrix hm = make_matrix(t, 64, cols, 6000);
+    gpu::GpuMatrix gm = gpu::upload_matrix(hm.q);
+    EXPECT_FALSE(gpu::gemm_fused_supports(gm));
+    DevBuf x(cols * 2 * 4), y(64 * 4 * 4);
+    try {
+      gpu::gemm_fused_q(gm, x.as<uint16_t>(), y.as<float>(), 4, nullptr, 0, nullptr);
+      FAIL() << "gemm_fused_q took " << dtype_name(t) << " cols=" << cols;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("cols % 64"), std::string::npos) << e.what();
     }
     gpu::free_matrix(gm);
   }
@@ -1123,6 +1197,78 @@ TEST(GpuOpsBench, GemvLlama7bShapes) {
                       static_cast<long long>(s.rows), static_cast<long long>(s.cols), n, x8_ms * 1e3, x8_gbs,
                       100.0 * x8_gbs / copy_gbs);
         }
+      }
+      gpu::free_matrix(base);
+    }
+  }
+}
+
+// Fused Q4_0 / Q8_0 GEMM (gemm_fused_q version 1 = mma.sync, version 2 =
+// wgmma where the device has it) against dequantization + cuBLAS
+// (gemm_cublas) on the Llama-2-7B shapes, in one table: us, TFLOP/s and
+// weight GB/s (the matrix's device bytes / time) for each, cuBLAS time over
+// the best fused time, and the largest relative difference of a fused
+// output from cuBLAS's (validation: < 2e-3 expected). Weights rotate over
+// > 200 MB of copies so small-n timings read DRAM, not L2.
+TEST(GpuOpsBench, GemmFusedQuantShapes) {
+  REQUIRE_GPU();
+  if (!bench_enabled()) GTEST_SKIP() << "set RUNLM_BENCH_GPU_OPS=1";
+  constexpr int kMaxTokens = 512;
+  const bool wg = gpu::gemm_fused_has_wgmma();
+  std::printf("[bench] %-5s %13s %4s | %8s %7s %6s | %8s %7s %6s | %9s %7s %6s | %7s %8s\n", "type",
+              "rows x cols", "n", "mma us", "TFLOP/s", "GB/s", "wgmma us", "TFLOP/s", "GB/s", "cublas us", "TFLOP/s",
+              "GB/s", "speedup", "rel diff");
+  for (DType t : {DType::Q4_0, DType::Q8_0}) {
+    for (int si = 0; si < 3; ++si) {
+      const BenchShape& s = kLlama7b[si];
+      const HostMatrix hm = bench_matrix(t, s.rows, s.cols, 79);
+      gpu::GpuMatrix base = gpu::upload_matrix(hm.q);
+      const int copies = static_cast<int>(std::max<size_t>(2, (size_t{200} << 20) / base.bytes + 1));
+      std::vector<gpu::GpuMatrix> ms(copies, base);
+      std::vector<std::unique_ptr<DevBuf>> store;
+      for (int i = 1; i < copies; ++i) {
+        store.push_back(std::make_unique<DevBuf>(base.bytes));
+        ck(cudaMemcpy(store.back()->p, base.data, base.bytes, cudaMemcpyDeviceToDevice), "clone");
+        ms[i].data = store.back()->p;
+      }
+      const size_t scratch_bytes = gpu::gemm_scratch_bytes(base);
+      DevBuf scratch(scratch_bytes);
+      std::vector<uint16_t> xh(size_t(kMaxTokens) * s.cols);
+      const std::vector<float> x = randn(xh.size(), 7);
+      for (size_t i = 0; i < x.size(); ++i) xh[i] = fp32_to_fp16(x[i]);
+      auto dx = upload(xh);
+      DevBuf dy_fused(sizeof(float) * kMaxTokens * s.rows), dy_cublas(sizeof(float) * kMaxTokens * s.rows);
+      for (int n : {16, 64, 128, 256, 512}) {
+        const size_t outs = static_cast<size_t>(n) * s.rows;
+        const float cublas_ms = time_ms(
+            [&](int i) {
+              gpu::gemm_cublas(ms[i % copies], dx->as<uint16_t>(), dy_cublas.as<float>(), n, scratch.p, nullptr);
+            },
+            20);
+        const std::vector<float> y_cublas = dy_cublas.get<float>(outs);
+        float fused_ms[3] = {0, 0, 0};  // by version; 0 = not run
+        double diff = 0;
+        for (int version = 1; version <= (wg ? 2 : 1); ++version) {
+          fused_ms[version] = time_ms(
+              [&](int i) {
+                gpu::gemm_fused_q(ms[i % copies], dx->as<uint16_t>(), dy_fused.as<float>(), n, scratch.p,
+                                  scratch_bytes, nullptr, 0, version);
+              },
+              20);
+          diff = std::max(diff, rel_err(dy_fused.get<float>(outs), y_cublas));
+        }
+        const double flop = 2.0 * s.rows * s.cols * n, wbytes = double(base.bytes);
+        const float best = wg ? std::min(fused_ms[1], fused_ms[2]) : fused_ms[1];
+        auto cols3 = [&](float ms_, int w) {
+          if (ms_ <= 0) return std::printf(" | %*s %7s %6s", w, "-", "-", "-");
+          return std::printf(" | %*.1f %7.1f %6.0f", w, ms_ * 1e3, flop / (ms_ * 1e9), wbytes / (ms_ * 1e6));
+        };
+        std::printf("[bench] %-5s %6lldx%-6lld %4d", dtype_name(t), static_cast<long long>(s.rows),
+                    static_cast<long long>(s.cols), n);
+        cols3(fused_ms[1], 8);
+        cols3(fused_ms[2], 8);
+        cols3(cublas_ms, 9);
+        std::printf(" | %6.2fx %8.1e\n", cublas_ms / best, diff);
       }
       gpu::free_matrix(base);
     }

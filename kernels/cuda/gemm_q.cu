@@ -1,14 +1,22 @@
 // Prefill GEMM: y[t, r] = W[r, :] . x[t, :] on tensor cores (f16 in, fp32
 // accumulation and output).
 //
-// Version 1 (this; dequantization pass rewritten once, see
+// Version 1 (gemm_cublas; dequantization pass rewritten once, see
 // dequant_f16_kernel): quantized, f32 and bf16 weights are first dequantized to
 // an f16 copy in the caller's scratch (rows x cols x 2 bytes, one pass over
 // W), then cublasGemmEx runs f16 x f16 -> f32 with CUBLAS_COMPUTE_32F; f16
 // weights go to cuBLAS directly. The scratch pass costs one extra read of W
-// and a write+read of the f16 copy, which at 512 tokens is small next to the
-// matrix product. A fused kernel (dequantized tiles in shared memory, mma or
-// wgmma) would drop the scratch; not written yet.
+// and a write+read of the f16 copy (27.5 us for 4096 x 11008 Q4_0 on the
+// H100): small next to the matrix product at 512 tokens, but it is what made
+// Q4_0 steps of 16-256 tokens slower than F16.
+//
+// Version 2 (gemm(), this dispatch): Q4_0 and Q8_0 with n_tokens <=
+// gemm_fused_max_tokens() (default 256, env RUNLM_GEMM_FUSED_MAX_TOKENS, 0 =
+// off) go to the fused kernels of gemm_q_mma.cu (quant tiles dequantized in
+// registers into wgmma (sm_90) or mma.sync operands, no f16 copy; cols % 64
+// == 0 and an H100-sized shared memory required, else version 1). Their
+// scratch use is split-K partials, within gemm_scratch_bytes. Not yet
+// measured.
 //
 // cuBLAS handle: one per device, created on first use with a preallocated
 // workspace (cublasSetWorkspace) so cuBLAS never allocates inside a CUDA
@@ -116,6 +124,16 @@ size_t gemm_scratch_bytes(const GpuMatrix& w) {
 }
 
 void gemm(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_tokens, void* scratch, Stream stream) {
+  RUNLM_CHECK(w.data != nullptr, "gemm: matrix not uploaded");
+  RUNLM_CHECK(n_tokens >= 1, "gemm: n_tokens=%d", n_tokens);
+  if (n_tokens <= gemm_fused_max_tokens() && gemm_fused_supports(w) && gemm_fused_fits_device(w)) {
+    gemm_fused_q(w, x_f16, y, n_tokens, scratch, scratch ? gemm_scratch_bytes(w) : 0, stream);
+    return;
+  }
+  gemm_cublas(w, x_f16, y, n_tokens, scratch, stream);
+}
+
+void gemm_cublas(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_tokens, void* scratch, Stream stream) {
   RUNLM_CHECK(w.data != nullptr, "gemm: matrix not uploaded");
   RUNLM_CHECK(n_tokens >= 1, "gemm: n_tokens=%d", n_tokens);
   RUNLM_CHECK(w.rows <= INT32_MAX && w.cols <= INT32_MAX, "gemm: matrix too large");

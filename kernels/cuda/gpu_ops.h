@@ -84,8 +84,39 @@ void gemv_x8(const GemvOut* outs, int n_outs, const void* x8, int n_tokens, Stre
 // cols], y f32 [n_tokens, rows]; tensor cores, fp32 accumulation. `scratch`
 // is device memory of at least gemm_scratch_bytes(w) (a dequantized tile
 // buffer where the implementation needs one).
+// Q4_0 / Q8_0 weights with n_tokens <= gemm_fused_max_tokens() (and cols %
+// 64 == 0) go to gemm_fused_q below, the rest to dequantization + cuBLAS.
 size_t gemm_scratch_bytes(const GpuMatrix& w);
 void gemm(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_tokens, void* scratch, Stream stream);
+// gemm()'s other path for every type and n_tokens: W dequantized to an f16
+// copy in scratch (none for f16), then cuBLAS.
+void gemm_cublas(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_tokens, void* scratch, Stream stream);
+
+// ---- fused quantized GEMM (kernels/cuda/gemm_q_mma.cu) ----------------------
+//
+// gemm() for Q4_0 / Q8_0 weights without an f16 copy of W: quant tiles are
+// dequantized in registers into mma.sync operands. Needs cols % 64 == 0
+// (gemm_fused_supports) and the shared memory of its largest tile
+// (gemm_fused_fits_device: ~200 KB, an H100's; an A100's 163 KB is short). scratch
+// (scratch_bytes of device memory, may be null) holds split-K partials: with
+// few row tiles the columns are split so the SMs fill; the partials are
+// summed in a fixed order (deterministic). splits > 0 forces the number of
+// column slices (tests), 0 picks it; either is capped by what scratch holds.
+// version: 1 = mma.sync (sm_80+), 2 = wgmma (sm_90 only, gemm_fused_has_wgmma),
+// 0 = 2 where it runs, else 1.
+bool gemm_fused_supports(const GpuMatrix& w);
+bool gemm_fused_fits_device(const GpuMatrix& w);
+bool gemm_fused_has_wgmma();
+void gemm_fused_q(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_tokens, void* scratch,
+                  size_t scratch_bytes, Stream stream, int splits = 0, int version = 0);
+// Largest n_tokens gemm() sends to gemm_fused_q: RUNLM_GEMM_FUSED_MAX_TOKENS
+// (read once; 0 disables the fused path), else kGemmFusedMaxTokensDefault.
+// 256: predicted (gemm_q_mma.cu, not measured) to beat dequant + cuBLAS up
+// to ~512 tokens with version 2 (wgmma, H100) and up to ~256 with version 1;
+// past that cuBLAS's higher TFLOP/s repays the 27 us dequantization pass.
+// To be set from measurements (GpuOpsBench.GemmFusedQuantShapes).
+constexpr int kGemmFusedMaxTokensDefault = 256;
+int gemm_fused_max_tokens();
 // gemm() for n F16 matrices of one shape over the same n_tokens, in one
 // cuBLAS batched call (q/k/v, gate/up): at decode batch sizes one matrix is
 // about one wave of tiles, n of them keep the SMs fuller. w, x, y are device

@@ -1,0 +1,691 @@
+// gemm_q_mma: fused prefill GEMM for Q4_0 and Q8_0 weights on tensor cores:
+// y[t, r] = sum_c W[r, c] * x[t, c], W in the repacked device layout
+// (gpu_codec.cuh), x f16 [n_tokens, cols], y f32 [n_tokens, rows]. No f16
+// copy of W: raw quant bytes and f16 scales stream through a cp.async ring
+// in shared memory and are dequantized straight into A fragments in
+// registers.
+//
+// Versions (neither measured on a GPU yet):
+//   1 gemm_q_mma_kernel: mma.sync m16n8k16 (sm_80+), described first below.
+//   2 gemm_q_wgmma_kernel: wgmma m64nBNk16 with A from registers (sm_90a;
+//     the default where it runs), see "version 2" further down.
+//
+// Tile: a CTA computes kBM = 128 weight rows (the mma M side) x BN tokens
+// (N side, BN in {16, 32, 64, 128} picked from n_tokens) over a range of
+// k-tiles of kBK = 128 columns (4 quant blocks). 8 warps: BN <= 32 as 8 x 1
+// warps of 16 rows x BN tokens, BN >= 64 as 4 x 2 warps of 32 rows x BN/2
+// (halves the x reads from shared memory per mma; the two N-warps decode the
+// same A fragments, which the ALU budget allows at those sizes).
+//
+// Dequantization in registers, not into a shared f16 tile: a thread's A
+// fragment of a 32-block needs, per row, 4 consecutive quant bytes once the
+// k order inside the block is permuted (any permutation applied to both A
+// and B leaves the sum unchanged): logical k 2t, 2t+1 (a0/a1, b0) is
+// physical element 4t, 4t+1 and logical 8+2t, 9+2t (a2/a3, b1) is 4t+2,
+// 4t+3. So A is one 4-byte shared load per row (Q4_0: low nibbles give k16
+// step 0, high nibbles step 1 of the block, GGUF nibble order) and B one
+// 8-byte load x[token][4t .. 4t+3] per n8 tile (no ldmatrix: it would give
+// the natural order). Levels become f16 exactly through the exponent trick
+// (0x6400 | q is 1024 + q), minus the offset (exact), times the f16 scale in
+// one f16 multiply: the exact product rounded once, bit-identical to the
+// cuBLAS path's dequantization (level * d in f32, exact, rounded to f16).
+// Scaling the accumulators per 32-block instead would need a partial
+// accumulator per block (an extra FMA per output per block).
+//
+// Shared memory per stage (swizzled so every load above is conflict free):
+//   quants [kBM][kBK/2 or kBK] bytes, 16-byte chunk c of row r at
+//          c ^ ((r >> 1) & 3) (Q4_0, 64-byte rows) or c ^ (r & 7) (Q8_0)
+//   scales [kBM][4] f16 (cp.async 4 bytes: rows of the scale part are only
+//          4-byte aligned when cols % 64 == 0, the requirement below)
+//   x      [BN][kBK] f16, chunk c of token j at c ^ ((j & 3) << 1)
+// Rows past `rows`, tokens past n_tokens and columns past cols are zero
+// filled by cp.async (zero scale, zero x: no NaN from garbage); only valid
+// outputs are stored. cols % 64 == 0 is required (the tail k-tile may be
+// half full); gemm_fused_q says so otherwise.
+//
+// Split-K: with few row tiles (4096 rows = 32 tiles) the grid is also split
+// over k into S slices so about one wave of CTAs fills the SMs. Each slice
+// writes its fp32 tile to the scratch in fragment order (16-byte coalesced);
+// the last CTA of a tile to finish (atomic ticket) sums the S partials in
+// slice order (deterministic, whichever CTA is last) and writes y.
+//
+// Prediction (H100 SXM: 3.0 TB/s; dense f16 ~990 TFLOP/s by wgmma, mma.sync
+// ~600, ~6 cycles per m16n8k16 per SM sub-partition), NOT YET MEASURED.
+// Q4_0 = 0.5625 B/weight, Q8_0 = 1.0625; FLOP = 2 rows cols n.
+//   shape (rows x cols)   Q4_0 MB  Q8_0 MB  GFLOP at n = 16 / 64 / 128 / 256 / 512
+//   4096 x 4096              9.4     17.8   0.54 / 2.1 / 4.3 / 8.6 / 17.2
+//   11008 x 4096, 4096 x 11008  25.4  47.9   1.44 / 5.8 / 11.5 / 23.1 / 46.2
+// The A decode costs ~16-18 instructions per k16 step per 16 rows (4-byte
+// loads, byte_perm, lop3, hsub2, hmul2 per pair).
+// Version 1: next to 2 (BN=16) to 16 (BN=128) mma per warp and k16 plus the
+// B loads, issue slots, not DRAM, bound everything past ~32 tokens, and at
+// BN >= 64 both N-warps decode the same A. Large shapes, Q4_0:
+//   n = 16: weight-bound, ~11 us (~2.3 TB/s; Q8_0 ~20 us)
+//   n = 64: issue-bound, ~15 us (the dequant + cuBLAS path: ~45 us)
+//   n = 128..512: ~300-350 TFLOP/s (33 / 70 / 140 us)
+// Version 2: a warp decodes only its 16 rows and issues one wgmma per k16,
+// so per CTA and k16 ~34 issue cycles against 16 (BN=16) to 128 (BN=128)
+// tensor cycles:
+//   n = 16: weight-bound, ~11 us Q4_0, ~20 us Q8_0
+//   n = 64: tensor ~9 us at 65% of peak against the 10 us weight read:
+//           ~11-12 us Q4_0 (~4x today), ~20 us Q8_0
+//   n = 128..512: decode and wgmma alternate per k-tile at BN=128 (one CTA
+//           a SM; ~20% of the tensor time lost): ~450-550 TFLOP/s (23 / 46
+//           / 92 us). Dequant + cuBLAS (27.5 us + ~600 TFLOP/s) ~ 57 / 66 /
+//           99 us: the fused path should win up to ~512 tokens, hence the
+//           default threshold 256 (gpu_ops.h) with margin.
+// 4096 x 4096: about a third of these times, split-K included.
+#include <algorithm>
+#include <cstdlib>
+#include <mutex>
+
+#include "cuda/common.cuh"
+#include "cuda/gpu_codec.cuh"
+#include "cuda/gpu_ops.h"
+#include "cuda/fa3/sm90.cuh"
+#include "cuda/mma_sm80.cuh"
+#include "cuda/wgmma_rs_f16.cuh"
+
+namespace runlm::gpu {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kBM = 128;               // weight rows per CTA
+constexpr int kBK = 128;               // columns per k-tile (stage)
+constexpr int kBlocks = kBK / 32;      // quant blocks per row per stage
+constexpr int kSmemBudget = 220 * 1024;  // per SM, H100 (228 KB less the per-CTA reserve)
+constexpr int kColAlign = 64;          // cols % 64 == 0: 4-byte aligned scale rows
+
+template <DType kT>
+struct QuantTile;
+template <>
+struct QuantTile<DType::Q4_0> {
+  static constexpr int kRowBytes = kBK / 2;  // shared bytes per row per stage
+  static constexpr int kChunkCols = 32;      // columns per 16-byte chunk
+};
+template <>
+struct QuantTile<DType::Q8_0> {
+  static constexpr int kRowBytes = kBK;
+  static constexpr int kChunkCols = 16;
+};
+
+template <DType kT, int BN>
+struct MmaTraits {
+  static constexpr int kWarpsN = BN >= 64 ? 2 : 1;
+  static constexpr int kWarpsM = kThreads / 32 / kWarpsN;
+  static constexpr int kMT = kBM / (16 * kWarpsM);  // m16 tiles per warp
+  static constexpr int kWN = BN / kWarpsN;          // tokens per warp
+  static constexpr int kNT = kWN / 8;               // n8 tiles per warp
+  static constexpr int kMinBlocks = BN >= 128 ? 1 : 2;
+  static constexpr int kQBytes = kBM * QuantTile<kT>::kRowBytes;
+  static constexpr int kSBytes = kBM * kBlocks * 2;
+  static constexpr int kXBytes = BN * kBK * 2;
+  static constexpr int kStageBytes = kQBytes + kSBytes + kXBytes;
+  static constexpr int kStagesFit = kSmemBudget / kMinBlocks / kStageBytes;
+  static constexpr int kStages = kStagesFit < 4 ? kStagesFit : 4;
+  static constexpr int kSmem = kStages * kStageBytes;
+  static_assert(kStages >= 2, "gemm_q_mma: a stage ring needs 2 stages");
+  static_assert(kWN % 8 == 0 && kMT >= 1, "gemm_q_mma: warp tile");
+};
+
+struct MmaArgs {
+  const uint8_t* q;    // [rows][cols/2] (q4_0) or [rows][cols] (q8_0)
+  const __half* d;     // [rows][cols/32]
+  const __half* x;     // [n][cols]
+  float* y;            // [n][rows]
+  float* partial;      // split-K: [tiles][splits][kMT*kNT][kThreads] float4
+  int* tickets;        // split-K: [tiles], zero on entry, left zero
+  int rows, cols, n;
+  int k_tiles, k_tiles_per_split, splits;
+};
+
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ uint32_t lds32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint2 lds64(uint32_t addr) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
+  return v;
+}
+
+// Byte offset of chunk c of row r in the quant tile.
+template <DType kT>
+__device__ __forceinline__ uint32_t quant_swz(int r, int c) {
+  if constexpr (kT == DType::Q4_0)
+    return static_cast<uint32_t>(r * 64 + ((c ^ ((r >> 1) & 3)) << 4));
+  else
+    return static_cast<uint32_t>(r * 128 + ((c ^ (r & 7)) << 4));
+}
+// Byte offset of chunk c (8 f16) of token j in the x tile.
+__device__ __forceinline__ uint32_t x_swz(int j, int c) {
+  return static_cast<uint32_t>(j * kBK * 2 + ((c ^ ((j & 3) << 1)) << 4));
+}
+
+__device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
+__device__ __forceinline__ __half2 bits_h2(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
+
+// (level(e) * d, level(e') * d) as an f16 pair from x = the two levels'
+// biased 8-bit codes in bytes 0 and 2 (bytes 1, 3 zero): 0x6400 | code is
+// the f16 1024 + code exactly; subtracting 1024 + bias is exact too.
+__device__ __forceinline__ uint32_t level_pair(uint32_t x, __half2 bias, __half2 d) {
+  return h2_bits(__hmul2(__hsub2(bits_h2(x | 0x64006400u), bias), d));
+}
+
+// Q4_0: w = bytes 4t .. 4t+3 of a row's block: low nibbles are elements
+// 4t .. 4t+3 (k16 step 0), high nibbles 16 + 4t .. (step 1). Out: [step][pair].
+__device__ __forceinline__ void decode_q4(uint32_t w, __half2 d, uint32_t (&out)[2][2]) {
+  const __half2 bias = __float2half2_rn(1032.0f);  // 1024 + 8
+  const uint32_t x01 = __byte_perm(w, 0, 0x4140), x23 = __byte_perm(w, 0, 0x4342);
+  out[0][0] = level_pair(x01 & 0x000F000Fu, bias, d);
+  out[0][1] = level_pair(x23 & 0x000F000Fu, bias, d);
+  out[1][0] = level_pair((x01 >> 4) & 0x000F000Fu, bias, d);
+  out[1][1] = level_pair((x23 >> 4) & 0x000F000Fu, bias, d);
+}
+// Q8_0: w = 4 int8 levels (elements 4t .. 4t+3 of one k16 step); ^ 0x80
+// makes each the level + 128 as an unsigned byte.
+__device__ __forceinline__ void decode_q8(uint32_t w, __half2 d, uint32_t (&out)[2]) {
+  const __half2 bias = __float2half2_rn(1152.0f);  // 1024 + 128
+  out[0] = level_pair(__byte_perm(w, 0, 0x4140) ^ 0x00800080u, bias, d);
+  out[1] = level_pair(__byte_perm(w, 0, 0x4342) ^ 0x00800080u, bias, d);
+}
+
+// Byte offset of chunk c (8 f16, c < 16) of token j in version 2's x tile:
+// two column blocks of [BN][64] f16 in the 128-byte swizzle that wgmma's
+// K-major descriptors read (fa3's K tiles, kernel_traits.cuh).
+template <int BN>
+__device__ __forceinline__ uint32_t x_swz128(int j, int c) {
+  return static_cast<uint32_t>((c >> 3) * BN * 128 + j * 128 + (((c & 7) ^ (j & 7)) << 4));
+}
+
+// Issues the cp.async copies of k-tile kt into one stage (kWg: version 2's
+// x layout).
+template <DType kT, int BN, bool kWg = false>
+__device__ __forceinline__ void load_stage(const MmaArgs& a, uint32_t sq, uint32_t ss, uint32_t sx, int m0, int n0,
+                                           int kt) {
+  using QT = QuantTile<kT>;
+  constexpr int kChunksRow = QT::kRowBytes / 16;
+  const int k0 = kt * kBK;
+  const int64_t q_row_bytes = kT == DType::Q4_0 ? a.cols / 2 : a.cols;
+  const int tid = threadIdx.x;
+  static_assert(kBM * kChunksRow % kThreads == 0 && BN * (kBK / 8) % kThreads == 0 && kBM * 2 == kThreads,
+                "load_stage: copies split evenly over the threads");
+#pragma unroll
+  for (int it = 0; it < kBM * kChunksRow / kThreads; ++it) {
+    const int i = tid + it * kThreads;
+    const int r = i / kChunksRow, c = i % kChunksRow;
+    const int row = m0 + r, col = k0 + c * QT::kChunkCols;
+    const bool ok = row < a.rows && col < a.cols;
+    const uint8_t* src = ok ? a.q + row * q_row_bytes + col * QT::kRowBytes / kBK : a.q;
+    cp_async_16(sq + quant_swz<kT>(r, c), src, ok ? 16 : 0);
+  }
+  // Scales: two 4-byte pieces (blocks 2p, 2p+1) per row.
+  {
+    const int r = tid >> 1, p = tid & 1;
+    const int row = m0 + r, col = k0 + 64 * p;
+    const bool ok = row < a.rows && col < a.cols;
+    const __half* src = ok ? a.d + int64_t(row) * (a.cols / 32) + col / 32 : a.d;
+    cp_async_4(ss + r * kBlocks * 2 + p * 4, src, ok ? 4 : 0);
+  }
+#pragma unroll
+  for (int it = 0; it < BN * (kBK / 8) / kThreads; ++it) {
+    const int i = tid + it * kThreads;
+    const int j = i / (kBK / 8), c = i % (kBK / 8);
+    const int tok = n0 + j, col = k0 + 8 * c;
+    const bool ok = tok < a.n && col < a.cols;
+    const __half* src = ok ? a.x + int64_t(tok) * a.cols + col : a.x;
+    cp_async_16(sx + (kWg ? x_swz128<BN>(j, c) : x_swz(j, c)), src, ok ? 16 : 0);
+  }
+}
+
+// The end of both versions: the accumulators of one thread (kMT m16 tiles x
+// kNT n8 tiles in the mma C layout: c0, c1 at (row, tok), (row, tok + 1),
+// c2, c3 at row + 8; tiles 16 rows and 8 tokens apart from row0, tok0) go
+// to y, through the split-K reduction when the columns are split.
+template <int kMT, int kNT>
+__device__ __forceinline__ void finish_tile(const MmaArgs& a, float (&acc)[kMT][kNT][4], int row0, int tok0,
+                                            int split) {
+  const int tid = threadIdx.x;
+  const int tile = blockIdx.y * gridDim.x + blockIdx.x;
+  if (a.splits > 1) {
+    // This slice's partial tile, fragment order: thread tid's float4 of
+    // (mt, nt) at [tile][split][mt * kNT + nt][tid].
+    float4* part = reinterpret_cast<float4*>(a.partial) + (int64_t(tile) * a.splits) * kMT * kNT * kThreads;
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+        __stcg(part + (int64_t(split) * kMT * kNT + mt * kNT + nt) * kThreads + tid,
+               make_float4(acc[mt][nt][0], acc[mt][nt][1], acc[mt][nt][2], acc[mt][nt][3]));
+    // Release: the partial stores are visible device-wide before the ticket.
+    __threadfence();
+    __syncthreads();
+    __shared__ int last;
+    if (tid == 0) {
+      last = atomicAdd(a.tickets + tile, 1) == a.splits - 1;
+      if (last) a.tickets[tile] = 0;  // every slice has taken its ticket: ready for the next call
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();  // acquire: the other slices' partials (read from L2 below)
+    // Sum in slice order whichever slice came last: deterministic.
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+        float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int sp = 0; sp < a.splits; ++sp) {
+          const float4 p = sp == split ? make_float4(acc[mt][nt][0], acc[mt][nt][1], acc[mt][nt][2], acc[mt][nt][3])
+                                       : __ldcg(part + (int64_t(sp) * kMT * kNT + mt * kNT + nt) * kThreads + tid);
+          sum.x += p.x;
+          sum.y += p.y;
+          sum.z += p.z;
+          sum.w += p.w;
+        }
+        acc[mt][nt][0] = sum.x;
+        acc[mt][nt][1] = sum.y;
+        acc[mt][nt][2] = sum.z;
+        acc[mt][nt][3] = sum.w;
+      }
+  }
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+      const int row = row0 + mt * 16, tok = tok0 + nt * 8;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = row + 8 * h;
+        if (r >= a.rows) continue;
+        if (tok < a.n) a.y[int64_t(tok) * a.rows + r] = acc[mt][nt][2 * h];
+        if (tok + 1 < a.n) a.y[int64_t(tok + 1) * a.rows + r] = acc[mt][nt][2 * h + 1];
+      }
+    }
+}
+
+template <DType kT, int BN>
+__global__ void __launch_bounds__(kThreads, MmaTraits<kT, BN>::kMinBlocks) gemm_q_mma_kernel(MmaArgs a) {
+  using Tr = MmaTraits<kT, BN>;
+  constexpr int kMT = Tr::kMT, kNT = Tr::kNT, kStages = Tr::kStages;
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t s0 = smem_u32(smem);
+  auto sq_of = [&](int st) { return s0 + st * Tr::kStageBytes; };
+  auto ss_of = [&](int st) { return s0 + st * Tr::kStageBytes + Tr::kQBytes; };
+  auto sx_of = [&](int st) { return s0 + st * Tr::kStageBytes + Tr::kQBytes + Tr::kSBytes; };
+
+  const int m0 = blockIdx.x * kBM, n0 = blockIdx.y * BN, split = blockIdx.z;
+  const int kt0 = split * a.k_tiles_per_split;
+  const int kt1 = min(a.k_tiles, kt0 + a.k_tiles_per_split);
+  const int nk = kt1 - kt0;  // >= 1 (the host sizes splits so none is empty)
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int wm = warp % Tr::kWarpsM, wn = warp / Tr::kWarpsM;
+  const int arow = wm * kMT * 16 + g;  // tile row of a0 for m-tile 0 (a1 is + 8)
+  const int xtok = wn * Tr::kWN + g;   // tile token of b for n-tile 0
+  const uint32_t xkey = (g & 3) << 1, qkey = kT == DType::Q4_0 ? (g >> 1) & 3 : g;
+
+  float acc[kMT][kNT][4];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
+
+  // Prologue: stages 0 .. kStages-2. Every step commits a group (maybe
+  // empty) so wait_group counts stay uniform.
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (st < nk) load_stage<kT, BN>(a, sq_of(st), ss_of(st), sx_of(st), m0, n0, kt0 + st);
+    cp_async_commit();
+  }
+
+  for (int i = 0; i < nk; ++i) {
+    cp_async_wait<kStages - 2>();
+    // Makes k-tile i visible to all warps, and tells the loads below that
+    // every warp has finished reading stage (i - 1) % kStages, the one they
+    // refill: one barrier per k-tile.
+    __syncthreads();
+    {
+      const int j = i + kStages - 1, st = j % kStages;
+      if (j < nk) load_stage<kT, BN>(a, sq_of(st), ss_of(st), sx_of(st), m0, n0, kt0 + j);
+      cp_async_commit();
+    }
+    const int st = i % kStages;
+    const uint32_t sq = sq_of(st), ss = ss_of(st), sx = sx_of(st);
+
+    // The 4 scales of rows arow (+ 8) of each m-tile, as f16 pairs {d, d} per block.
+    uint2 sc[kMT][2];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      sc[mt][0] = lds64(ss + (arow + mt * 16) * kBlocks * 2);
+      sc[mt][1] = lds64(ss + (arow + mt * 16 + 8) * kBlocks * 2);
+    }
+#pragma unroll
+    for (int blk = 0; blk < kBlocks; ++blk) {
+      uint32_t af[kMT][2][4];  // [m-tile][k16 step][a0..a3]
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        const int r = arow + mt * 16;
+        const uint32_t wsel = blk & 1 ? 0x3232 : 0x1010;
+        const __half2 da = bits_h2(__byte_perm(blk < 2 ? sc[mt][0].x : sc[mt][0].y, 0, wsel));
+        const __half2 db = bits_h2(__byte_perm(blk < 2 ? sc[mt][1].x : sc[mt][1].y, 0, wsel));
+        if constexpr (kT == DType::Q4_0) {
+          const uint32_t off = ((blk ^ qkey) << 4) + 4 * t;
+          uint32_t pa[2][2], pb[2][2];
+          decode_q4(lds32(sq + r * 64 + off), da, pa);
+          decode_q4(lds32(sq + (r + 8) * 64 + off), db, pb);
+#pragma unroll
+          for (int s = 0; s < 2; ++s) {
+            af[mt][s][0] = pa[s][0];
+            af[mt][s][1] = pb[s][0];
+            af[mt][s][2] = pa[s][1];
+            af[mt][s][3] = pb[s][1];
+          }
+        } else {
+#pragma unroll
+          for (int s = 0; s < 2; ++s) {
+            const uint32_t off = (((2 * blk + s) ^ qkey) << 4) + 4 * t;
+            uint32_t pa[2], pb[2];
+            decode_q8(lds32(sq + r * 128 + off), da, pa);
+            decode_q8(lds32(sq + (r + 8) * 128 + off), db, pb);
+            af[mt][s][0] = pa[0];
+            af[mt][s][1] = pb[0];
+            af[mt][s][2] = pa[1];
+            af[mt][s][3] = pb[1];
+          }
+        }
+      }
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        // b0 = x[token][16s + 4t, +1], b1 = x[token][16s + 4t + 2, +3] of this block.
+        const uint32_t xoff = (((4 * blk + 2 * s) ^ xkey) << 4) + (t >> 1) * 16 + (t & 1) * 8;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+          const uint2 b = lds64(sx + (xtok + nt * 8) * kBK * 2 + xoff);
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) mma_16816<false>(acc[mt][nt], af[mt][s], b.x, b.y);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();  // only empty groups can be left; drained before exit
+  finish_tile<kMT, kNT>(a, acc, m0 + arow, n0 + wn * Tr::kWN + 2 * t, split);
+}
+
+// ---- version 2: wgmma (sm_90a) ------------------------------------------------
+//
+// Same tiles, ring and epilogue; the two warpgroups own 64 rows each and
+// issue one wgmma m64nBNk16 per k16 step with A from registers (each warp
+// decodes only its own 16 rows: no decode twice, no B loads, one mma
+// instruction instead of BN/8). A is in the natural k order (B is read by
+// the descriptor as stored), so a row's bytes 2t, 2t+1 and 2t+8, 2t+9 of
+// a 16-byte chunk come from two 4-byte loads and a byte_perm each. Each
+// warpgroup waits for its k-tile's wgmmas before decoding the next: keeping
+// them in flight across the decode (A double buffered, wgmma_wait<1>) made
+// ptxas serialize every wgmma (C7513: A registers defined while wgmmas are
+// in flight), so decode/wgmma overlap comes from the other warpgroup and the
+// other CTA on the SM instead. The ring is then version 1's.
+template <DType kT, int BN>
+struct WgTraits {
+  static constexpr int kMinBlocks = BN >= 128 ? 1 : 2;
+  static constexpr int kQBytes = kBM * QuantTile<kT>::kRowBytes;
+  static constexpr int kSBytes = kBM * kBlocks * 2;
+  static constexpr int kXBytes = BN * kBK * 2;
+  static constexpr int kStageBytes = kXBytes + kQBytes + kSBytes;  // x first: 1024-byte aligned blocks
+  static constexpr int kStagesFit = (kSmemBudget / kMinBlocks - 1024) / kStageBytes;
+  static constexpr int kStages = kStagesFit < 4 ? kStagesFit : 4;
+  static constexpr int kSmem = kStages * kStageBytes + 1024;  // + alignment slack
+  static_assert(kStages >= 2, "gemm_q_wgmma: a stage ring needs 2 stages");
+  static_assert(kXBytes % 1024 == 0 && kStageBytes % 1024 == 0, "gemm_q_wgmma: 1024-byte aligned x tiles");
+};
+
+template <int N>
+__device__ __forceinline__ void fence_regs_a(uint32_t (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
+
+template <DType kT, int BN>
+__global__ void __launch_bounds__(kThreads, WgTraits<kT, BN>::kMinBlocks) gemm_q_wgmma_kernel(MmaArgs a) {
+#if RUNLM_FA3_DEVICE
+  using Tr = WgTraits<kT, BN>;
+  constexpr int kStages = Tr::kStages, kSteps = kBK / 16;
+  extern __shared__ __align__(1024) uint8_t smem[];
+  const uint32_t s0 = (smem_u32(smem) + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
+  auto sx_of = [&](int st) { return s0 + st * Tr::kStageBytes; };
+  auto sq_of = [&](int st) { return s0 + st * Tr::kStageBytes + Tr::kXBytes; };
+  auto ss_of = [&](int st) { return s0 + st * Tr::kStageBytes + Tr::kXBytes + Tr::kQBytes; };
+
+  const int m0 = blockIdx.x * kBM, n0 = blockIdx.y * BN, split = blockIdx.z;
+  const int kt0 = split * a.k_tiles_per_split;
+  const int nk = min(a.k_tiles, kt0 + a.k_tiles_per_split) - kt0;
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int arow = (warp >> 2) * 64 + (warp & 3) * 16 + g;  // warpgroup's 64 rows, warp's 16
+  const uint32_t qkey = kT == DType::Q4_0 ? (g >> 1) & 3 : g;
+  const uint32_t psel = t & 1 ? 0x4342 : 0x4140;  // bytes 2t, 2t+1 of the word into bytes 0, 2
+  const uint32_t wofs = 4 * (t >> 1);             // that word in the chunk (+ 8: bytes 2t+8, 2t+9)
+
+  float acc[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
+  uint32_t af[kSteps][4];
+
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (st < nk) load_stage<kT, BN, true>(a, sq_of(st), ss_of(st), sx_of(st), m0, n0, kt0 + st);
+    cp_async_commit();
+  }
+
+  for (int i = 0; i < nk; ++i) {
+    cp_async_wait<kStages - 2>();
+    fa3::fence_proxy_async_shared();  // this thread's copies, visible to wgmma's (async proxy) reads
+    // k-tile i visible to all; every warpgroup has waited for its wgmmas of
+    // k-tile i-1, so that stage can refill.
+    __syncthreads();
+    {
+      const int j = i + kStages - 1, st = j % kStages;
+      if (j < nk) load_stage<kT, BN, true>(a, sq_of(st), ss_of(st), sx_of(st), m0, n0, kt0 + j);
+      cp_async_commit();
+    }
+    const int st = i % kStages;
+    const uint32_t sq = sq_of(st), ss = ss_of(st);
+    const uint2 sca = lds64(ss + arow * kBlocks * 2), scb = lds64(ss + (arow + 8) * kBlocks * 2);
+#pragma unroll
+    for (int blk = 0; blk < kBlocks; ++blk) {
+      const uint32_t wsel = blk & 1 ? 0x3232 : 0x1010;
+      const __half2 da = bits_h2(__byte_perm(blk < 2 ? sca.x : sca.y, 0, wsel));
+      const __half2 db = bits_h2(__byte_perm(blk < 2 ? scb.x : scb.y, 0, wsel));
+      if constexpr (kT == DType::Q4_0) {
+        const __half2 bias = __float2half2_rn(1032.0f);
+        const uint32_t ra = sq + arow * 64 + ((blk ^ qkey) << 4) + wofs, rb = ra + 8 * 64;
+        const uint32_t xa0 = __byte_perm(lds32(ra), 0, psel), xa1 = __byte_perm(lds32(ra + 8), 0, psel);
+        const uint32_t xb0 = __byte_perm(lds32(rb), 0, psel), xb1 = __byte_perm(lds32(rb + 8), 0, psel);
+        uint32_t(&lo)[4] = af[2 * blk];
+        uint32_t(&hi)[4] = af[2 * blk + 1];
+        lo[0] = level_pair(xa0 & 0x000F000Fu, bias, da);
+        lo[1] = level_pair(xb0 & 0x000F000Fu, bias, db);
+        lo[2] = level_pair(xa1 & 0x000F000Fu, bias, da);
+        lo[3] = level_pair(xb1 & 0x000F000Fu, bias, db);
+        hi[0] = level_pair((xa0 >> 4) & 0x000F000Fu, bias, da);
+        hi[1] = level_pair((xb0 >> 4) & 0x000F000Fu, bias, db);
+        hi[2] = level_pair((xa1 >> 4) & 0x000F000Fu, bias, da);
+        hi[3] = level_pair((xb1 >> 4) & 0x000F000Fu, bias, db);
+      } else {
+        const __half2 bias = __float2half2_rn(1152.0f);
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+          const uint32_t ra = sq + arow * 128 + (((2 * blk + s) ^ qkey) << 4) + wofs, rb = ra + 8 * 128;
+          uint32_t(&f)[4] = af[2 * blk + s];
+          f[0] = level_pair(__byte_perm(lds32(ra), 0, psel) ^ 0x00800080u, bias, da);
+          f[1] = level_pair(__byte_perm(lds32(rb), 0, psel) ^ 0x00800080u, bias, db);
+          f[2] = level_pair(__byte_perm(lds32(ra + 8), 0, psel) ^ 0x00800080u, bias, da);
+          f[3] = level_pair(__byte_perm(lds32(rb + 8), 0, psel) ^ 0x00800080u, bias, db);
+        }
+      }
+    }
+    const uint64_t dx = fa3::make_desc(sx_of(st), 16, 1024);
+    fa3::wgmma_fence();  // A was just written by ordinary instructions
+#pragma unroll
+    for (int kk = 0; kk < kSteps; ++kk)  // column block kk/4, 32 bytes per k16 inside it
+      WgmmaRsF16<BN>::rs(acc, af[kk], dx + (((kk / 4) * BN * 128 + (kk % 4) * 32) >> 4), 1);
+    fa3::wgmma_commit();
+    fa3::wgmma_wait<0>();
+    fa3::fence_regs(acc);
+    fence_regs_a(af);  // the wgmmas read A until the wait
+  }
+  cp_async_wait<0>();
+  // wgmma's m64nN accumulator is the mma C layout per warp, n8 tile i at acc[4i .. 4i+3].
+  finish_tile<1, BN / 8>(a, *reinterpret_cast<float(*)[1][BN / 8][4]>(&acc), m0 + arow, n0 + 2 * t, split);
+#endif
+}
+
+struct DeviceInfo {
+  int sms = 0;
+  int smem_optin = 0;
+  bool sm90 = false;  // the sm_90a binary (wgmma) runs here
+  int index = 0;
+};
+
+DeviceInfo device_info() {
+  static DeviceInfo info[16];
+  int dev = 0;
+  cudaCheck(cudaGetDevice(&dev));
+  RUNLM_CHECK(dev >= 0 && dev < 16, "gemm_fused_q: device %d beyond 16", dev);
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  DeviceInfo& d = info[dev];
+  if (d.sms == 0) {
+    int major = 0, minor = 0;
+    cudaCheck(cudaDeviceGetAttribute(&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    cudaCheck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    cudaCheck(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    d.sm90 = major == 9 && minor == 0;
+    d.index = dev;
+    cudaCheck(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev));
+  }
+  return d;
+}
+
+template <DType kT, int BN, bool kWg>
+void launch_fused(const WView& v, const uint16_t* x, float* y, int n, void* scratch, size_t scratch_bytes,
+                  int force_splits, cudaStream_t s) {
+  constexpr int kSmem = kWg ? WgTraits<kT, BN>::kSmem : MmaTraits<kT, BN>::kSmem;
+  const DeviceInfo dev = device_info();
+  RUNLM_CHECK(kSmem <= dev.smem_optin,
+              "gemm_fused_q: %s BN=%d version %d needs %d bytes of shared memory per block; the device allows %d",
+              dtype_name(kT), BN, kWg ? 2 : 1, kSmem, dev.smem_optin);
+  auto kernel = kWg ? gemm_q_wgmma_kernel<kT, BN> : gemm_q_mma_kernel<kT, BN>;
+  // Set once per device and instantiation, and the occupancy queried once:
+  // the first call (the engine's warm-up) is outside any graph capture.
+  static bool smem_set[16] = {};
+  if (!smem_set[dev.index]) {
+    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    smem_set[dev.index] = true;
+  }
+  static const int per_sm = [&] {
+    int b = 0;
+    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, kThreads, kSmem));
+    return std::max(b, 1);
+  }();
+
+  const int rows = static_cast<int>(v.rows), cols = static_cast<int>(v.cols);
+  const int tiles_m = ceil_div(rows, kBM), tiles_n = ceil_div(n, BN), tiles = tiles_m * tiles_n;
+  const int k_tiles = ceil_div(cols, kBK);
+  // Slices: about one wave of CTAs, at least 2 k-tiles a slice (so the ring
+  // has something to overlap), and no more than the scratch holds.
+  int splits = force_splits > 0 ? force_splits : std::max(1, dev.sms * per_sm / tiles);
+  splits = std::min(splits, force_splits > 0 ? k_tiles : std::max(1, k_tiles / 2));
+  const size_t ticket_bytes = align_up(size_t(tiles) * sizeof(int), kPartAlign);
+  const size_t slice_bytes = size_t(tiles) * kBM * BN * sizeof(float);
+  const size_t fit = scratch && scratch_bytes > ticket_bytes ? (scratch_bytes - ticket_bytes) / slice_bytes : 0;
+  splits = std::max(1, std::min<int>(splits, static_cast<int>(std::min<size_t>(fit, k_tiles))));
+  const int per_split = ceil_div(k_tiles, splits);
+  splits = ceil_div(k_tiles, per_split);  // no empty slice
+
+  MmaArgs a{v.q, reinterpret_cast<const __half*>(v.a), reinterpret_cast<const __half*>(x), y, nullptr, nullptr,
+            rows, cols, n, k_tiles, per_split, splits};
+  if (splits > 1) {
+    a.tickets = static_cast<int*>(scratch);
+    a.partial = reinterpret_cast<float*>(static_cast<uint8_t*>(scratch) + ticket_bytes);
+    // The scratch is shared with the dequantization path: tickets start at zero.
+    cudaCheck(cudaMemsetAsync(a.tickets, 0, size_t(tiles) * sizeof(int), s));
+  }
+  RUNLM_CHECK(tiles_n <= 65535 && splits <= 65535, "gemm_fused_q: n_tokens=%d too large for the grid", n);
+  kernel<<<dim3(tiles_m, tiles_n, splits), kThreads, kSmem, s>>>(a);
+  cudaCheckLaunch();
+}
+
+template <DType kT, bool kWg>
+void launch_fused_tokens(const WView& v, const uint16_t* x, float* y, int n, void* scratch, size_t scratch_bytes,
+                         int force_splits, cudaStream_t s) {
+  if (n <= 16)
+    launch_fused<kT, 16, kWg>(v, x, y, n, scratch, scratch_bytes, force_splits, s);
+  else if (n <= 32)
+    launch_fused<kT, 32, kWg>(v, x, y, n, scratch, scratch_bytes, force_splits, s);
+  else if (n <= 64)
+    launch_fused<kT, 64, kWg>(v, x, y, n, scratch, scratch_bytes, force_splits, s);
+  else
+    launch_fused<kT, 128, kWg>(v, x, y, n, scratch, scratch_bytes, force_splits, s);
+}
+
+}  // namespace
+
+bool gemm_fused_supports(const GpuMatrix& w) {
+  return (w.type == DType::Q4_0 || w.type == DType::Q8_0) && w.cols % kColAlign == 0 && w.rows <= INT32_MAX &&
+         w.cols <= INT32_MAX;
+}
+
+bool gemm_fused_fits_device(const GpuMatrix& w) {
+  const DeviceInfo d = device_info();
+  const bool q4 = w.type == DType::Q4_0;
+  const int smem = d.sm90 ? (q4 ? WgTraits<DType::Q4_0, 128>::kSmem : WgTraits<DType::Q8_0, 128>::kSmem)
+                          : (q4 ? MmaTraits<DType::Q4_0, 128>::kSmem : MmaTraits<DType::Q8_0, 128>::kSmem);
+  return smem <= d.smem_optin;
+}
+
+bool gemm_fused_has_wgmma() { return device_info().sm90; }
+
+int gemm_fused_max_tokens() {
+  static const int v = [] {
+    const char* e = std::getenv("RUNLM_GEMM_FUSED_MAX_TOKENS");
+    return e && *e ? std::max(0, std::atoi(e)) : kGemmFusedMaxTokensDefault;
+  }();
+  return v;
+}
+
+void gemm_fused_q(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_tokens, void* scratch,
+                  size_t scratch_bytes, Stream stream, int splits, int version) {
+  RUNLM_CHECK(w.data != nullptr, "gemm_fused_q: matrix not uploaded");
+  RUNLM_CHECK(n_tokens >= 1, "gemm_fused_q: n_tokens=%d", n_tokens);
+  RUNLM_CHECK(gemm_fused_supports(w),
+              "gemm_fused_q: %s %lld x %lld unsupported; supported: q4_0, q8_0 with cols %% %d == 0", dtype_name(w.type),
+              static_cast<long long>(w.rows), static_cast<long long>(w.cols), kColAlign);
+  RUNLM_CHECK(reinterpret_cast<uintptr_t>(x_f16) % 16 == 0, "gemm_fused_q: x must be 16-byte aligned");
+  RUNLM_CHECK(version >= 0 && version <= 2, "gemm_fused_q: version %d unsupported; supported: 0 (auto), 1, 2",
+              version);
+  const bool sm90 = device_info().sm90;
+  RUNLM_CHECK(version != 2 || sm90, "gemm_fused_q: version 2 (wgmma) needs sm_90; this device runs version 1");
+  const bool wg = version == 2 || (version == 0 && sm90);
+  const WView v = make_view(w);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (w.type == DType::Q4_0) {
+    if (wg)
+      launch_fused_tokens<DType::Q4_0, true>(v, x_f16, y, n_tokens, scratch, scratch_bytes, splits, s);
+    else
+      launch_fused_tokens<DType::Q4_0, false>(v, x_f16, y, n_tokens, scratch, scratch_bytes, splits, s);
+  } else {
+    if (wg)
+      launch_fused_tokens<DType::Q8_0, true>(v, x_f16, y, n_tokens, scratch, scratch_bytes, splits, s);
+    else
+      launch_fused_tokens<DType::Q8_0, false>(v, x_f16, y, n_tokens, scratch, scratch_bytes, splits, s);
+  }
+}
+
+}  // namespace runlm::gpu
