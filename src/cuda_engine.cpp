@@ -35,7 +35,7 @@ void check(cudaError_t e, const char* what) {
 }
 
 constexpr int kMaxGemvTokens = 16;    // the GEMV kernels take up to 16 rows of x
-constexpr int kMaxGemvTokensF16 = 4;  // where F16 weights switch to cuBLAS (see allocate_buffers)
+constexpr int kMaxGemvTokensGemmOnce = 4;  // where F16, Q4_0, Q8_0 weights switch to the GEMM (see allocate_buffers)
 
 QMatrix qmatrix(const WeightView& w) { return QMatrix{w.type, w.data, w.row_bytes, w.ne0, w.ne1}; }
 
@@ -418,16 +418,20 @@ class CudaEngine final : public Engine {
     const char* f32x = std::getenv("RUNLM_GEMV_F32X");
     gemv_x8_ = !(f32x && std::strcmp(f32x, "1") == 0);
     x8_.allocate(gpu::x8_bytes(kMaxGemvTokens, static_cast<int64_t>(widest)));
-    // F16 layers go to cuBLAS with no dequantization pass, which beats the
-    // f32-x GEMV from a few tokens on (a 16-sequence F16 step took 25.6 ms by
-    // GEMV, slower per token than 64 by GEMM); the other types pay a
-    // dequantization pass in the GEMM path and keep the GEMV up to 16.
-    // RUNLM_GEMV_MAX_TOKENS (1-16) overrides, for measuring.
+    // Layers whose GEMM reads the weights once (F16 through cuBLAS, Q4_0 and
+    // Q8_0 through the fused kernel, gemm_q_mma.cu) beat the GEMV from a few
+    // tokens on: a 16-sequence F16 step took 25.6 ms by GEMV, slower per
+    // token than 64 by GEMM, and Q4_0 at 16 sequences decoded 1,406 tokens/s
+    // by GEMV against 3,019 by the fused GEMM (H100, bench -npl 16). The
+    // other types pay a dequantization pass in the GEMM path and keep the
+    // GEMV up to 16. RUNLM_GEMV_MAX_TOKENS (1-16) overrides, for measuring.
     const GpuLayer& l0 = layers_.front();
-    bool all_f16 = true;
+    bool gemm_reads_once = true;
     for (const gpu::GpuMatrix* w : {&l0.wq, &l0.wk, &l0.wv, &l0.wo, &l0.w_gate, &l0.w_up, &l0.w_down})
-      all_f16 = all_f16 && w->type == DType::F16;
-    gemv_max_tokens_ = all_f16 ? kMaxGemvTokensF16 : kMaxGemvTokens;
+      gemm_reads_once = gemm_reads_once && (w->type == DType::F16 || (gpu::gemm_fused_supports(*w) &&
+                                                                      gpu::gemm_fused_fits_device(*w) &&
+                                                                      gpu::gemm_fused_max_tokens() >= kMaxGemvTokens));
+    gemv_max_tokens_ = gemm_reads_once ? kMaxGemvTokensGemmOnce : kMaxGemvTokens;
     // RUNLM_PREFILL_KV=gather: prefill attention reads f16 K/V gathered out of
     // the pages (the path of the other KV types) instead of the pages
     // themselves, for measuring one against the other.

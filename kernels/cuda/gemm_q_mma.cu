@@ -5,7 +5,8 @@
 // in shared memory and are dequantized straight into A fragments in
 // registers.
 //
-// Versions (neither measured on a GPU yet):
+// Versions (measured on the H100: kernels/cuda/NOTES.md, "Fused quantized
+// prefill GEMM"):
 //   1 gemm_q_mma_kernel: mma.sync m16n8k16 (sm_80+), described first below.
 //   2 gemm_q_wgmma_kernel: wgmma m64nBNk16 with A from registers (sm_90a;
 //     the default where it runs), see "version 2" further down.

@@ -111,10 +111,11 @@ void gemm_fused_q(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_tok
                   size_t scratch_bytes, Stream stream, int splits = 0, int version = 0);
 // Largest n_tokens gemm() sends to gemm_fused_q: RUNLM_GEMM_FUSED_MAX_TOKENS
 // (read once; 0 disables the fused path), else kGemmFusedMaxTokensDefault.
-// 256: predicted (gemm_q_mma.cu, not measured) to beat dequant + cuBLAS up
-// to ~512 tokens with version 2 (wgmma, H100) and up to ~256 with version 1;
-// past that cuBLAS's higher TFLOP/s repays the 27 us dequantization pass.
-// To be set from measurements (GpuOpsBench.GemmFusedQuantShapes).
+// 256, from GpuOpsBench.GemmFusedQuantShapes on the H100 (Llama-2-7B
+// shapes, version 2 against dequant + cuBLAS): 1.1-3.8x faster up to 128
+// tokens, 0.88-1.21x at 256, 0.77-0.85x at 512 (cuBLAS's higher TFLOP/s
+// repays the dequantization pass). At 256 the two paths tie end to end
+// (bench -npl 256: 10,410 against 10,384 decoded tokens/s).
 constexpr int kGemmFusedMaxTokensDefault = 256;
 int gemm_fused_max_tokens();
 // gemm() for n F16 matrices of one shape over the same n_tokens, in one
