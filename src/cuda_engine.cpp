@@ -742,9 +742,11 @@ class CudaEngine final : public Engine {
       project_gemv({{&g.wq, q_.get()}, {&g.wk, k_.get()}, {&g.wv, v_.get()}}, xb_.get(), m, true);
       gpu::rope_and_store_kv(q_.get(), k_.get(), v_.get(), positions_.get(), m, c.n_heads, c.n_kv_heads, c.head_dim,
                              c.rope_theta, c.rope_freq_scale, k_cache(l), v_cache(l), nullptr, stream_);
+      // The int8 x of a Q4_0/Q8_0 wo comes out of the attention kernel itself.
+      const bool att_x8 = uses_x8(g.wo) && c.head_dim % 32 == 0;
       gpu::decode_attention(q_.get(), k_cache(l), v_cache(l), m, positions_.get(), c.n_heads, c.n_kv_heads,
-                            c.head_dim, window_, scale, n_ctx_, att_.get(), stream_);
-      project_gemv({{&g.wo, xb_.get()}}, att_.get(), m);
+                            c.head_dim, window_, scale, n_ctx_, att_.get(), stream_, att_x8 ? x8_.get() : nullptr);
+      project_gemv({{&g.wo, xb_.get()}}, att_.get(), m, att_x8);
       norm_for_gemv(g.ffn_norm, xb_.get(), m, uses_x8(g.w_gate) || uses_x8(g.w_up));
       project_gemv({{&g.w_gate, gate_.get()}, {&g.w_up, up_.get()}}, xb_.get(), m, true);
       if (uses_x8(g.w_down)) {

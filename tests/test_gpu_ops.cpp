@@ -1051,12 +1051,23 @@ void check_decode_attention(const AttnCase& c, uint32_t seed) {
   auto dv = upload(vh);
   auto dp = upload(std::vector<int>{c.pos0});
   DevBuf out(q.size() * 4);
+  // With head_dim % 32 == 0 the same launch also writes the int8 x of the wo
+  // GEMV: it must equal quantize_x8 of the f32 output, bit for bit.
+  const int64_t cols = int64_t(c.n_heads) * c.hd;
+  const bool with_x8 = c.hd % 32 == 0;
+  DevBuf x8(with_x8 ? gpu::x8_bytes(c.n, cols) : 0);  // poisoned
   gpu::decode_attention(dq->as<float>(), dk->as<uint16_t>(), dv->as<uint16_t>(), c.n, dp->as<int>(), c.n_heads,
-                        c.n_kv, c.hd, c.window, scale, max_ctx, out.as<float>(), nullptr);
+                        c.n_kv, c.hd, c.window, scale, max_ctx, out.as<float>(), nullptr, with_x8 ? x8.p : nullptr);
+  const std::vector<float> got = out.get<float>(q.size());
   // Same f16 cache values on both sides: only fp32 ordering and expf differ.
-  EXPECT_LT(rel_err(out.get<float>(q.size()), ref), 1e-4)
-      << "n=" << c.n << " heads=" << c.n_heads << "/" << c.n_kv << " hd=" << c.hd << " window=" << c.window
-      << " pos0=" << c.pos0;
+  EXPECT_LT(rel_err(got, ref), 1e-4) << "n=" << c.n << " heads=" << c.n_heads << "/" << c.n_kv << " hd=" << c.hd
+                                     << " window=" << c.window << " pos0=" << c.pos0;
+  if (with_x8) {
+    const HostX8 want = host_quantize_x8(got);
+    const HostX8 got8 = read_x8(x8, c.n, cols);
+    EXPECT_EQ(got8.q, want.q) << "hd=" << c.hd;
+    EXPECT_EQ(got8.d, want.d) << "hd=" << c.hd;
+  }
 }
 
 }  // namespace

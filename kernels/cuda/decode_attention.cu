@@ -9,10 +9,18 @@
 // through shared memory at the end. The position is read on the device
 // (*pos0 + token), so a captured graph replays at any position; a position
 // outside [0, max_ctx) writes NaN rather than reading past the cache.
+//
+// out_x8 (optional): the output also quantized to int8 for gemv_x8 (the wo
+// projection), so the step needs no separate quantize_x8 launch; warp w of
+// the merge holds values 32w..32w+31 of the head, one x8 block, and
+// quantizes it with the same warp function as quantize_x8 (bit-equal). The
+// kernel lets the next (programmatic) launch start at once: the wo GEMV then
+// loads its weights while attention runs, as it did during quantize_x8.
 #include <cfloat>
 
 #include "cuda/common.cuh"
 #include "cuda/gpu_ops.h"
+#include "cuda/x8_layout.cuh"
 
 namespace runlm::gpu {
 
@@ -26,15 +34,25 @@ template <int kPerLane>
 __global__ void __launch_bounds__(kWarps * 32)
     decode_attn_kernel(const float* __restrict__ q, const __half* __restrict__ k_cache,
                        const __half* __restrict__ v_cache, const int* __restrict__ pos0, int n_heads,
-                       int n_kv_heads, int head_dim, int window, float scale, int max_ctx, float* __restrict__ out) {
+                       int n_kv_heads, int head_dim, int window, float scale, int max_ctx, float* __restrict__ out,
+                       int8_t* __restrict__ out_q, float2* __restrict__ out_ds) {
+  allow_next_kernel();
   __shared__ float s_m[kWarps], s_l[kWarps];
   __shared__ float s_o[kWarps][kMaxHeadDim];
   const int t = blockIdx.x, h = blockIdx.y;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int p = *pos0 + t;
-  float* o_row = out + (int64_t(t) * n_heads + h) * head_dim;
+  const int64_t row0 = (int64_t(t) * n_heads + h) * head_dim;  // of this head's output in out (and out_q)
+  float* o_row = out + row0;
+  // Warp w writes x8 block (row0 + 32 w) / 32 when out_q is set (head_dim %
+  // 32 == 0, checked on the host; whole warps, as warp_quantize_x8 needs).
+  auto store_x8 = [&](float v) {
+    const int64_t i = row0 + threadIdx.x;
+    if (out_q && threadIdx.x < head_dim) warp_quantize_x8(v, out_q + i, out_ds + i / kX8Block);
+  };
   if (p < 0 || p >= max_ctx) {
     for (int e = threadIdx.x; e < head_dim; e += blockDim.x) o_row[e] = NAN;
+    store_x8(NAN);  // NaN scale: the GEMV reading it gives NaN too
     return;
   }
   const int first = window > 0 ? max(0, p - window + 1) : 0;
@@ -118,32 +136,39 @@ __global__ void __launch_bounds__(kWarps * 32)
     denom += s_l[w] * f[w];
   }
   const float inv = 1.0f / denom;
+  float last = 0.0f;  // this thread's value (head_dim <= blockDim.x: at most one)
   for (int e = threadIdx.x; e < head_dim; e += blockDim.x) {
     float acc = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) acc = fmaf(s_o[w][e], f[w], acc);
-    o_row[e] = acc * inv;
+    last = acc * inv;
+    o_row[e] = last;
   }
+  store_x8(last);
 }
 
 }  // namespace
 
 void decode_attention(const float* q, const uint16_t* k_cache, const uint16_t* v_cache, int n, const int* pos0,
                       int n_heads, int n_kv_heads, int head_dim, int window, float scale, int max_ctx,
-                      float* out, Stream stream) {
+                      float* out, Stream stream, void* out_x8) {
   if (n <= 0) return;
   RUNLM_CHECK(n <= 16, "decode_attention: n=%d query tokens unsupported; supported: 1..16", n);
   RUNLM_CHECK(n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0,
               "decode_attention: n_heads=%d not a multiple of n_kv_heads=%d", n_heads, n_kv_heads);
   RUNLM_CHECK(head_dim > 0 && head_dim <= kMaxHeadDim, "decode_attention: head_dim=%d unsupported; supported: 1..%d",
               head_dim, kMaxHeadDim);
+  RUNLM_CHECK(!out_x8 || head_dim % kX8Block == 0,
+              "decode_attention: int8 output needs head_dim a multiple of %d, got %d", kX8Block, head_dim);
+  int8_t* out_q = out_x8 ? x8_q(out_x8) : nullptr;
+  float2* out_ds = out_x8 ? x8_ds(out_x8, n, int64_t(n_heads) * head_dim) : nullptr;
   const dim3 grid(n, n_heads);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const auto* kc = reinterpret_cast<const __half*>(k_cache);
   const auto* vc = reinterpret_cast<const __half*>(v_cache);
 #define RUNLM_ATTN_LAUNCH(P)                                                                                  \
   decode_attn_kernel<P><<<grid, kWarps * 32, 0, s>>>(q, kc, vc, pos0, n_heads, n_kv_heads, head_dim, window, \
-                                                      scale, max_ctx, out)
+                                                      scale, max_ctx, out, out_q, out_ds)
   if (head_dim <= 32) RUNLM_ATTN_LAUNCH(1);
   else if (head_dim <= 64) RUNLM_ATTN_LAUNCH(2);
   else if (head_dim <= 128) RUNLM_ATTN_LAUNCH(4);

@@ -176,10 +176,12 @@ void to_f16(const float* x, uint16_t* out, int64_t n, Stream stream);
 // graph replays for any position) and attends to cache rows [max(0, p - window + 1)
 // (window > 0) or 0, p]. out f32 [n, n_heads, head_dim]. GQA: query head h
 // reads kv head h / (n_heads / n_kv_heads). The simple kernel of issue 4; the
-// paged flash-decoding kernel replaces it later.
+// paged flash-decoding kernel replaces it later. out_x8 (optional,
+// x8_bytes(n, n_heads * head_dim), head_dim % 32 == 0): out quantized for
+// gemv_x8 as quantize_x8 would, in the same launch.
 void decode_attention(const float* q, const uint16_t* k_cache, const uint16_t* v_cache, int n, const int* pos0,
                       int n_heads, int n_kv_heads, int head_dim, int window, float scale, int max_ctx,
-                      float* out, Stream stream);
+                      float* out, Stream stream, void* out_x8 = nullptr);
 
 // x += y (the residual add), f32.
 void add_inplace(float* x, const float* y, int64_t n, Stream stream);
