@@ -456,6 +456,40 @@ struct WgTraits {
   static_assert(kXBytes % 1024 == 0 && kStageBytes % 1024 == 0, "gemm_q_wgmma: 1024-byte aligned x tiles");
 };
 
+// Dequantizes quant block blk (32 columns, 2 k16 steps) of this warp's 16
+// rows into wgmma A fragments f0 (k16 step 0) and f1 (step 1), a0..a3 each
+// (versions 2 and 3).
+template <DType kT>
+__device__ __forceinline__ void decode_block_wg(uint32_t sq, int arow, int blk, uint32_t qkey, uint32_t wofs,
+                                                uint32_t psel, __half2 da, __half2 db, uint32_t (&f0)[4],
+                                                uint32_t (&f1)[4]) {
+  if constexpr (kT == DType::Q4_0) {
+    const __half2 bias = __float2half2_rn(1032.0f);
+    const uint32_t ra = sq + arow * 64 + ((blk ^ qkey) << 4) + wofs, rb = ra + 8 * 64;
+    const uint32_t xa0 = __byte_perm(lds32(ra), 0, psel), xa1 = __byte_perm(lds32(ra + 8), 0, psel);
+    const uint32_t xb0 = __byte_perm(lds32(rb), 0, psel), xb1 = __byte_perm(lds32(rb + 8), 0, psel);
+    f0[0] = level_pair(xa0 & 0x000F000Fu, bias, da);  // low nibbles: elements 0..15 of the block
+    f0[1] = level_pair(xb0 & 0x000F000Fu, bias, db);
+    f0[2] = level_pair(xa1 & 0x000F000Fu, bias, da);
+    f0[3] = level_pair(xb1 & 0x000F000Fu, bias, db);
+    f1[0] = level_pair((xa0 >> 4) & 0x000F000Fu, bias, da);  // high nibbles: 16..31
+    f1[1] = level_pair((xb0 >> 4) & 0x000F000Fu, bias, db);
+    f1[2] = level_pair((xa1 >> 4) & 0x000F000Fu, bias, da);
+    f1[3] = level_pair((xb1 >> 4) & 0x000F000Fu, bias, db);
+  } else {
+    const __half2 bias = __float2half2_rn(1152.0f);
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      const uint32_t ra = sq + arow * 128 + (((2 * blk + s) ^ qkey) << 4) + wofs, rb = ra + 8 * 128;
+      uint32_t(&f)[4] = s == 0 ? f0 : f1;
+      f[0] = level_pair(__byte_perm(lds32(ra), 0, psel) ^ 0x00800080u, bias, da);
+      f[1] = level_pair(__byte_perm(lds32(rb), 0, psel) ^ 0x00800080u, bias, db);
+      f[2] = level_pair(__byte_perm(lds32(ra + 8), 0, psel) ^ 0x00800080u, bias, da);
+      f[3] = level_pair(__byte_perm(lds32(rb + 8), 0, psel) ^ 0x00800080u, bias, db);
+    }
+  }
+}
+
 template <int N>
 __device__ __forceinline__ void fence_regs_a(uint32_t (&r)[N][4]) {
 #pragma unroll
@@ -515,33 +549,7 @@ __global__ void __launch_bounds__(kThreads, WgTraits<kT, BN>::kMinBlocks) gemm_q
       const uint32_t wsel = blk & 1 ? 0x3232 : 0x1010;
       const __half2 da = bits_h2(__byte_perm(blk < 2 ? sca.x : sca.y, 0, wsel));
       const __half2 db = bits_h2(__byte_perm(blk < 2 ? scb.x : scb.y, 0, wsel));
-      if constexpr (kT == DType::Q4_0) {
-        const __half2 bias = __float2half2_rn(1032.0f);
-        const uint32_t ra = sq + arow * 64 + ((blk ^ qkey) << 4) + wofs, rb = ra + 8 * 64;
-        const uint32_t xa0 = __byte_perm(lds32(ra), 0, psel), xa1 = __byte_perm(lds32(ra + 8), 0, psel);
-        const uint32_t xb0 = __byte_perm(lds32(rb), 0, psel), xb1 = __byte_perm(lds32(rb + 8), 0, psel);
-        uint32_t(&lo)[4] = af[2 * blk];
-        uint32_t(&hi)[4] = af[2 * blk + 1];
-        lo[0] = level_pair(xa0 & 0x000F000Fu, bias, da);
-        lo[1] = level_pair(xb0 & 0x000F000Fu, bias, db);
-        lo[2] = level_pair(xa1 & 0x000F000Fu, bias, da);
-        lo[3] = level_pair(xb1 & 0x000F000Fu, bias, db);
-        hi[0] = level_pair((xa0 >> 4) & 0x000F000Fu, bias, da);
-        hi[1] = level_pair((xb0 >> 4) & 0x000F000Fu, bias, db);
-        hi[2] = level_pair((xa1 >> 4) & 0x000F000Fu, bias, da);
-        hi[3] = level_pair((xb1 >> 4) & 0x000F000Fu, bias, db);
-      } else {
-        const __half2 bias = __float2half2_rn(1152.0f);
-#pragma unroll
-        for (int s = 0; s < 2; ++s) {
-          const uint32_t ra = sq + arow * 128 + (((2 * blk + s) ^ qkey) << 4) + wofs, rb = ra + 8 * 128;
-          uint32_t(&f)[4] = af[2 * blk + s];
-          f[0] = level_pair(__byte_perm(lds32(ra), 0, psel) ^ 0x00800080u, bias, da);
-          f[1] = level_pair(__byte_perm(lds32(rb), 0, psel) ^ 0x00800080u, bias, db);
-          f[2] = level_pair(__byte_perm(lds32(ra + 8), 0, psel) ^ 0x00800080u, bias, da);
-          f[3] = level_pair(__byte_perm(lds32(rb + 8), 0, psel) ^ 0x00800080u, bias, db);
-        }
-      }
+      decode_block_wg<kT>(sq, arow, blk, qkey, wofs, psel, da, db, af[2 * blk], af[2 * blk + 1]);
     }
     const uint64_t dx = fa3::make_desc(sx_of(st), 16, 1024);
     fa3::wgmma_fence();  // A was just written by ordinary instructions
@@ -609,37 +617,6 @@ struct Wg3Traits {
   static_assert(kStages >= 3, "gemm_q_wgmma_v3: the ring needs 3 stages (one for the in-flight wgmmas)");
 };
 
-// Dequantizes quant block blk (32 columns, 2 k16 steps) of this warp's 16
-// rows into wgmma A fragments f[step][a0..a3] (version 2's decode).
-template <DType kT>
-__device__ __forceinline__ void decode_block_wg(uint32_t sq, int arow, int blk, uint32_t qkey, uint32_t wofs,
-                                                uint32_t psel, __half2 da, __half2 db, uint32_t (&f)[2][4]) {
-  if constexpr (kT == DType::Q4_0) {
-    const __half2 bias = __float2half2_rn(1032.0f);
-    const uint32_t ra = sq + arow * 64 + ((blk ^ qkey) << 4) + wofs, rb = ra + 8 * 64;
-    const uint32_t xa0 = __byte_perm(lds32(ra), 0, psel), xa1 = __byte_perm(lds32(ra + 8), 0, psel);
-    const uint32_t xb0 = __byte_perm(lds32(rb), 0, psel), xb1 = __byte_perm(lds32(rb + 8), 0, psel);
-    f[0][0] = level_pair(xa0 & 0x000F000Fu, bias, da);
-    f[0][1] = level_pair(xb0 & 0x000F000Fu, bias, db);
-    f[0][2] = level_pair(xa1 & 0x000F000Fu, bias, da);
-    f[0][3] = level_pair(xb1 & 0x000F000Fu, bias, db);
-    f[1][0] = level_pair((xa0 >> 4) & 0x000F000Fu, bias, da);
-    f[1][1] = level_pair((xb0 >> 4) & 0x000F000Fu, bias, db);
-    f[1][2] = level_pair((xa1 >> 4) & 0x000F000Fu, bias, da);
-    f[1][3] = level_pair((xb1 >> 4) & 0x000F000Fu, bias, db);
-  } else {
-    const __half2 bias = __float2half2_rn(1152.0f);
-#pragma unroll
-    for (int s = 0; s < 2; ++s) {
-      const uint32_t ra = sq + arow * 128 + (((2 * blk + s) ^ qkey) << 4) + wofs, rb = ra + 8 * 128;
-      f[s][0] = level_pair(__byte_perm(lds32(ra), 0, psel) ^ 0x00800080u, bias, da);
-      f[s][1] = level_pair(__byte_perm(lds32(rb), 0, psel) ^ 0x00800080u, bias, db);
-      f[s][2] = level_pair(__byte_perm(lds32(ra + 8), 0, psel) ^ 0x00800080u, bias, da);
-      f[s][3] = level_pair(__byte_perm(lds32(rb + 8), 0, psel) ^ 0x00800080u, bias, db);
-    }
-  }
-}
-
 template <DType kT, int BN>
 __global__ void __launch_bounds__(kThreads, Wg3Traits<kT, BN>::kMinBlocks) gemm_q_wgmma_v3_kernel(MmaArgs a) {
 #if RUNLM_FA3_DEVICE
@@ -696,7 +673,7 @@ __global__ void __launch_bounds__(kThreads, Wg3Traits<kT, BN>::kMinBlocks) gemm_
       const uint32_t wsel = blk & 1 ? 0x3232 : 0x1010;
       const __half2 da = bits_h2(__byte_perm(blk < 2 ? sca.x : sca.y, 0, wsel));
       const __half2 db = bits_h2(__byte_perm(blk < 2 ? scb.x : scb.y, 0, wsel));
-      decode_block_wg<kT>(sq, arow, blk, qkey, wofs, psel, da, db, f);
+      decode_block_wg<kT>(sq, arow, blk, qkey, wofs, psel, da, db, f[0], f[1]);
       fa3::wgmma_fence();  // f was just written by ordinary instructions
 #pragma unroll
       for (int s = 0; s < 2; ++s) {  // k16 step kk = 2 blk + s: column block kk/4, 32 bytes per step inside it
@@ -773,7 +750,14 @@ void launch_fused(const WView& v, const uint16_t* x, float* y, int n, void* scra
   const int k_tiles = ceil_div(cols, kBK);
   // Slices: about one wave of CTAs, at least 2 k-tiles a slice (so the ring
   // has something to overlap), and no more than the scratch holds.
-  int splits = force_splits > 0 ? force_splits : std::max(1, dev.sms * per_sm / tiles);
+  const int slots = dev.sms * per_sm;
+  int splits = force_splits > 0 ? force_splits : std::max(1, slots / tiles);
+  // Version 3, more tiles than CTA slots: 2 slices when the waves of
+  // half-length CTAs end clearly sooner (11008 rows x 256 tokens at BN = 128
+  // is 172 tiles on 132 SMs: 2 waves, the second 30% full, against 3 half
+  // waves = 1.5), which repays the fixup (a 64 KB partial per CTA, in L2).
+  if (kVer == 3 && force_splits <= 0 && tiles > slots && ceil_div(2 * tiles, slots) * 10 < 17 * ceil_div(tiles, slots))
+    splits = 2;
   splits = std::min(splits, force_splits > 0 ? k_tiles : std::max(1, k_tiles / 2));
   const size_t ticket_bytes = align_up(size_t(tiles) * sizeof(int), kPartAlign);
   const size_t slice_bytes = size_t(tiles) * kBM * BN * sizeof(float);
