@@ -603,10 +603,11 @@ __global__ void __launch_bounds__(kThreads, WgTraits<kT, BN>::kMinBlocks) gemm_q
 // Prediction, NOT YET MEASURED (11008 x 4096 Q4_0): per block and SM
 // sub-partition ~90 issue cycles of decode (2 warps x ~45) against 16 (BN =
 // 16) .. 128 (BN = 128) x 2 tensor cycles, now concurrent: n = 16 ~12-14 us
-// (DRAM, helped by the prefetch hint), n = 64 ~15-18 us, n = 256 ~60-70 us
-// (tensor-bound at ~70% of the wgmma rate in the full wave, but 172 tiles
-// of 128 x 128 on 132 SMs at one CTA an SM is 2 waves: the second wave is
-// 30% full), n = 512 ~110 us.
+// (DRAM, helped by the prefetch hint), n = 64 ~15-18 us, n = 128 ~25 us,
+// n = 256 ~45-60 us (tensor-bound at ~70% of the wgmma rate, ~27 us a wave
+// of 128 x 128 tiles against version 2's 48; 172 tiles on 132 SMs would be
+// 2 waves, the second 30% full, hence 3 column slices at BN = 128, see
+// launch_fused), n = 512 ~110 us.
 template <DType kT, int BN>
 struct Wg3Traits {
   static constexpr int kMinBlocks = BN >= 128 ? 1 : 2;
@@ -752,12 +753,19 @@ void launch_fused(const WView& v, const uint16_t* x, float* y, int n, void* scra
   // has something to overlap), and no more than the scratch holds.
   const int slots = dev.sms * per_sm;
   int splits = force_splits > 0 ? force_splits : std::max(1, slots / tiles);
-  // Version 3, more tiles than CTA slots: 2 slices when the waves of
-  // half-length CTAs end clearly sooner (11008 rows x 256 tokens at BN = 128
-  // is 172 tiles on 132 SMs: 2 waves, the second 30% full, against 3 half
-  // waves = 1.5), which repays the fixup (a 64 KB partial per CTA, in L2).
-  if (kVer == 3 && force_splits <= 0 && tiles > slots && ceil_div(2 * tiles, slots) * 10 < 17 * ceil_div(tiles, slots))
-    splits = 2;
+  // Version 3 at BN = 128 (tensor-bound, one CTA an SM): the slice count
+  // from 1 to 4 (or the one above) with the shortest waves, each extra slice
+  // charged 10% for its fixup (a 64 KB partial a CTA, mostly in L2; a guess
+  // until measured). 11008 rows: 128 tokens = 86 tiles on 132 SMs (65% busy)
+  // -> 3 slices, 2 waves of 1/3 (0.8 with the charge); 256 tokens = 172
+  // tiles, 2 waves (the second 30% full) -> 3 slices, 4 waves of 1/3 (1.6).
+  if (kVer == 3 && BN == 128 && force_splits <= 0) {
+    auto cost = [&](int sp) { return ceil_div(tiles * sp, slots) * (1.0 + 0.1 * (sp - 1)) / sp; };
+    int best = splits;
+    for (int sp = 1; sp <= 4; ++sp)
+      if (cost(sp) < cost(best)) best = sp;
+    splits = best;
+  }
   splits = std::min(splits, force_splits > 0 ? k_tiles : std::max(1, k_tiles / 2));
   const size_t ticket_bytes = align_up(size_t(tiles) * sizeof(int), kPartAlign);
   const size_t slice_bytes = size_t(tiles) * kBM * BN * sizeof(float);
