@@ -800,6 +800,17 @@ void launch_fused_tokens(const WView& v, const uint16_t* x, float* y, int n, voi
     launch_fused<kT, 128, kVer>(v, x, y, n, scratch, scratch_bytes, force_splits, s);
 }
 
+template <DType kT>
+void launch_fused_version(int ver, const WView& v, const uint16_t* x, float* y, int n, void* scratch,
+                          size_t scratch_bytes, int force_splits, cudaStream_t s) {
+  if (ver == 3)
+    launch_fused_tokens<kT, 3>(v, x, y, n, scratch, scratch_bytes, force_splits, s);
+  else if (ver == 2)
+    launch_fused_tokens<kT, 2>(v, x, y, n, scratch, scratch_bytes, force_splits, s);
+  else
+    launch_fused_tokens<kT, 1>(v, x, y, n, scratch, scratch_bytes, force_splits, s);
+}
+
 }  // namespace
 
 bool gemm_fused_supports(const GpuMatrix& w) {
@@ -844,18 +855,10 @@ void gemm_fused_q(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_tok
   const int ver = version != 0 ? version : sm90 ? 2 : 1;
   const WView v = make_view(w);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  auto run = [&]<DType kT>() {
-    if (ver == 3)
-      launch_fused_tokens<kT, 3>(v, x_f16, y, n_tokens, scratch, scratch_bytes, splits, s);
-    else if (ver == 2)
-      launch_fused_tokens<kT, 2>(v, x_f16, y, n_tokens, scratch, scratch_bytes, splits, s);
-    else
-      launch_fused_tokens<kT, 1>(v, x_f16, y, n_tokens, scratch, scratch_bytes, splits, s);
-  };
   if (w.type == DType::Q4_0)
-    run.template operator()<DType::Q4_0>();
+    launch_fused_version<DType::Q4_0>(ver, v, x_f16, y, n_tokens, scratch, scratch_bytes, splits, s);
   else
-    run.template operator()<DType::Q8_0>();
+    launch_fused_version<DType::Q8_0>(ver, v, x_f16, y, n_tokens, scratch, scratch_bytes, splits, s);
 }
 
 }  // namespace runlm::gpu
