@@ -847,6 +847,12 @@ void gemm_fused_q(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_tok
               "gemm_fused_q: %s %lld x %lld unsupported; supported: q4_0, q8_0 with cols %% %d == 0", dtype_name(w.type),
               static_cast<long long>(w.rows), static_cast<long long>(w.cols), kColAlign);
   RUNLM_CHECK(reinterpret_cast<uintptr_t>(x_f16) % 16 == 0, "gemm_fused_q: x must be 16-byte aligned");
+  // version 0: RUNLM_GEMM_FUSED_VERSION (read once; for measuring end to end), else auto.
+  static const int env_version = [] {
+    const char* e = std::getenv("RUNLM_GEMM_FUSED_VERSION");
+    return e && *e ? std::atoi(e) : 0;
+  }();
+  if (version == 0) version = env_version;
   RUNLM_CHECK(version >= 0 && version <= 3, "gemm_fused_q: version %d unsupported; supported: 0 (auto), 1, 2, 3",
               version);
   const bool sm90 = device_info().sm90;
