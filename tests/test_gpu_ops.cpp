@@ -483,9 +483,10 @@ TEST(GpuOps, GemmEveryTypeAgainstMatmul) {
 // The fused Q4_0 / Q8_0 kernel (gemm_fused_q, called directly so the test
 // does not depend on RUNLM_GEMM_FUSED_MAX_TOKENS) against the float64
 // product, same tolerance as above (its f16 weights are bit-identical to the
-// cuBLAS path's). Both versions (1: mma.sync; 2: wgmma, on sm_90 only),
+// cuBLAS path's). Every version (1: mma.sync; 2, 3: wgmma, on sm_90 only),
 // rows not a multiple of the 128-row tile, every token tile (16/32/64/128)
 // with partial tiles, column slices chosen (0), none (1) and forced (3);
+// version 3 bit-identical to version 2 at forced slices (1, 3);
 // cols % 128 == 64 gives a half-full last k-tile. Auto split must be
 // bit-for-bit repeatable.
 TEST(GpuOps, GemmFusedQuantAgainstMatmul) {
@@ -497,7 +498,7 @@ TEST(GpuOps, GemmFusedQuantAgainstMatmul) {
   std::vector<Shape> shapes = {{272, 512}, {1000, 1024}, {200, 960}};
   if (!small_only()) shapes.push_back({4096 + 48, 2048});
   std::vector<int> versions = {1};
-  if (gpu::gemm_fused_has_wgmma()) versions.push_back(2);
+  if (gpu::gemm_fused_has_wgmma()) versions.insert(versions.end(), {2, 3});
   for (DType t : {DType::Q4_0, DType::Q8_0}) {
     for (const Shape& sh : shapes) {
       const HostMatrix hm = make_matrix(t, sh.rows, sh.cols, 5000 + static_cast<uint32_t>(sh.rows));
@@ -517,6 +518,7 @@ TEST(GpuOps, GemmFusedQuantAgainstMatmul) {
         const std::vector<double> ref = ref_matmul(wf, sh.rows, sh.cols, xr, n);
         auto dx = upload(xh);
         DevBuf dy(sizeof(float) * n * sh.rows);
+        std::vector<float> v2_forced[2];  // version 2's output at splits 1 and 3
         for (int version : versions) {
           std::vector<float> first;
           for (int splits : {0, 1, 3, 0}) {
@@ -531,6 +533,15 @@ TEST(GpuOps, GemmFusedQuantAgainstMatmul) {
             } else if (splits == 0) {
               EXPECT_EQ(0, std::memcmp(first.data(), y.data(), y.size() * sizeof(float)))
                   << "split-K not deterministic: " << dtype_name(t) << " n=" << n << " version=" << version;
+            }
+            // Version 3 issues version 2's wgmmas in the same order on the
+            // same f16 operands: with the same slices, the same bits.
+            std::vector<float>& v2_y = v2_forced[splits == 3];
+            if (splits != 0 && version == 2) v2_y = y;
+            if (splits != 0 && version == 3 && !v2_y.empty()) {
+              EXPECT_EQ(0, std::memcmp(v2_y.data(), y.data(), y.size() * sizeof(float)))
+                  << "version 3 differs from version 2: " << dtype_name(t) << " " << sh.rows << "x" << sh.cols
+                  << " n=" << n << " splits=" << splits;
             }
           }
         }
@@ -1214,8 +1225,8 @@ TEST(GpuOpsBench, GemvLlama7bShapes) {
   }
 }
 
-// Fused Q4_0 / Q8_0 GEMM (gemm_fused_q version 1 = mma.sync, version 2 =
-// wgmma where the device has it) against dequantization + cuBLAS
+// Fused Q4_0 / Q8_0 GEMM (gemm_fused_q version 1 = mma.sync, versions 2 and
+// 3 = wgmma where the device has it) against dequantization + cuBLAS
 // (gemm_cublas) on the Llama-2-7B shapes, in one table: us, TFLOP/s and
 // weight GB/s (the matrix's device bytes / time) for each, cuBLAS time over
 // the best fused time, and the largest relative difference of a fused
@@ -1226,9 +1237,9 @@ TEST(GpuOpsBench, GemmFusedQuantShapes) {
   if (!bench_enabled()) GTEST_SKIP() << "set RUNLM_BENCH_GPU_OPS=1";
   constexpr int kMaxTokens = 512;
   const bool wg = gpu::gemm_fused_has_wgmma();
-  std::printf("[bench] %-5s %13s %4s | %8s %7s %6s | %8s %7s %6s | %9s %7s %6s | %7s %8s\n", "type",
-              "rows x cols", "n", "mma us", "TFLOP/s", "GB/s", "wgmma us", "TFLOP/s", "GB/s", "cublas us", "TFLOP/s",
-              "GB/s", "speedup", "rel diff");
+  std::printf("[bench] %-5s %13s %4s | %8s %7s %6s | %8s %7s %6s | %8s %7s %6s | %9s %7s %6s | %7s %8s\n",
+              "type", "rows x cols", "n", "mma us", "TFLOP/s", "GB/s", "v2 us", "TFLOP/s", "GB/s", "v3 us", "TFLOP/s",
+              "GB/s", "cublas us", "TFLOP/s", "GB/s", "speedup", "rel diff");
   for (DType t : {DType::Q4_0, DType::Q8_0}) {
     for (int si = 0; si < 3; ++si) {
       const BenchShape& s = kLlama7b[si];
@@ -1257,9 +1268,9 @@ TEST(GpuOpsBench, GemmFusedQuantShapes) {
             },
             20);
         const std::vector<float> y_cublas = dy_cublas.get<float>(outs);
-        float fused_ms[3] = {0, 0, 0};  // by version; 0 = not run
+        float fused_ms[4] = {0, 0, 0, 0};  // by version; 0 = not run
         double diff = 0;
-        for (int version = 1; version <= (wg ? 2 : 1); ++version) {
+        for (int version = 1; version <= (wg ? 3 : 1); ++version) {
           fused_ms[version] = time_ms(
               [&](int i) {
                 gpu::gemm_fused_q(ms[i % copies], dx->as<uint16_t>(), dy_fused.as<float>(), n, scratch.p,
@@ -1269,7 +1280,7 @@ TEST(GpuOpsBench, GemmFusedQuantShapes) {
           diff = std::max(diff, rel_err(dy_fused.get<float>(outs), y_cublas));
         }
         const double flop = 2.0 * s.rows * s.cols * n, wbytes = double(base.bytes);
-        const float best = wg ? std::min(fused_ms[1], fused_ms[2]) : fused_ms[1];
+        const float best = wg ? std::min({fused_ms[1], fused_ms[2], fused_ms[3]}) : fused_ms[1];
         auto cols3 = [&](float ms_, int w) {
           if (ms_ <= 0) return std::printf(" | %*s %7s %6s", w, "-", "-", "-");
           return std::printf(" | %*.1f %7.1f %6.0f", w, ms_ * 1e3, flop / (ms_ * 1e9), wbytes / (ms_ * 1e6));
@@ -1278,6 +1289,7 @@ TEST(GpuOpsBench, GemmFusedQuantShapes) {
                     static_cast<long long>(s.cols), n);
         cols3(fused_ms[1], 8);
         cols3(fused_ms[2], 8);
+        cols3(fused_ms[3], 8);
         cols3(cublas_ms, 9);
         std::printf(" | %6.2fx %8.1e\n", cublas_ms / best, diff);
       }

@@ -214,3 +214,31 @@ def run_v2(kT, BN, rows, n, cols=BK):
     print('v2', kT, BN, 'A fragments and x layout ok')
 for kT in ('q4', 'q8'):
     run_v2(kT, 64, 120, 50)
+
+# Version 3's schedule (same fragments and layouts as version 2): the ring
+# refills stage (i + kStages - 2) % kStages at the top of k-tile i while one
+# wgmma group per warpgroup (block 3 of tile i - 1) may be in flight.
+# Checks, for every ring size the kernel can pick: k-tile i's cp.async group
+# has landed after cp.async.wait_group kAhead - 1; the refilled stage is read
+# by no in-flight wgmma and written by no pending copy; the A buffer decoded
+# into is not read by the in-flight group (wait_group 1 after each commit).
+def schedule_v3(stages, nk):
+    ahead = stages - 2
+    groups = [t if t < nk else None for t in range(ahead)]  # cp.async groups in commit order: tile or empty
+    inflight = []  # wgmma groups of one warpgroup: (tile, block)
+    for i in range(nk):
+        landed = groups[:len(groups) - (ahead - 1)] if ahead > 1 else groups
+        assert i in landed, (stages, nk, i)
+        pending = [t for t in groups[len(landed):] if t is not None]
+        j = i + ahead; st = j % stages
+        assert all(tile % stages != st for tile, _ in inflight), (stages, i, inflight)
+        assert all(t % stages != st for t in pending) and st != i % stages, (stages, i, pending)
+        groups.append(j if j < nk else None)
+        for blk in range(4):
+            assert all(b % 2 != blk % 2 for _, b in inflight), (stages, i, blk, inflight)
+            inflight.append((i, blk))
+            inflight = inflight[-1:]  # wgmma.wait_group 1
+for stages in (3, 4, 5):
+    for nk in range(1, 12):
+        schedule_v3(stages, nk)
+print('v3 schedule ok, stages 3, 4, 5')

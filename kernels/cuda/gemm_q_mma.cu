@@ -10,6 +10,10 @@
 //   1 gemm_q_mma_kernel: mma.sync m16n8k16 (sm_80+), described first below.
 //   2 gemm_q_wgmma_kernel: wgmma m64nBNk16 with A from registers (sm_90a;
 //     the default where it runs), see "version 2" further down.
+//   3 gemm_q_wgmma_v3_kernel: version 2 with the decode of quant block b + 1
+//     overlapping the wgmmas of block b (A double buffered per block,
+//     wait_group 1) and an L2 prefetch hint on the quants; sm_90a, selected
+//     by version = 3 only until measured. See "version 3" further down.
 //
 // Tile: a CTA computes kBM = 128 weight rows (the mma M side) x BN tokens
 // (N side, BN in {16, 32, 64, 128} picked from n_tokens) over a range of
@@ -144,6 +148,11 @@ struct MmaArgs {
 __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
 }
+// cp_async_16 with an L2 prefetch hint: L2 fetches the 256-byte block
+// around src from DRAM in one request (version 3's quant rows).
+[[maybe_unused]] __device__ __forceinline__ void cp_async_16_pf256(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
 __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
   uint32_t v;
   asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
@@ -205,8 +214,8 @@ __device__ __forceinline__ uint32_t x_swz128(int j, int c) {
 }
 
 // Issues the cp.async copies of k-tile kt into one stage (kWg: version 2's
-// x layout).
-template <DType kT, int BN, bool kWg = false>
+// x layout; kPrefetch: quants with the L2::256B hint, version 3).
+template <DType kT, int BN, bool kWg = false, bool kPrefetch = false>
 __device__ __forceinline__ void load_stage(const MmaArgs& a, uint32_t sq, uint32_t ss, uint32_t sx, int m0, int n0,
                                            int kt) {
   using QT = QuantTile<kT>;
@@ -223,7 +232,10 @@ __device__ __forceinline__ void load_stage(const MmaArgs& a, uint32_t sq, uint32
     const int row = m0 + r, col = k0 + c * QT::kChunkCols;
     const bool ok = row < a.rows && col < a.cols;
     const uint8_t* src = ok ? a.q + row * q_row_bytes + col * QT::kRowBytes / kBK : a.q;
-    cp_async_16(sq + quant_swz<kT>(r, c), src, ok ? 16 : 0);
+    if constexpr (kPrefetch)
+      cp_async_16_pf256(sq + quant_swz<kT>(r, c), src, ok ? 16 : 0);
+    else
+      cp_async_16(sq + quant_swz<kT>(r, c), src, ok ? 16 : 0);
   }
   // Scales: two 4-byte pieces (blocks 2p, 2p+1) per row.
   {
@@ -444,6 +456,40 @@ struct WgTraits {
   static_assert(kXBytes % 1024 == 0 && kStageBytes % 1024 == 0, "gemm_q_wgmma: 1024-byte aligned x tiles");
 };
 
+// Dequantizes quant block blk (32 columns, 2 k16 steps) of this warp's 16
+// rows into wgmma A fragments f0 (k16 step 0) and f1 (step 1), a0..a3 each
+// (versions 2 and 3).
+template <DType kT>
+__device__ __forceinline__ void decode_block_wg(uint32_t sq, int arow, int blk, uint32_t qkey, uint32_t wofs,
+                                                uint32_t psel, __half2 da, __half2 db, uint32_t (&f0)[4],
+                                                uint32_t (&f1)[4]) {
+  if constexpr (kT == DType::Q4_0) {
+    const __half2 bias = __float2half2_rn(1032.0f);
+    const uint32_t ra = sq + arow * 64 + ((blk ^ qkey) << 4) + wofs, rb = ra + 8 * 64;
+    const uint32_t xa0 = __byte_perm(lds32(ra), 0, psel), xa1 = __byte_perm(lds32(ra + 8), 0, psel);
+    const uint32_t xb0 = __byte_perm(lds32(rb), 0, psel), xb1 = __byte_perm(lds32(rb + 8), 0, psel);
+    f0[0] = level_pair(xa0 & 0x000F000Fu, bias, da);  // low nibbles: elements 0..15 of the block
+    f0[1] = level_pair(xb0 & 0x000F000Fu, bias, db);
+    f0[2] = level_pair(xa1 & 0x000F000Fu, bias, da);
+    f0[3] = level_pair(xb1 & 0x000F000Fu, bias, db);
+    f1[0] = level_pair((xa0 >> 4) & 0x000F000Fu, bias, da);  // high nibbles: 16..31
+    f1[1] = level_pair((xb0 >> 4) & 0x000F000Fu, bias, db);
+    f1[2] = level_pair((xa1 >> 4) & 0x000F000Fu, bias, da);
+    f1[3] = level_pair((xb1 >> 4) & 0x000F000Fu, bias, db);
+  } else {
+    const __half2 bias = __float2half2_rn(1152.0f);
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      const uint32_t ra = sq + arow * 128 + (((2 * blk + s) ^ qkey) << 4) + wofs, rb = ra + 8 * 128;
+      uint32_t(&f)[4] = s == 0 ? f0 : f1;
+      f[0] = level_pair(__byte_perm(lds32(ra), 0, psel) ^ 0x00800080u, bias, da);
+      f[1] = level_pair(__byte_perm(lds32(rb), 0, psel) ^ 0x00800080u, bias, db);
+      f[2] = level_pair(__byte_perm(lds32(ra + 8), 0, psel) ^ 0x00800080u, bias, da);
+      f[3] = level_pair(__byte_perm(lds32(rb + 8), 0, psel) ^ 0x00800080u, bias, db);
+    }
+  }
+}
+
 template <int N>
 __device__ __forceinline__ void fence_regs_a(uint32_t (&r)[N][4]) {
 #pragma unroll
@@ -503,33 +549,7 @@ __global__ void __launch_bounds__(kThreads, WgTraits<kT, BN>::kMinBlocks) gemm_q
       const uint32_t wsel = blk & 1 ? 0x3232 : 0x1010;
       const __half2 da = bits_h2(__byte_perm(blk < 2 ? sca.x : sca.y, 0, wsel));
       const __half2 db = bits_h2(__byte_perm(blk < 2 ? scb.x : scb.y, 0, wsel));
-      if constexpr (kT == DType::Q4_0) {
-        const __half2 bias = __float2half2_rn(1032.0f);
-        const uint32_t ra = sq + arow * 64 + ((blk ^ qkey) << 4) + wofs, rb = ra + 8 * 64;
-        const uint32_t xa0 = __byte_perm(lds32(ra), 0, psel), xa1 = __byte_perm(lds32(ra + 8), 0, psel);
-        const uint32_t xb0 = __byte_perm(lds32(rb), 0, psel), xb1 = __byte_perm(lds32(rb + 8), 0, psel);
-        uint32_t(&lo)[4] = af[2 * blk];
-        uint32_t(&hi)[4] = af[2 * blk + 1];
-        lo[0] = level_pair(xa0 & 0x000F000Fu, bias, da);
-        lo[1] = level_pair(xb0 & 0x000F000Fu, bias, db);
-        lo[2] = level_pair(xa1 & 0x000F000Fu, bias, da);
-        lo[3] = level_pair(xb1 & 0x000F000Fu, bias, db);
-        hi[0] = level_pair((xa0 >> 4) & 0x000F000Fu, bias, da);
-        hi[1] = level_pair((xb0 >> 4) & 0x000F000Fu, bias, db);
-        hi[2] = level_pair((xa1 >> 4) & 0x000F000Fu, bias, da);
-        hi[3] = level_pair((xb1 >> 4) & 0x000F000Fu, bias, db);
-      } else {
-        const __half2 bias = __float2half2_rn(1152.0f);
-#pragma unroll
-        for (int s = 0; s < 2; ++s) {
-          const uint32_t ra = sq + arow * 128 + (((2 * blk + s) ^ qkey) << 4) + wofs, rb = ra + 8 * 128;
-          uint32_t(&f)[4] = af[2 * blk + s];
-          f[0] = level_pair(__byte_perm(lds32(ra), 0, psel) ^ 0x00800080u, bias, da);
-          f[1] = level_pair(__byte_perm(lds32(rb), 0, psel) ^ 0x00800080u, bias, db);
-          f[2] = level_pair(__byte_perm(lds32(ra + 8), 0, psel) ^ 0x00800080u, bias, da);
-          f[3] = level_pair(__byte_perm(lds32(rb + 8), 0, psel) ^ 0x00800080u, bias, db);
-        }
-      }
+      decode_block_wg<kT>(sq, arow, blk, qkey, wofs, psel, da, db, af[2 * blk], af[2 * blk + 1]);
     }
     const uint64_t dx = fa3::make_desc(sx_of(st), 16, 1024);
     fa3::wgmma_fence();  // A was just written by ordinary instructions
@@ -543,6 +563,132 @@ __global__ void __launch_bounds__(kThreads, WgTraits<kT, BN>::kMinBlocks) gemm_q
   }
   cp_async_wait<0>();
   // wgmma's m64nN accumulator is the mma C layout per warp, n8 tile i at acc[4i .. 4i+3].
+  finish_tile<1, BN / 8>(a, *reinterpret_cast<float(*)[1][BN / 8][4]>(&acc), m0 + arow, n0 + 2 * t, split);
+#endif
+}
+
+// ---- version 3: wgmma with decode and tensor work overlapped (sm_90a) --------
+//
+// Version 2 with one change in the warpgroup's loop: A is double buffered
+// per quant block (2 k16 steps, 8 registers a buffer) instead of one tile's
+// worth (32 registers), and the wgmmas of block b stay in flight while the
+// warp decodes block b + 1:
+//   decode b -> buf[b & 1]; wgmma.fence; 2 wgmmas; commit; wait_group 1
+// wait_group 1 retires block b - 1's group, whose buffer block b + 1 then
+// overwrites. kBlocks (4) is even, so buffer parity is the same in every
+// k-tile and, with the block loop unrolled, each buffer is a fixed set of
+// registers (no dynamic indexing, no copies: version 2's C7513 came from
+// A registers that the compiler had to move while wgmmas read them). The
+// pipeline crosses the k-tile loop's back edge (block 3's group is in flight
+// while block 0 of the next tile decodes), so the ring refills the stage of
+// tile i - 2, not i - 1: every warpgroup's wait_group 1 after block 3 of
+// tile i - 1 has retired all of tile i - 2 before the barrier of tile i.
+// The lookahead is kStages - 2 tiles (the ring is up to 5 stages where
+// shared memory allows, so small BN keeps 3 tiles in flight as version 2).
+//
+// Quant copies carry an L2::256B prefetch hint: a CTA reads 64 bytes (Q4_0)
+// or 128 bytes (Q8_0) of each of 128 rows per k-tile, rows cols/2 apart, so
+// DRAM sees scattered 64-byte requests; with the hint L2 fetches 256 bytes,
+// the next 1-3 k-tiles of the same rows, as one request.
+//
+// Why this option and not the others: (b) producer warps writing an f16 A
+// tile for SS wgmmas moves the decode off the consumers but adds an f16 A
+// round trip through shared memory (32 KB a k-tile at kBM = 128, the bank
+// traffic of the x tile again) and a second barrier protocol; (c) more CTAs
+// per SM at small BN already happens (v2 runs 3 CTAs an SM at BN = 16 by
+// registers); (d) more split-K adds fixup traffic. (a) fixes the measured
+// cause (decode and wgmma alternate inside a warpgroup) in place and lowers
+// the A registers from 32 to 16.
+//
+// Prediction, NOT YET MEASURED (11008 x 4096 Q4_0): per block and SM
+// sub-partition ~90 issue cycles of decode (2 warps x ~45) against 16 (BN =
+// 16) .. 128 (BN = 128) x 2 tensor cycles, now concurrent: n = 16 ~12-14 us
+// (DRAM, helped by the prefetch hint), n = 64 ~15-18 us, n = 128 ~25 us,
+// n = 256 ~45-60 us (tensor-bound at ~70% of the wgmma rate, ~27 us a wave
+// of 128 x 128 tiles against version 2's 48; 172 tiles on 132 SMs would be
+// 2 waves, the second 30% full, hence 3 column slices at BN = 128, see
+// launch_fused), n = 512 ~110 us.
+template <DType kT, int BN>
+struct Wg3Traits {
+  static constexpr int kMinBlocks = BN >= 128 ? 1 : 2;
+  static constexpr int kStageBytes = WgTraits<kT, BN>::kStageBytes;  // version 2's stage layout
+  static constexpr int kStagesFit = (kSmemBudget / kMinBlocks - 1024) / kStageBytes;
+  static constexpr int kStages = kStagesFit < 5 ? kStagesFit : 5;
+  static constexpr int kSmem = kStages * kStageBytes + 1024;
+  static_assert(kStages >= 3, "gemm_q_wgmma_v3: the ring needs 3 stages (one for the in-flight wgmmas)");
+};
+
+template <DType kT, int BN>
+__global__ void __launch_bounds__(kThreads, Wg3Traits<kT, BN>::kMinBlocks) gemm_q_wgmma_v3_kernel(MmaArgs a) {
+#if RUNLM_FA3_DEVICE
+  using Tr = Wg3Traits<kT, BN>;
+  using Wg = WgTraits<kT, BN>;
+  constexpr int kStages = Tr::kStages, kAhead = kStages - 2;  // k-tiles in flight ahead of the one decoded
+  extern __shared__ __align__(1024) uint8_t smem[];
+  const uint32_t s0 = (smem_u32(smem) + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
+  auto sx_of = [&](int st) { return s0 + st * Wg::kStageBytes; };
+  auto sq_of = [&](int st) { return s0 + st * Wg::kStageBytes + Wg::kXBytes; };
+  auto ss_of = [&](int st) { return s0 + st * Wg::kStageBytes + Wg::kXBytes + Wg::kQBytes; };
+
+  const int m0 = blockIdx.x * kBM, n0 = blockIdx.y * BN, split = blockIdx.z;
+  const int kt0 = split * a.k_tiles_per_split;
+  const int nk = min(a.k_tiles, kt0 + a.k_tiles_per_split) - kt0;
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int arow = (warp >> 2) * 64 + (warp & 3) * 16 + g;  // warpgroup's 64 rows, warp's 16
+  const uint32_t qkey = kT == DType::Q4_0 ? (g >> 1) & 3 : g;
+  const uint32_t psel = t & 1 ? 0x4342 : 0x4140;  // bytes 2t, 2t+1 of the word into bytes 0, 2
+  const uint32_t wofs = 4 * (t >> 1);             // that word in the chunk (+ 8: bytes 2t+8, 2t+9)
+
+  float acc[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
+  uint32_t fe[2][4], fo[2][4];  // A of the even / odd quant block: [k16 step][a0..a3]
+
+#pragma unroll
+  for (int st = 0; st < kAhead; ++st) {
+    if (st < nk) load_stage<kT, BN, true, true>(a, sq_of(st), ss_of(st), sx_of(st), m0, n0, kt0 + st);
+    cp_async_commit();
+  }
+
+  for (int i = 0; i < nk; ++i) {
+    cp_async_wait<kAhead - 1>();
+    fa3::fence_proxy_async_shared();  // this thread's copies, visible to wgmma's (async proxy) reads
+    // k-tile i visible to all; every warpgroup has retired its wgmmas of
+    // k-tile i - 2 (only block 3 of i - 1 can be in flight), so that stage
+    // can refill.
+    __syncthreads();
+    {
+      const int j = i + kAhead, st = j % kStages;
+      if (j < nk) load_stage<kT, BN, true, true>(a, sq_of(st), ss_of(st), sx_of(st), m0, n0, kt0 + j);
+      cp_async_commit();
+    }
+    const int st = i % kStages;
+    const uint32_t sq = sq_of(st), ss = ss_of(st);
+    const uint2 sca = lds64(ss + arow * kBlocks * 2), scb = lds64(ss + (arow + 8) * kBlocks * 2);
+    const uint64_t dx = fa3::make_desc(sx_of(st), 16, 1024);
+    static_assert(kBlocks % 2 == 0, "gemm_q_wgmma_v3: buffer parity must repeat every k-tile");
+#pragma unroll
+    for (int blk = 0; blk < kBlocks; ++blk) {
+      uint32_t(&f)[2][4] = blk & 1 ? fo : fe;
+      const uint32_t wsel = blk & 1 ? 0x3232 : 0x1010;
+      const __half2 da = bits_h2(__byte_perm(blk < 2 ? sca.x : sca.y, 0, wsel));
+      const __half2 db = bits_h2(__byte_perm(blk < 2 ? scb.x : scb.y, 0, wsel));
+      decode_block_wg<kT>(sq, arow, blk, qkey, wofs, psel, da, db, f[0], f[1]);
+      fa3::wgmma_fence();  // f was just written by ordinary instructions
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {  // k16 step kk = 2 blk + s: column block kk/4, 32 bytes per step inside it
+        const int kk = 2 * blk + s;
+        WgmmaRsF16<BN>::rs(acc, f[s], dx + (((kk / 4) * BN * 128 + (kk % 4) * 32) >> 4), 1);
+      }
+      fa3::wgmma_commit();
+      fa3::wgmma_wait<1>();  // block blk - 1 retired: its buffer is free for block blk + 1
+      fence_regs_a(blk & 1 ? fe : fo);
+    }
+  }
+  fa3::wgmma_wait<0>();
+  fa3::fence_regs(acc);
+  cp_async_wait<0>();
   finish_tile<1, BN / 8>(a, *reinterpret_cast<float(*)[1][BN / 8][4]>(&acc), m0 + arow, n0 + 2 * t, split);
 #endif
 }
@@ -574,15 +720,19 @@ DeviceInfo device_info() {
   return d;
 }
 
-template <DType kT, int BN, bool kWg>
+template <DType kT, int BN, int kVer>
 void launch_fused(const WView& v, const uint16_t* x, float* y, int n, void* scratch, size_t scratch_bytes,
                   int force_splits, cudaStream_t s) {
-  constexpr int kSmem = kWg ? WgTraits<kT, BN>::kSmem : MmaTraits<kT, BN>::kSmem;
+  constexpr int kSmem = kVer == 3   ? Wg3Traits<kT, BN>::kSmem
+                       : kVer == 2 ? WgTraits<kT, BN>::kSmem
+                                   : MmaTraits<kT, BN>::kSmem;
   const DeviceInfo dev = device_info();
   RUNLM_CHECK(kSmem <= dev.smem_optin,
               "gemm_fused_q: %s BN=%d version %d needs %d bytes of shared memory per block; the device allows %d",
-              dtype_name(kT), BN, kWg ? 2 : 1, kSmem, dev.smem_optin);
-  auto kernel = kWg ? gemm_q_wgmma_kernel<kT, BN> : gemm_q_mma_kernel<kT, BN>;
+              dtype_name(kT), BN, kVer, kSmem, dev.smem_optin);
+  auto kernel = kVer == 3   ? gemm_q_wgmma_v3_kernel<kT, BN>
+                : kVer == 2 ? gemm_q_wgmma_kernel<kT, BN>
+                            : gemm_q_mma_kernel<kT, BN>;
   // Set once per device and instantiation, and the occupancy queried once:
   // the first call (the engine's warm-up) is outside any graph capture.
   static bool smem_set[16] = {};
@@ -601,7 +751,21 @@ void launch_fused(const WView& v, const uint16_t* x, float* y, int n, void* scra
   const int k_tiles = ceil_div(cols, kBK);
   // Slices: about one wave of CTAs, at least 2 k-tiles a slice (so the ring
   // has something to overlap), and no more than the scratch holds.
-  int splits = force_splits > 0 ? force_splits : std::max(1, dev.sms * per_sm / tiles);
+  const int slots = dev.sms * per_sm;
+  int splits = force_splits > 0 ? force_splits : std::max(1, slots / tiles);
+  // Version 3 at BN = 128 (tensor-bound, one CTA an SM): the slice count
+  // from 1 to 4 (or the one above) with the shortest waves, each extra slice
+  // charged 10% for its fixup (a 64 KB partial a CTA, mostly in L2; a guess
+  // until measured). 11008 rows: 128 tokens = 86 tiles on 132 SMs (65% busy)
+  // -> 3 slices, 2 waves of 1/3 (0.8 with the charge); 256 tokens = 172
+  // tiles, 2 waves (the second 30% full) -> 3 slices, 4 waves of 1/3 (1.6).
+  if (kVer == 3 && BN == 128 && force_splits <= 0) {
+    auto cost = [&](int sp) { return ceil_div(tiles * sp, slots) * (1.0 + 0.1 * (sp - 1)) / sp; };
+    int best = splits;
+    for (int sp = 1; sp <= 4; ++sp)
+      if (cost(sp) < cost(best)) best = sp;
+    splits = best;
+  }
   splits = std::min(splits, force_splits > 0 ? k_tiles : std::max(1, k_tiles / 2));
   const size_t ticket_bytes = align_up(size_t(tiles) * sizeof(int), kPartAlign);
   const size_t slice_bytes = size_t(tiles) * kBM * BN * sizeof(float);
@@ -623,17 +787,28 @@ void launch_fused(const WView& v, const uint16_t* x, float* y, int n, void* scra
   cudaCheckLaunch();
 }
 
-template <DType kT, bool kWg>
+template <DType kT, int kVer>
 void launch_fused_tokens(const WView& v, const uint16_t* x, float* y, int n, void* scratch, size_t scratch_bytes,
                          int force_splits, cudaStream_t s) {
   if (n <= 16)
-    launch_fused<kT, 16, kWg>(v, x, y, n, scratch, scratch_bytes, force_splits, s);
+    launch_fused<kT, 16, kVer>(v, x, y, n, scratch, scratch_bytes, force_splits, s);
   else if (n <= 32)
-    launch_fused<kT, 32, kWg>(v, x, y, n, scratch, scratch_bytes, force_splits, s);
+    launch_fused<kT, 32, kVer>(v, x, y, n, scratch, scratch_bytes, force_splits, s);
   else if (n <= 64)
-    launch_fused<kT, 64, kWg>(v, x, y, n, scratch, scratch_bytes, force_splits, s);
+    launch_fused<kT, 64, kVer>(v, x, y, n, scratch, scratch_bytes, force_splits, s);
   else
-    launch_fused<kT, 128, kWg>(v, x, y, n, scratch, scratch_bytes, force_splits, s);
+    launch_fused<kT, 128, kVer>(v, x, y, n, scratch, scratch_bytes, force_splits, s);
+}
+
+template <DType kT>
+void launch_fused_version(int ver, const WView& v, const uint16_t* x, float* y, int n, void* scratch,
+                          size_t scratch_bytes, int force_splits, cudaStream_t s) {
+  if (ver == 3)
+    launch_fused_tokens<kT, 3>(v, x, y, n, scratch, scratch_bytes, force_splits, s);
+  else if (ver == 2)
+    launch_fused_tokens<kT, 2>(v, x, y, n, scratch, scratch_bytes, force_splits, s);
+  else
+    launch_fused_tokens<kT, 1>(v, x, y, n, scratch, scratch_bytes, force_splits, s);
 }
 
 }  // namespace
@@ -646,7 +821,10 @@ bool gemm_fused_supports(const GpuMatrix& w) {
 bool gemm_fused_fits_device(const GpuMatrix& w) {
   const DeviceInfo d = device_info();
   const bool q4 = w.type == DType::Q4_0;
-  const int smem = d.sm90 ? (q4 ? WgTraits<DType::Q4_0, 128>::kSmem : WgTraits<DType::Q8_0, 128>::kSmem)
+  // Versions 2 and 3 both run on sm_90 (the default, 2, and 3 by request): the larger of their largest tiles.
+  constexpr int kWgQ4 = std::max(WgTraits<DType::Q4_0, 128>::kSmem, Wg3Traits<DType::Q4_0, 128>::kSmem);
+  constexpr int kWgQ8 = std::max(WgTraits<DType::Q8_0, 128>::kSmem, Wg3Traits<DType::Q8_0, 128>::kSmem);
+  const int smem = d.sm90 ? (q4 ? kWgQ4 : kWgQ8)
                           : (q4 ? MmaTraits<DType::Q4_0, 128>::kSmem : MmaTraits<DType::Q8_0, 128>::kSmem);
   return smem <= d.smem_optin;
 }
@@ -669,24 +847,24 @@ void gemm_fused_q(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_tok
               "gemm_fused_q: %s %lld x %lld unsupported; supported: q4_0, q8_0 with cols %% %d == 0", dtype_name(w.type),
               static_cast<long long>(w.rows), static_cast<long long>(w.cols), kColAlign);
   RUNLM_CHECK(reinterpret_cast<uintptr_t>(x_f16) % 16 == 0, "gemm_fused_q: x must be 16-byte aligned");
-  RUNLM_CHECK(version >= 0 && version <= 2, "gemm_fused_q: version %d unsupported; supported: 0 (auto), 1, 2",
+  // version 0: RUNLM_GEMM_FUSED_VERSION (read once; for measuring end to end), else auto.
+  static const int env_version = [] {
+    const char* e = std::getenv("RUNLM_GEMM_FUSED_VERSION");
+    return e && *e ? std::atoi(e) : 0;
+  }();
+  if (version == 0) version = env_version;
+  RUNLM_CHECK(version >= 0 && version <= 3, "gemm_fused_q: version %d unsupported; supported: 0 (auto), 1, 2, 3",
               version);
   const bool sm90 = device_info().sm90;
-  RUNLM_CHECK(version != 2 || sm90, "gemm_fused_q: version 2 (wgmma) needs sm_90; this device runs version 1");
-  const bool wg = version == 2 || (version == 0 && sm90);
+  RUNLM_CHECK(version < 2 || sm90, "gemm_fused_q: version %d (wgmma) needs sm_90; this device runs version 1",
+              version);
+  const int ver = version != 0 ? version : sm90 ? 2 : 1;
   const WView v = make_view(w);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (w.type == DType::Q4_0) {
-    if (wg)
-      launch_fused_tokens<DType::Q4_0, true>(v, x_f16, y, n_tokens, scratch, scratch_bytes, splits, s);
-    else
-      launch_fused_tokens<DType::Q4_0, false>(v, x_f16, y, n_tokens, scratch, scratch_bytes, splits, s);
-  } else {
-    if (wg)
-      launch_fused_tokens<DType::Q8_0, true>(v, x_f16, y, n_tokens, scratch, scratch_bytes, splits, s);
-    else
-      launch_fused_tokens<DType::Q8_0, false>(v, x_f16, y, n_tokens, scratch, scratch_bytes, splits, s);
-  }
+  if (w.type == DType::Q4_0)
+    launch_fused_version<DType::Q4_0>(ver, v, x_f16, y, n_tokens, scratch, scratch_bytes, splits, s);
+  else
+    launch_fused_version<DType::Q8_0>(ver, v, x_f16, y, n_tokens, scratch, scratch_bytes, splits, s);
 }
 
 }  // namespace runlm::gpu
