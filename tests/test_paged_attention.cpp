@@ -544,6 +544,20 @@ void check_case(const Case& c, std::vector<int> partitions = {-1}) {
   }
 }
 
+// Runs body under each version of the tensor-core kernel (4, and 5 with the
+// pipelined key loop: paged_decode_set_mma_version), then restores the one
+// in use. Pairs on the SIMT kernel run the same thing twice.
+template <class F>
+void for_each_mma_version(F&& body) {
+  const int was = paged_decode_mma_version();
+  for (int v : {4, 5}) {
+    SCOPED_TRACE(testing::Message() << "tensor-core kernel version " << v);
+    paged_decode_set_mma_version(v);
+    body();
+  }
+  paged_decode_set_mma_version(was);
+}
+
 Case make_case(std::vector<int> lens, int nq, int n_heads, int n_kv, int hd, int bs, int window, uint32_t seed) {
   Case c;
   c.nq.assign(lens.size(), nq);
@@ -629,7 +643,7 @@ TEST(PagedAttention, KvTypePairs) {
       Case c = make_case({1, 17, 300, 2100}, 1 + seed % 2, 32, 8, 128, 16, seed % 2 ? 0 : 300, seed);
       c.k_type = kt;
       c.v_type = vt;
-      check_case(c, {-1, 0, 256});
+      for_each_mma_version([&] { check_case(c, {-1, 0, 256}); });
       ++seed;
     }
 }
@@ -651,7 +665,7 @@ TEST(PagedAttention, KvTypeHeadDimsRowsPages) {
         Case c = make_case({5, 33, 1000}, 1, h.n_heads, h.n_kv, hd, hd == 64 ? 8 : 32, hd == 32 ? 100 : 0, seed++);
         c.k_type = kt;
         c.v_type = vt;
-        check_case(c, {-1, 0, 256});
+        for_each_mma_version([&] { check_case(c, {-1, 0, 256}); });
       }
 }
 
@@ -689,7 +703,7 @@ TEST(PagedAttention, TensorCorePairsHeadDimsRows) {
             DevProblem dp(hp);
             ASSERT_TRUE(paged_decode_uses_tensor_cores(dp.params())) << describe(c, -1);
           }
-          check_case(c, {-1, 0, 256});
+          for_each_mma_version([&] { check_case(c, {-1, 0, 256}); });
         }
     }
 }
@@ -699,6 +713,21 @@ TEST(PagedAttention, WindowEdges) {
   uint32_t seed = 600;
   for (int window : {1, 16, 17, 5000, 6000})
     for (int nq : {1, 4}) check_case(make_case(kLens, nq, 32, 8, 128, 16, window, seed++), {-1, 0, 256});
+}
+
+// WindowEdges on the tensor-core kernel (q8_0 K, q4_0 V), both versions:
+// windows that end inside or at the edge of a 16-key tile, and past the
+// sequence.
+TEST(PagedAttention, TensorCoreWindowEdges) {
+  REQUIRE_DEVICE();
+  uint32_t seed = 650;
+  for (int window : {1, 16, 17, 5000, 6000})
+    for (int nq : {1, 4}) {
+      Case c = make_case(kLens, nq, 32, 8, 128, 16, window, seed++);
+      c.k_type = KvType::Q8_0;
+      c.v_type = KvType::Q4_0;
+      for_each_mma_version([&] { check_case(c, {-1, 0, 256}); });
+    }
 }
 
 // Shuffled and contiguous tables over the same page contents give bitwise
@@ -927,8 +956,9 @@ void kv_type_sweep(double copy_bw) {
   const Point points[] = {{64, 8192}, {1, 32768}};
   const KvType types[] = {KvType::F16, KvType::BF16, KvType::Q8_0, KvType::FP8, KvType::Q4_0};
   const int max_pages = 64 * 8192 / bs;  // one rotation of the largest point
-  std::printf("\npaged decode by KV type (GQA 32/8, hd 128, page 16, auto split; quantized: %s); copy %.0f GB/s\n",
-              std::getenv("RUNLM_PAGED_DECODE") ? std::getenv("RUNLM_PAGED_DECODE") : "tensor cores", copy_bw / 1e9);
+  std::printf("\npaged decode by KV type (GQA 32/8, hd 128, page 16, auto split; quantized: %s v%d); copy %.0f GB/s\n",
+              std::getenv("RUNLM_PAGED_DECODE") ? std::getenv("RUNLM_PAGED_DECODE") : "tensor cores",
+              paged_decode_mma_version(), copy_bw / 1e9);
   std::printf("%5s %6s %6s %10s %10s %10s %12s %8s\n", "B", "L", "kv", "us", "MB read", "GB/s", "tokens/s",
               "vs f16");
   double f16_tps[2] = {0, 0};
