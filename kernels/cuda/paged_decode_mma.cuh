@@ -561,13 +561,16 @@ __global__ void __launch_bounds__(kThreads, 2)
     // a tile's compute). Tiles at or past k_end are not loaded (their
     // buffers are never read: the loop stops at the first such tile).
     Raw buf[S];
-    int pgn[2] = {group_page(tile_key(0)), group_page(tile_key(0) + 8)};
+    int pgs[S][2];  // pages of tiles 0 .. S - 1, all read before the first tile's loads
 #pragma unroll
-    for (int st = 0; st < S - 1; ++st) {
-      if (tile_key(st) < k_end) load_tile(buf[st], tile_key(st), pgn);
-      pgn[0] = group_page(tile_key(st + 1));
-      pgn[1] = group_page(tile_key(st + 1) + 8);
+    for (int st = 0; st < S; ++st) {
+      pgs[st][0] = group_page(tile_key(st));
+      pgs[st][1] = group_page(tile_key(st) + 8);
     }
+#pragma unroll
+    for (int st = 0; st < S - 1; ++st)
+      if (tile_key(st) < k_end) load_tile(buf[st], tile_key(st), pgs[st]);
+    int pgn[2] = {pgs[S - 1][0], pgs[S - 1][1]};
     for (int n = 0; tile_key(n) < k_end; n += S) {
 #pragma unroll
       for (int st = 0; st < S; ++st) {  // unrolled: buf's indices are constants (registers)
