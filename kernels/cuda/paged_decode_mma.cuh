@@ -6,6 +6,10 @@
 // Same grid, split, workspace, window, -1 pages and NaN rows as the SIMT
 // kernel (shared SeqRange / seq_range / write_nan_rows); the instantiations
 // are in kernels/cuda/inst/paged_decode_mma_k<K>.cu.
+// Version 5 (kVersion = 5, head_dim 64 and 128; RUNLM_PAGED_DECODE_MMA=v5)
+// is version 4 with a software-pipelined key loop: the raw loads of the next
+// 16-key tiles go out before a tile's conversion and mma (a register ring,
+// MmaTileRaw below, with the bytes-in-flight estimate).
 //
 // Fragment layouts (kernels/cuda/mma_sm80.cuh), g = lane / 4, t = lane % 4:
 //   A 16x16: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
@@ -310,10 +314,10 @@ struct MmaTileRaw {
   // 3 stages while the ring stays <= 150 registers (q8_0 / fp8 / q4_0
   // pairs at hd 128: 48 or less a tile; everything at hd 64), else 2.
   static constexpr int kStages = 3 * kRawWords <= 150 ? 3 : 2;
-  uint32_t kw[2][NB][KP::kKWords];                 // K of keys 8j + g, lane t's share of each block
-  uint32_t vw[4][NB][VP::kVWords];                 // V of keys {2t, 2t+1, 2t+8, 2t+9}, lane g's share
-  uint32_t ksw[4][KP::kScaled ? kScWords : 1];     // K scales of those 4 keys
-  uint32_t vsw[4][VP::kScaled ? kScWords : 1];     // V scales of those 4 keys
+  uint32_t kw[2][NB][KP::kKWords];              // K of keys 8j + g, lane t's share of each block
+  uint32_t vw[4][NB][VP::kVWords];              // V of keys {2t, 2t+1, 2t+8, 2t+9}, lane g's share
+  uint32_t ksw[4][KP::kScaled ? kScWords : 1];  // K scales of those 4 keys
+  uint32_t vsw[4][VP::kScaled ? kScWords : 1];  // V scales of those 4 keys
 };
 
 // grid, workspace and results as paged_decode_kernel (paged_attention.cuh),
@@ -585,167 +589,167 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
     }
   } else {
-  int pg[U][2];
+    int pg[U][2];
 #pragma unroll
-  for (int u = 0; u < U; ++u)
+    for (int u = 0; u < U; ++u)
 #pragma unroll
-    for (int j = 0; j < 2; ++j) pg[u][j] = group_page(k_first + warp * kWarpKeys + 16 * u + 8 * j);
+      for (int j = 0; j < 2; ++j) pg[u][j] = group_page(k_first + warp * kWarpKeys + 16 * u + 8 * j);
 
-  for (int base = k_first + warp * kWarpKeys; base < k_end; base += kStep) {
-    int pg_v[U][2];  // this step's pages (pg moves on to the next step's)
+    for (int base = k_first + warp * kWarpKeys; base < k_end; base += kStep) {
+      int pg_v[U][2];  // this step's pages (pg moves on to the next step's)
 #pragma unroll
-    for (int u = 0; u < U; ++u)
+      for (int u = 0; u < U; ++u)
 #pragma unroll
-      for (int j = 0; j < 2; ++j) pg_v[u][j] = pg[u][j];
-    // Raw bytes of the step, all in flight before the first use.
-    uint32_t kw[U][2][NB][KP::kKWords];   // K of key 16u + 8j + g, lane t's share of each block
-    uint32_t vw[U][4][NB][VP::kVWords];   // V of keys 16u + {2t, 2t+1, 2t+8, 2t+9}, lane g's share
-    uint32_t ksw[U][4][KP::kScaled ? kScWords : 1];  // scales of those 4 keys
-    uint32_t vsw[U][4][VP::kScaled ? kScWords : 1];
-    // V bytes (and V scales) of keys 16u + 8j + 2t + c, blocks [b0, b1).
-    auto load_v = [&](int u, int j, int c, int b0, int b1) {
-      const int row = min(base + 16 * u + 8 * j + 2 * t + c, k_end - 1) & bs_mask;
-      const uint8_t* vpg = v_pool + int64_t(pg_v[u][j]) * v_page;
-      const uint8_t* vr = vpg + row * v_qrow + v_head;
+        for (int j = 0; j < 2; ++j) pg_v[u][j] = pg[u][j];
+      // Raw bytes of the step, all in flight before the first use.
+      uint32_t kw[U][2][NB][KP::kKWords];   // K of key 16u + 8j + g, lane t's share of each block
+      uint32_t vw[U][4][NB][VP::kVWords];   // V of keys 16u + {2t, 2t+1, 2t+8, 2t+9}, lane g's share
+      uint32_t ksw[U][4][KP::kScaled ? kScWords : 1];  // scales of those 4 keys
+      uint32_t vsw[U][4][VP::kScaled ? kScWords : 1];
+      // V bytes (and V scales) of keys 16u + 8j + 2t + c, blocks [b0, b1).
+      auto load_v = [&](int u, int j, int c, int b0, int b1) {
+        const int row = min(base + 16 * u + 8 * j + 2 * t + c, k_end - 1) & bs_mask;
+        const uint8_t* vpg = v_pool + int64_t(pg_v[u][j]) * v_page;
+        const uint8_t* vr = vpg + row * v_qrow + v_head;
 #pragma unroll
-      for (int b = b0; b < b1; ++b) VP::v_load(vr + b * VP::kBlockBytes, g, vw[u][2 * j + c][b]);
-      if constexpr (VP::kScaled)
-        if (b0 == 0) ldg_words<kScWords>(vpg + v_scales + row * s_row + sc_head, vsw[u][2 * j + c]);
-    };
+        for (int b = b0; b < b1; ++b) VP::v_load(vr + b * VP::kBlockBytes, g, vw[u][2 * j + c][b]);
+        if constexpr (VP::kScaled)
+          if (b0 == 0) ldg_words<kScWords>(vpg + v_scales + row * s_row + sc_head, vsw[u][2 * j + c]);
+      };
 #pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int key0 = base + 16 * u + 8 * j;
-        const uint8_t* kpg = k_pool + int64_t(pg[u][j]) * k_page;
-        {
-          const int row = min(key0 + g, k_end - 1) & bs_mask;
-          const uint8_t* kr = kpg + row * k_qrow + k_head;
-#pragma unroll
-          for (int b = 0; b < NB; ++b) KP::k_load(kr + b * KP::kBlockBytes, t, kw[u][j][b]);
-        }
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int row = min(key0 + 2 * t + c, k_end - 1) & bs_mask;
-          if constexpr (!kLateV) load_v(u, j, c, 0, NB);
-          if constexpr (KP::kScaled) ldg_words<kScWords>(kpg + k_scales + row * s_row + sc_head, ksw[u][2 * j + c]);
-        }
-      }
-    // Next step's pages, in flight with this step's bytes.
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-      for (int j = 0; j < 2; ++j) pg[u][j] = group_page(base + kStep + 16 * u + 8 * j);
-
-    const bool edge = base < lo_max || base + kWarpKeys > hi_min;  // warp-uniform
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      // S for row g, keys 16u + 8j + 2t + c.
-      float acc[2][4] = {};
-#pragma unroll
-      for (int b = 0; b < NB; ++b) {
-        uint32_t q4[4] = {qa[b][0][0], qa[b][0][1], qa[b][1][0], qa[b][1][1]};
-        if constexpr (kQInSmem) {
-          const uint4 x = s_q[b][lane];
-          q4[0] = x.x, q4[1] = x.y, q4[2] = x.z, q4[3] = x.w;
-        }
+      for (int u = 0; u < U; ++u)
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          uint32_t kb[4];
-          KP::k_frag(kw[u][j][b], kb);
-          if constexpr (KP::kScaled) {
-            // The block's two k-steps into a fresh accumulator, then its
-            // scale (per key: columns 2t, 2t+1) onto the row's score.
-            float blk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            mma_rows8(blk, q4[0], q4[1], kb[0], kb[1]);
-            mma_rows8(blk, q4[2], q4[3], kb[2], kb[3]);
+          const int key0 = base + 16 * u + 8 * j;
+          const uint8_t* kpg = k_pool + int64_t(pg[u][j]) * k_page;
+          {
+            const int row = min(key0 + g, k_end - 1) & bs_mask;
+            const uint8_t* kr = kpg + row * k_qrow + k_head;
 #pragma unroll
-            for (int c = 0; c < 2; ++c) {
-              const uint32_t w = ksw[u][2 * j + c][b / 2];
-              acc[j][c] = fmaf(f16_bits_to_float(b % 2 ? w >> 16 : w & 0xffffu), blk[c], acc[j][c]);
-            }
-          } else {
-            mma_rows8(acc[j], q4[0], q4[1], kb[0], kb[1]);
-            mma_rows8(acc[j], q4[2], q4[3], kb[2], kb[3]);
+            for (int b = 0; b < NB; ++b) KP::k_load(kr + b * KP::kBlockBytes, t, kw[u][j][b]);
+          }
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int row = min(key0 + 2 * t + c, k_end - 1) & bs_mask;
+            if constexpr (!kLateV) load_v(u, j, c, 0, NB);
+            if constexpr (KP::kScaled) ldg_words<kScWords>(kpg + k_scales + row * s_row + sc_head, ksw[u][2 * j + c]);
           }
         }
-      }
-      float sc[2][2] = {{acc[0][0], acc[0][1]}, {acc[1][0], acc[1][1]}};
-      if constexpr (kLateV) {
+      // Next step's pages, in flight with this step's bytes.
 #pragma unroll
-        for (int j = 0; j < 2; ++j)
+      for (int u = 0; u < U; ++u)
 #pragma unroll
-          for (int c = 0; c < 2; ++c) load_v(u, j, c, 0, NB / 2);
-      }
-      if (edge) {
+        for (int j = 0; j < 2; ++j) pg[u][j] = group_page(base + kStep + 16 * u + 8 * j);
+
+      const bool edge = base < lo_max || base + kWarpKeys > hi_min;  // warp-uniform
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        // S for row g, keys 16u + 8j + 2t + c.
+        float acc[2][4] = {};
+#pragma unroll
+        for (int b = 0; b < NB; ++b) {
+          uint32_t q4[4] = {qa[b][0][0], qa[b][0][1], qa[b][1][0], qa[b][1][1]};
+          if constexpr (kQInSmem) {
+            const uint4 x = s_q[b][lane];
+            q4[0] = x.x, q4[1] = x.y, q4[2] = x.z, q4[3] = x.w;
+          }
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            uint32_t kb[4];
+            KP::k_frag(kw[u][j][b], kb);
+            if constexpr (KP::kScaled) {
+              // The block's two k-steps into a fresh accumulator, then its
+              // scale (per key: columns 2t, 2t+1) onto the row's score.
+              float blk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+              mma_rows8(blk, q4[0], q4[1], kb[0], kb[1]);
+              mma_rows8(blk, q4[2], q4[3], kb[2], kb[3]);
+#pragma unroll
+              for (int c = 0; c < 2; ++c) {
+                const uint32_t w = ksw[u][2 * j + c][b / 2];
+                acc[j][c] = fmaf(f16_bits_to_float(b % 2 ? w >> 16 : w & 0xffffu), blk[c], acc[j][c]);
+              }
+            } else {
+              mma_rows8(acc[j], q4[0], q4[1], kb[0], kb[1]);
+              mma_rows8(acc[j], q4[2], q4[3], kb[2], kb[3]);
+            }
+          }
+        }
+        float sc[2][2] = {{acc[0][0], acc[0][1]}, {acc[1][0], acc[1][1]}};
+        if constexpr (kLateV) {
+#pragma unroll
+          for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) load_v(u, j, c, 0, NB / 2);
+        }
+        if (edge) {
+#pragma unroll
+          for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              const int key = base + 16 * u + 8 * j + 2 * t + c;
+              if (!(key >= key_lo && key < key_hi)) sc[j][c] = -INFINITY;
+            }
+        }
+        // Online softmax of row g: the 16 keys sit in the 4 lanes t.
+        float mx = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m, mx);
+        if (__any_sync(0xffffffffu, m_new != m)) {  // rare after the first keys: skip the O rescale
+          const float ms = m_new == -INFINITY ? 0.0f : m_new;
+          const float corr = fast_exp2(m - ms);  // m = -inf: 0 (d and o are 0 then anyway)
+          d *= corr;
+          // O^T's columns are rows 2t and 2t + 1: their factors live in lanes 8t and 8t + 4.
+          const float c0 = __shfl_sync(0xffffffffu, corr, 8 * t);
+          const float c1 = __shfl_sync(0xffffffffu, corr, 8 * t + 4);
+#pragma unroll
+          for (int b = 0; b < NB; ++b)
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+              o[b][mt][0] *= c0;
+              o[b][mt][1] *= c1;
+              o[b][mt][2] *= c0;
+              o[b][mt][3] *= c1;
+            }
+          m = m_new;
+        }
+        const float ms = m == -INFINITY ? 0.0f : m;  // nothing live yet: keep exp2 away from -inf - -inf
+        float pr[2][2];
 #pragma unroll
         for (int j = 0; j < 2; ++j)
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
-            const int key = base + 16 * u + 8 * j + 2 * t + c;
-            if (!(key >= key_lo && key < key_hi)) sc[j][c] = -INFINITY;
+            pr[j][c] = fast_exp2(sc[j][c] - ms);  // masked: 2^-inf = 0
+            d += pr[j][c];
           }
-      }
-      // Online softmax of row g: the 16 keys sit in the 4 lanes t.
-      float mx = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m, mx);
-      if (__any_sync(0xffffffffu, m_new != m)) {  // rare after the first keys: skip the O rescale
-        const float ms = m_new == -INFINITY ? 0.0f : m_new;
-        const float corr = fast_exp2(m - ms);  // m = -inf: 0 (d and o are 0 then anyway)
-        d *= corr;
-        // O^T's columns are rows 2t and 2t + 1: their factors live in lanes 8t and 8t + 4.
-        const float c0 = __shfl_sync(0xffffffffu, corr, 8 * t);
-        const float c1 = __shfl_sync(0xffffffffu, corr, 8 * t + 4);
+        // P^T's B fragment is S's C fragment: keys 2t, 2t+1 (b0) and 2t+8, 2t+9 (b1) of row g.
+        const uint32_t p01 = pack_f16x2(pr[0][0], pr[0][1]);
+        const uint32_t p89 = pack_f16x2(pr[1][0], pr[1][1]);
 #pragma unroll
-        for (int b = 0; b < NB; ++b)
+        for (int b = 0; b < NB; ++b) {
+          if (kLateV && b == NB / 2) {  // the second half of V's blocks, once the first half's registers are free
 #pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
-            o[b][mt][0] *= c0;
-            o[b][mt][1] *= c1;
-            o[b][mt][2] *= c0;
-            o[b][mt][3] *= c1;
+            for (int j = 0; j < 2; ++j)
+#pragma unroll
+              for (int c = 0; c < 2; ++c) load_v(u, j, c, NB / 2, NB);
           }
-        m = m_new;
-      }
-      const float ms = m == -INFINITY ? 0.0f : m;  // nothing live yet: keep exp2 away from -inf - -inf
-      float pr[2][2];
+          uint32_t b0 = p01, b1 = p89;
+          if constexpr (VP::kScaled) {
+            // V's scale of (key, block) onto that key's probability (f16, one rounding).
+            const int sel = b % 2 ? 0x7632 : 0x5410;
+            b0 = hmul2_u32(p01, __byte_perm(vsw[u][0][b / 2], vsw[u][1][b / 2], sel));
+            b1 = hmul2_u32(p89, __byte_perm(vsw[u][2][b / 2], vsw[u][3][b / 2], sel));
+          }
+          uint32_t x01[4], x89[4];
+          VP::v_frag(vw[u][0][b], vw[u][1][b], x01);
+          VP::v_frag(vw[u][2][b], vw[u][3][b], x89);
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          pr[j][c] = fast_exp2(sc[j][c] - ms);  // masked: 2^-inf = 0
-          d += pr[j][c];
+          for (int mt = 0; mt < 2; ++mt)
+            mma_16816_f16(o[b][mt], x01[2 * mt], x01[2 * mt + 1], x89[2 * mt], x89[2 * mt + 1], b0, b1);
         }
-      // P^T's B fragment is S's C fragment: keys 2t, 2t+1 (b0) and 2t+8, 2t+9 (b1) of row g.
-      const uint32_t p01 = pack_f16x2(pr[0][0], pr[0][1]);
-      const uint32_t p89 = pack_f16x2(pr[1][0], pr[1][1]);
-#pragma unroll
-      for (int b = 0; b < NB; ++b) {
-        if (kLateV && b == NB / 2) {  // the second half of V's blocks, once the first half's registers are free
-#pragma unroll
-          for (int j = 0; j < 2; ++j)
-#pragma unroll
-            for (int c = 0; c < 2; ++c) load_v(u, j, c, NB / 2, NB);
-        }
-        uint32_t b0 = p01, b1 = p89;
-        if constexpr (VP::kScaled) {
-          // V's scale of (key, block) onto that key's probability (f16, one rounding).
-          const int sel = b % 2 ? 0x7632 : 0x5410;
-          b0 = hmul2_u32(p01, __byte_perm(vsw[u][0][b / 2], vsw[u][1][b / 2], sel));
-          b1 = hmul2_u32(p89, __byte_perm(vsw[u][2][b / 2], vsw[u][3][b / 2], sel));
-        }
-        uint32_t x01[4], x89[4];
-        VP::v_frag(vw[u][0][b], vw[u][1][b], x01);
-        VP::v_frag(vw[u][2][b], vw[u][3][b], x89);
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-          mma_16816_f16(o[b][mt], x01[2 * mt], x01[2 * mt + 1], x89[2 * mt], x89[2 * mt + 1], b0, b1);
       }
     }
   }
-  }  // version 4
 
   // Row g's denominator over the 4 lanes t; the warp's state to shared memory.
   d += __shfl_xor_sync(0xffffffffu, d, 1);
