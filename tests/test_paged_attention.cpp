@@ -531,31 +531,29 @@ std::string describe(const Case& c, int partition) {
 // does): ~1e-3 at the worst row. Hence 3e-3 on that path only.
 double row_tolerance(const PagedDecodeParams& p) { return paged_decode_uses_tensor_cores(p) ? 3e-3 : 1e-3; }
 
-void check_case(const Case& c, std::vector<int> partitions = {-1}) {
+// both_mma_versions: where the case runs on the tensor-core kernel, check
+// version 4 and version 5 (the pipelined key loop) against the same
+// reference (paged_decode_set_mma_version), then restore the one in use.
+constexpr bool kBothMmaVersions = true;
+
+void check_case(const Case& c, std::vector<int> partitions = {-1}, bool both_mma_versions = false) {
   const HostProblem hp = make_problem(c);
   const std::vector<float> ref = reference(hp);
   DevProblem dp(hp);
   const double tol = row_tolerance(dp.params());
-  for (int part : partitions) {
-    const std::vector<float> out = dp.run(part);
-    std::string where;
-    const double err = worst_row_error(out, ref, c.hd, &where);
-    EXPECT_LT(err, tol) << describe(c, part) << " at " << where;
-  }
-}
-
-// Runs body under each version of the tensor-core kernel (4, and 5 with the
-// pipelined key loop: paged_decode_set_mma_version), then restores the one
-// in use. Pairs on the SIMT kernel run the same thing twice.
-template <class F>
-void for_each_mma_version(F&& body) {
-  const int was = paged_decode_mma_version();
-  for (int v : {4, 5}) {
-    SCOPED_TRACE(testing::Message() << "tensor-core kernel version " << v);
+  const int in_use = paged_decode_mma_version();
+  std::vector<int> versions = {in_use};
+  if (both_mma_versions && paged_decode_uses_tensor_cores(dp.params())) versions = {4, 5};
+  for (int v : versions) {
     paged_decode_set_mma_version(v);
-    body();
+    for (int part : partitions) {
+      const std::vector<float> out = dp.run(part);
+      std::string where;
+      const double err = worst_row_error(out, ref, c.hd, &where);
+      EXPECT_LT(err, tol) << describe(c, part) << " (tensor-core version " << v << ") at " << where;
+    }
   }
-  paged_decode_set_mma_version(was);
+  paged_decode_set_mma_version(in_use);
 }
 
 Case make_case(std::vector<int> lens, int nq, int n_heads, int n_kv, int hd, int bs, int window, uint32_t seed) {
@@ -643,7 +641,7 @@ TEST(PagedAttention, KvTypePairs) {
       Case c = make_case({1, 17, 300, 2100}, 1 + seed % 2, 32, 8, 128, 16, seed % 2 ? 0 : 300, seed);
       c.k_type = kt;
       c.v_type = vt;
-      for_each_mma_version([&] { check_case(c, {-1, 0, 256}); });
+      check_case(c, {-1, 0, 256}, kBothMmaVersions);
       ++seed;
     }
 }
@@ -665,7 +663,7 @@ TEST(PagedAttention, KvTypeHeadDimsRowsPages) {
         Case c = make_case({5, 33, 1000}, 1, h.n_heads, h.n_kv, hd, hd == 64 ? 8 : 32, hd == 32 ? 100 : 0, seed++);
         c.k_type = kt;
         c.v_type = vt;
-        for_each_mma_version([&] { check_case(c, {-1, 0, 256}); });
+        check_case(c, {-1, 0, 256}, kBothMmaVersions);
       }
 }
 
@@ -703,7 +701,7 @@ TEST(PagedAttention, TensorCorePairsHeadDimsRows) {
             DevProblem dp(hp);
             ASSERT_TRUE(paged_decode_uses_tensor_cores(dp.params())) << describe(c, -1);
           }
-          for_each_mma_version([&] { check_case(c, {-1, 0, 256}); });
+          check_case(c, {-1, 0, 256}, kBothMmaVersions);
         }
     }
 }
@@ -726,7 +724,7 @@ TEST(PagedAttention, TensorCoreWindowEdges) {
       Case c = make_case(kLens, nq, 32, 8, 128, 16, window, seed++);
       c.k_type = KvType::Q8_0;
       c.v_type = KvType::Q4_0;
-      for_each_mma_version([&] { check_case(c, {-1, 0, 256}); });
+      check_case(c, {-1, 0, 256}, kBothMmaVersions);
     }
 }
 
