@@ -299,13 +299,14 @@ struct MmaQ4 {
 // at ~1 us loaded latency ~25-30 KB must be in flight all the time. Version
 // 5 with 3 stages (q8_0 / fp8 / q4_0 at hd 128, all pairs at hd 64): 2-3
 // tiles a warp always, 8.7-13 KB (q8_0) = 70-104 KB an SM, 4.6-7 KB (q4_0)
-// = 37-55 KB an SM; 2 stages (f16 partner at hd 128, whose raw tile is 56
-// or 64 registers): 1-2 tiles, 35-70 KB. Steady state per tile: (latency +
-// compute) / (kStages - 1 + 1) against (latency + 2 compute) / 2 for
-// version 4. Registers: kStages x kRawWords raw + ~95 (q 16, O 32,
-// addresses, softmax); more CTAs an SM instead (3-4 at <= 168 / 128
-// registers) would need the raw ring out of registers (cp.async into shared
-// memory), not tried.
+// = 37-55 KB an SM; 2 stages (f16 K, or q8_0 / fp8 K with f16 V, at hd
+// 128: a raw tile of 56 registers): 1-2 tiles, 35-70 KB. Steady state per
+// tile and warp: max((latency + compute) / kStages, compute) against
+// (latency + 2 compute) / 2 for version 4. Registers: kStages x kRawWords
+// raw + ~100-110 (O 32, addresses, softmax, q 16 unless in shared memory):
+// up to 255 at hd 128 (2 CTAs an SM as version 4). More CTAs an SM instead
+// (3-4 at <= 168 / 128 registers) would need the ring out of registers
+// (cp.async into shared memory): not tried.
 template <typename KP, typename VP, int HD>
 struct MmaTileRaw {
   static constexpr int NB = HD / 32, kScWords = NB / 2;
