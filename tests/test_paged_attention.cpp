@@ -531,17 +531,29 @@ std::string describe(const Case& c, int partition) {
 // does): ~1e-3 at the worst row. Hence 3e-3 on that path only.
 double row_tolerance(const PagedDecodeParams& p) { return paged_decode_uses_tensor_cores(p) ? 3e-3 : 1e-3; }
 
-void check_case(const Case& c, std::vector<int> partitions = {-1}) {
+// both_mma_versions: where the case runs on the tensor-core kernel, check
+// version 4 and version 5 (the pipelined key loop) against the same
+// reference (paged_decode_set_mma_version), then restore the one in use.
+constexpr bool kBothMmaVersions = true;
+
+void check_case(const Case& c, std::vector<int> partitions = {-1}, bool both_mma_versions = false) {
   const HostProblem hp = make_problem(c);
   const std::vector<float> ref = reference(hp);
   DevProblem dp(hp);
   const double tol = row_tolerance(dp.params());
-  for (int part : partitions) {
-    const std::vector<float> out = dp.run(part);
-    std::string where;
-    const double err = worst_row_error(out, ref, c.hd, &where);
-    EXPECT_LT(err, tol) << describe(c, part) << " at " << where;
+  const int in_use = paged_decode_mma_version();
+  std::vector<int> versions = {in_use};
+  if (both_mma_versions && paged_decode_uses_tensor_cores(dp.params())) versions = {4, 5};
+  for (int v : versions) {
+    paged_decode_set_mma_version(v);
+    for (int part : partitions) {
+      const std::vector<float> out = dp.run(part);
+      std::string where;
+      const double err = worst_row_error(out, ref, c.hd, &where);
+      EXPECT_LT(err, tol) << describe(c, part) << " (tensor-core version " << v << ") at " << where;
+    }
   }
+  paged_decode_set_mma_version(in_use);
 }
 
 Case make_case(std::vector<int> lens, int nq, int n_heads, int n_kv, int hd, int bs, int window, uint32_t seed) {
@@ -629,7 +641,7 @@ TEST(PagedAttention, KvTypePairs) {
       Case c = make_case({1, 17, 300, 2100}, 1 + seed % 2, 32, 8, 128, 16, seed % 2 ? 0 : 300, seed);
       c.k_type = kt;
       c.v_type = vt;
-      check_case(c, {-1, 0, 256});
+      check_case(c, {-1, 0, 256}, kBothMmaVersions);
       ++seed;
     }
 }
@@ -651,7 +663,7 @@ TEST(PagedAttention, KvTypeHeadDimsRowsPages) {
         Case c = make_case({5, 33, 1000}, 1, h.n_heads, h.n_kv, hd, hd == 64 ? 8 : 32, hd == 32 ? 100 : 0, seed++);
         c.k_type = kt;
         c.v_type = vt;
-        check_case(c, {-1, 0, 256});
+        check_case(c, {-1, 0, 256}, kBothMmaVersions);
       }
 }
 
@@ -689,7 +701,7 @@ TEST(PagedAttention, TensorCorePairsHeadDimsRows) {
             DevProblem dp(hp);
             ASSERT_TRUE(paged_decode_uses_tensor_cores(dp.params())) << describe(c, -1);
           }
-          check_case(c, {-1, 0, 256});
+          check_case(c, {-1, 0, 256}, kBothMmaVersions);
         }
     }
 }
@@ -699,6 +711,21 @@ TEST(PagedAttention, WindowEdges) {
   uint32_t seed = 600;
   for (int window : {1, 16, 17, 5000, 6000})
     for (int nq : {1, 4}) check_case(make_case(kLens, nq, 32, 8, 128, 16, window, seed++), {-1, 0, 256});
+}
+
+// WindowEdges on the tensor-core kernel (q8_0 K, q4_0 V), both versions:
+// windows that end inside or at the edge of a 16-key tile, and past the
+// sequence.
+TEST(PagedAttention, TensorCoreWindowEdges) {
+  REQUIRE_DEVICE();
+  uint32_t seed = 650;
+  for (int window : {1, 16, 17, 5000, 6000})
+    for (int nq : {1, 4}) {
+      Case c = make_case(kLens, nq, 32, 8, 128, 16, window, seed++);
+      c.k_type = KvType::Q8_0;
+      c.v_type = KvType::Q4_0;
+      check_case(c, {-1, 0, 256}, kBothMmaVersions);
+    }
 }
 
 // Shuffled and contiguous tables over the same page contents give bitwise
@@ -927,8 +954,9 @@ void kv_type_sweep(double copy_bw) {
   const Point points[] = {{64, 8192}, {1, 32768}};
   const KvType types[] = {KvType::F16, KvType::BF16, KvType::Q8_0, KvType::FP8, KvType::Q4_0};
   const int max_pages = 64 * 8192 / bs;  // one rotation of the largest point
-  std::printf("\npaged decode by KV type (GQA 32/8, hd 128, page 16, auto split; quantized: %s); copy %.0f GB/s\n",
-              std::getenv("RUNLM_PAGED_DECODE") ? std::getenv("RUNLM_PAGED_DECODE") : "tensor cores", copy_bw / 1e9);
+  std::printf("\npaged decode by KV type (GQA 32/8, hd 128, page 16, auto split; quantized: %s v%d); copy %.0f GB/s\n",
+              std::getenv("RUNLM_PAGED_DECODE") ? std::getenv("RUNLM_PAGED_DECODE") : "tensor cores",
+              paged_decode_mma_version(), copy_bw / 1e9);
   std::printf("%5s %6s %6s %10s %10s %10s %12s %8s\n", "B", "L", "kv", "us", "MB read", "GB/s", "tokens/s",
               "vs f16");
   double f16_tps[2] = {0, 0};

@@ -44,7 +44,14 @@
 // on the f32 accumulators of K and on P for V); version 3 stays for
 // f16/f16, every bf16 pair and head_dim 32. RUNLM_PAGED_DECODE=simt keeps
 // version 3 for every pair (comparisons).
+// Version 5 (issue 7): version 4 with a software-pipelined key loop at
+// head_dim 64 and 128 (a warp issues the raw loads of 16-key tiles 1 and 2
+// ahead, in a register ring, before converting and multiplying a tile;
+// paged_decode_mma.cuh); head_dim 256 stays on version 4.
+// RUNLM_PAGED_DECODE_MMA=v4|v5 picks the version (v4 when unset), tests
+// switch it with paged_decode_set_mma_version.
 #include <algorithm>
+#include <atomic>
 #include <cfloat>
 #include <cstdint>
 
@@ -217,17 +224,35 @@ bool mma_enabled() {
   return on;
 }
 
+// The tensor-core kernel's version: 0 until RUNLM_PAGED_DECODE_MMA is read.
+std::atomic<int> g_mma_version{0};
+
+int mma_version() {
+  int v = g_mma_version.load(std::memory_order_relaxed);
+  if (v == 0) {
+    const char* e = std::getenv("RUNLM_PAGED_DECODE_MMA");
+    v = 4;
+    if (e && *e) {
+      RUNLM_CHECK(std::strcmp(e, "v4") == 0 || std::strcmp(e, "v5") == 0,
+                  "RUNLM_PAGED_DECODE_MMA=%s unsupported; supported: v4, v5", e);
+      v = e[1] - '0';
+    }
+    g_mma_version.store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
 bool use_mma(const PagedDecodeParams& p) {
   return mma_enabled() && mma_types(p.kv.k_type, p.kv.v_type, p.kv.head_dim);
 }
 
-KernelFn pick_mma_kernel(KvType k, KvType v, int hd) {
+KernelFn pick_mma_kernel(KvType k, KvType v, int hd, int version) {
   KernelFn fn = nullptr;
   switch (k) {
-    case KvType::F16: fn = pick_mma_kernel_kf16(v, hd); break;
-    case KvType::Q8_0: fn = pick_mma_kernel_kq8_0(v, hd); break;
-    case KvType::Q4_0: fn = pick_mma_kernel_kq4_0(v, hd); break;
-    case KvType::FP8: fn = pick_mma_kernel_kfp8(v, hd); break;
+    case KvType::F16: fn = pick_mma_kernel_kf16(v, hd, version); break;
+    case KvType::Q8_0: fn = pick_mma_kernel_kq8_0(v, hd, version); break;
+    case KvType::Q4_0: fn = pick_mma_kernel_kq4_0(v, hd, version); break;
+    case KvType::FP8: fn = pick_mma_kernel_kfp8(v, hd, version); break;
     default: break;
   }
   RUNLM_CHECK(fn, "paged_decode_attention: no tensor-core kernel for K=%s V=%s head_dim=%d", kv_type_name(k),
@@ -283,7 +308,7 @@ Plan make_plan(const PagedDecodeParams& p, int forced_partition) {
   if (use_mma(p)) {
     pl.rows_per_cta = kMmaRows;
     pl.n_chunks = ceil_div(rows, kMmaRows);
-    pl.fn = pick_mma_kernel(p.kv.k_type, p.kv.v_type, p.kv.head_dim);
+    pl.fn = pick_mma_kernel(p.kv.k_type, p.kv.v_type, p.kv.head_dim, mma_version());
   } else {
     pl.rows_per_cta = rows_per_cta(rows);
     pl.n_chunks = ceil_div(rows, pl.rows_per_cta);
@@ -337,6 +362,14 @@ size_t paged_decode_workspace_bytes(int n_seqs, int total_q, int n_heads, int he
   // choices are checked against the workspace at launch.
   if (bound <= 1 || total_q <= 0) return 0;
   return size_t(total_q) * n_heads * bound * (size_t(head_dim) + 2) * sizeof(float);
+}
+
+int paged_decode_mma_version() { return mma_version(); }
+
+void paged_decode_set_mma_version(int version) {
+  RUNLM_CHECK(version == 4 || version == 5, "paged_decode_set_mma_version: version=%d unsupported; supported: 4, 5",
+              version);
+  g_mma_version.store(version, std::memory_order_relaxed);
 }
 
 bool paged_decode_uses_tensor_cores(const PagedDecodeParams& p) {

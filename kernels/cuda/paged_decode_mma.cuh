@@ -6,6 +6,10 @@
 // Same grid, split, workspace, window, -1 pages and NaN rows as the SIMT
 // kernel (shared SeqRange / seq_range / write_nan_rows); the instantiations
 // are in kernels/cuda/inst/paged_decode_mma_k<K>.cu.
+// Version 5 (kVersion = 5, head_dim 64 and 128; RUNLM_PAGED_DECODE_MMA=v5)
+// is version 4 with a software-pipelined key loop: the raw loads of the next
+// 16-key tiles go out before a tile's conversion and mma (a register ring,
+// MmaTileRaw below, with the bytes-in-flight estimate).
 //
 // Fragment layouts (kernels/cuda/mma_sm80.cuh), g = lane / 4, t = lane % 4:
 //   A 16x16: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
@@ -275,17 +279,61 @@ struct MmaQ4 {
 
 // ------------------------------------------------------------ the kernel
 
-// grid, workspace and results as paged_decode_kernel (paged_attention.cuh),
-// with kMmaRows rows a chunk. Each warp walks its own 16 x U keys of every
-// CTA step (U = 2 16-key sub-tiles at hd 64 and 128, 1 at hd 256, whose
-// q and O take twice the registers) and keeps an online softmax state per
-// row; the 4 warps merge through shared memory at the end.
+// Version 5 (the software-pipelined key loop, kVersion = 5, head_dim 64 and
+// 128): a warp walks 16-key tiles (tile n: keys k_first + 16 (4n + warp) ..
+// +15) through a ring of kStages register buffers of raw bytes (MmaTileRaw:
+// K and V bytes and scales as loaded, before any conversion). Before tile
+// n's conversion and mma it issues the loads of tile n + kStages - 1 (into
+// the buffer tile n - 1 freed), and the page-table entries of the tile after
+// that, so kStages - 1 tiles are in flight while the warp computes, and
+// kStages while it waits. Version 4 (below, kVersion = 4) loads a 32-key
+// step, then converts and multiplies it: nothing in flight while it
+// computes.
+//
+// Bytes in flight (B=64, L=8192, GQA 32/8, hd 128; 8 warps an SM at 2 CTAs
+// of 4): a tile is 16 keys x (K + V + scales) = 16 x 272 = 4.35 KB for
+// q8_0 / fp8, 16 x 144 = 2.3 KB for q4_0. Version 4 holds one 8.7 KB step
+// per warp in flight only while it waits (its ~670 warp instructions of
+// compute per step, ~0.6-1 us, have nothing in flight): measured 17 KB/us
+// an SM (2.3 TB/s). Little's law: 2.9 TB/s / 132 SMs = 22 KB/us an SM, so
+// at ~1 us loaded latency ~25-30 KB must be in flight all the time. Version
+// 5 with 3 stages (q8_0 / fp8 / q4_0 at hd 128, all pairs at hd 64): 2-3
+// tiles a warp always, 8.7-13 KB (q8_0) = 70-104 KB an SM, 4.6-7 KB (q4_0)
+// = 37-55 KB an SM; 2 stages (f16 K, or q8_0 / fp8 K with f16 V, at hd
+// 128: a raw tile of 56 registers): 1-2 tiles, 35-70 KB. Steady state per
+// tile and warp: max((latency + compute) / kStages, compute) against
+// (latency + 2 compute) / 2 for version 4. Registers: kStages x kRawWords
+// raw + ~100-110 (O 32, addresses, softmax, q 16 unless in shared memory):
+// up to 255 at hd 128 (2 CTAs an SM as version 4). More CTAs an SM instead
+// (3-4 at <= 168 / 128 registers) would need the ring out of registers
+// (cp.async into shared memory): not tried.
 template <typename KP, typename VP, int HD>
+struct MmaTileRaw {
+  static constexpr int NB = HD / 32, kScWords = NB / 2;
+  static constexpr int kRawWords = 2 * NB * KP::kKWords + 4 * NB * VP::kVWords + (KP::kScaled ? 4 * kScWords : 0) +
+                                   (VP::kScaled ? 4 * kScWords : 0);
+  // 3 stages while the ring stays <= 150 registers (q8_0 / fp8 / q4_0
+  // pairs at hd 128: 48 or less a tile; everything at hd 64), else 2.
+  static constexpr int kStages = 3 * kRawWords <= 150 ? 3 : 2;
+  uint32_t kw[2][NB][KP::kKWords];              // K of keys 8j + g, lane t's share of each block
+  uint32_t vw[4][NB][VP::kVWords];              // V of keys {2t, 2t+1, 2t+8, 2t+9}, lane g's share
+  uint32_t ksw[4][KP::kScaled ? kScWords : 1];  // K scales of those 4 keys
+  uint32_t vsw[4][VP::kScaled ? kScWords : 1];  // V scales of those 4 keys
+};
+
+// grid, workspace and results as paged_decode_kernel (paged_attention.cuh),
+// with kMmaRows rows a chunk. Version 4: each warp walks its own 16 x U
+// keys of every CTA step (U = 2 16-key sub-tiles at hd 64 and 128, 1 at hd
+// 256, whose q and O take twice the registers); version 5: 16-key tiles
+// through a register ring (above). Each warp keeps an online softmax state
+// per row; the 4 warps merge through shared memory at the end.
+template <typename KP, typename VP, int HD, int kVersion>
 __global__ void __launch_bounds__(kThreads, 2)
     paged_decode_mma_kernel(const __grid_constant__ PagedDecodeParams p, int partition_size, int n_chunks,
                             int bs_shift, float* __restrict__ ws_o, float* __restrict__ ws_md, int ws_parts) {
   static_assert(HD == 64 || HD == 128 || HD == 256, "tensor-core decode: head_dim 64, 128, 256");
   static_assert(KP::kScaled || VP::kScaled, "tensor-core decode: for pools with a quantized K or V");
+  static_assert(kVersion == 4 || (kVersion == 5 && HD <= 128), "tensor-core decode: version 4, or 5 at hd <= 128");
   constexpr int R = kMmaRows;
   constexpr int NB = HD / 32;                  // 32-value blocks of a head row
   constexpr int U = HD <= 128 ? 2 : 1;         // 16-key sub-tiles per warp per step
@@ -297,7 +345,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   // scales are loaded once S is done with K's, half of the blocks at a time
   // (their latency is then covered by the softmax and other warps only).
   constexpr bool kLateV = HD == 256;
-  constexpr bool kQInSmem = HD == 256;
+  // Version 5 at hd 128 with a 3-stage ring: q's 16 registers go too (the
+  // ring holds 3 x 40-48).
+  constexpr bool kQInSmem = HD == 256 || (kVersion == 5 && HD == 128 && MmaTileRaw<KP, VP, HD>::kStages == 3);
 
   __shared__ float s_m[kWarps][R], s_d[kWarps][R];
   __shared__ float s_o[kWarps][R][HD];
@@ -393,62 +443,38 @@ __global__ void __launch_bounds__(kThreads, 2)
   // k_end - 1 (a real row: 0 x garbage could be NaN in P V) and are masked.
   const int k_first = k_begin & ~7;
   auto group_page = [&](int key0) -> int { return __ldg(table + (min(key0, k_end - 1) >> bs_shift)); };
-  int pg[U][2];
-#pragma unroll
-  for (int u = 0; u < U; ++u)
-#pragma unroll
-    for (int j = 0; j < 2; ++j) pg[u][j] = group_page(k_first + warp * kWarpKeys + 16 * u + 8 * j);
-
-  for (int base = k_first + warp * kWarpKeys; base < k_end; base += kStep) {
-    int pg_v[U][2];  // this step's pages (pg moves on to the next step's)
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-      for (int j = 0; j < 2; ++j) pg_v[u][j] = pg[u][j];
-    // Raw bytes of the step, all in flight before the first use.
-    uint32_t kw[U][2][NB][KP::kKWords];   // K of key 16u + 8j + g, lane t's share of each block
-    uint32_t vw[U][4][NB][VP::kVWords];   // V of keys 16u + {2t, 2t+1, 2t+8, 2t+9}, lane g's share
-    uint32_t ksw[U][4][KP::kScaled ? kScWords : 1];  // scales of those 4 keys
-    uint32_t vsw[U][4][VP::kScaled ? kScWords : 1];
-    // V bytes (and V scales) of keys 16u + 8j + 2t + c, blocks [b0, b1).
-    auto load_v = [&](int u, int j, int c, int b0, int b1) {
-      const int row = min(base + 16 * u + 8 * j + 2 * t + c, k_end - 1) & bs_mask;
-      const uint8_t* vpg = v_pool + int64_t(pg_v[u][j]) * v_page;
-      const uint8_t* vr = vpg + row * v_qrow + v_head;
-#pragma unroll
-      for (int b = b0; b < b1; ++b) VP::v_load(vr + b * VP::kBlockBytes, g, vw[u][2 * j + c][b]);
-      if constexpr (VP::kScaled)
-        if (b0 == 0) ldg_words<kScWords>(vpg + v_scales + row * s_row + sc_head, vsw[u][2 * j + c]);
-    };
-#pragma unroll
-    for (int u = 0; u < U; ++u)
+  if constexpr (kVersion == 5) {
+    using Raw = MmaTileRaw<KP, VP, HD>;
+    constexpr int S = Raw::kStages;
+    // Tile n's first key (tiles of a warp are 64 keys apart, 16 x warp in).
+    auto tile_key = [&](int n) { return k_first + 16 * (kWarps * n + warp); };
+    // Raw bytes of the tile at key0 (pages pgs of its two 8-key groups), as
+    // version 4 loads a sub-tile; keys at or past k_end load key k_end - 1.
+    auto load_tile = [&](Raw& r, int key0, const int (&pgs)[2]) {
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const int key0 = base + 16 * u + 8 * j;
-        const uint8_t* kpg = k_pool + int64_t(pg[u][j]) * k_page;
+        const uint8_t* kpg = k_pool + int64_t(pgs[j]) * k_page;
+        const uint8_t* vpg = v_pool + int64_t(pgs[j]) * v_page;
         {
-          const int row = min(key0 + g, k_end - 1) & bs_mask;
+          const int row = min(key0 + 8 * j + g, k_end - 1) & bs_mask;
           const uint8_t* kr = kpg + row * k_qrow + k_head;
 #pragma unroll
-          for (int b = 0; b < NB; ++b) KP::k_load(kr + b * KP::kBlockBytes, t, kw[u][j][b]);
+          for (int b = 0; b < NB; ++b) KP::k_load(kr + b * KP::kBlockBytes, t, r.kw[j][b]);
         }
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          const int row = min(key0 + 2 * t + c, k_end - 1) & bs_mask;
-          if constexpr (!kLateV) load_v(u, j, c, 0, NB);
-          if constexpr (KP::kScaled) ldg_words<kScWords>(kpg + k_scales + row * s_row + sc_head, ksw[u][2 * j + c]);
+          const int row = min(key0 + 8 * j + 2 * t + c, k_end - 1) & bs_mask;
+          const uint8_t* vr = vpg + row * v_qrow + v_head;
+#pragma unroll
+          for (int b = 0; b < NB; ++b) VP::v_load(vr + b * VP::kBlockBytes, g, r.vw[2 * j + c][b]);
+          if constexpr (KP::kScaled) ldg_words<kScWords>(kpg + k_scales + row * s_row + sc_head, r.ksw[2 * j + c]);
+          if constexpr (VP::kScaled) ldg_words<kScWords>(vpg + v_scales + row * s_row + sc_head, r.vsw[2 * j + c]);
         }
       }
-    // Next step's pages, in flight with this step's bytes.
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-      for (int j = 0; j < 2; ++j) pg[u][j] = group_page(base + kStep + 16 * u + 8 * j);
-
-    const bool edge = base < lo_max || base + kWarpKeys > hi_min;  // warp-uniform
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      // S for row g, keys 16u + 8j + 2t + c.
+    };
+    // Converts and multiplies one tile: S, the online softmax of row g, P V
+    // (version 4's sub-tile body with the bytes from the ring).
+    auto compute_tile = [&](const Raw& r, int key0) {
       float acc[2][4] = {};
 #pragma unroll
       for (int b = 0; b < NB; ++b) {
@@ -460,16 +486,14 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           uint32_t kb[4];
-          KP::k_frag(kw[u][j][b], kb);
+          KP::k_frag(r.kw[j][b], kb);
           if constexpr (KP::kScaled) {
-            // The block's two k-steps into a fresh accumulator, then its
-            // scale (per key: columns 2t, 2t+1) onto the row's score.
             float blk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             mma_rows8(blk, q4[0], q4[1], kb[0], kb[1]);
             mma_rows8(blk, q4[2], q4[3], kb[2], kb[3]);
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
-              const uint32_t w = ksw[u][2 * j + c][b / 2];
+              const uint32_t w = r.ksw[2 * j + c][b / 2];
               acc[j][c] = fmaf(f16_bits_to_float(b % 2 ? w >> 16 : w & 0xffffu), blk[c], acc[j][c]);
             }
           } else {
@@ -479,31 +503,23 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
       }
       float sc[2][2] = {{acc[0][0], acc[0][1]}, {acc[1][0], acc[1][1]}};
-      if constexpr (kLateV) {
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-#pragma unroll
-          for (int c = 0; c < 2; ++c) load_v(u, j, c, 0, NB / 2);
-      }
-      if (edge) {
+      if (key0 < lo_max || key0 + 16 > hi_min) {  // warp-uniform
 #pragma unroll
         for (int j = 0; j < 2; ++j)
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
-            const int key = base + 16 * u + 8 * j + 2 * t + c;
+            const int key = key0 + 8 * j + 2 * t + c;
             if (!(key >= key_lo && key < key_hi)) sc[j][c] = -INFINITY;
           }
       }
-      // Online softmax of row g: the 16 keys sit in the 4 lanes t.
       float mx = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float m_new = fmaxf(m, mx);
-      if (__any_sync(0xffffffffu, m_new != m)) {  // rare after the first keys: skip the O rescale
+      if (__any_sync(0xffffffffu, m_new != m)) {
         const float ms = m_new == -INFINITY ? 0.0f : m_new;
-        const float corr = fast_exp2(m - ms);  // m = -inf: 0 (d and o are 0 then anyway)
+        const float corr = fast_exp2(m - ms);
         d *= corr;
-        // O^T's columns are rows 2t and 2t + 1: their factors live in lanes 8t and 8t + 4.
         const float c0 = __shfl_sync(0xffffffffu, corr, 8 * t);
         const float c1 = __shfl_sync(0xffffffffu, corr, 8 * t + 4);
 #pragma unroll
@@ -517,39 +533,221 @@ __global__ void __launch_bounds__(kThreads, 2)
           }
         m = m_new;
       }
-      const float ms = m == -INFINITY ? 0.0f : m;  // nothing live yet: keep exp2 away from -inf - -inf
+      const float ms = m == -INFINITY ? 0.0f : m;
       float pr[2][2];
 #pragma unroll
       for (int j = 0; j < 2; ++j)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          pr[j][c] = fast_exp2(sc[j][c] - ms);  // masked: 2^-inf = 0
+          pr[j][c] = fast_exp2(sc[j][c] - ms);
           d += pr[j][c];
         }
-      // P^T's B fragment is S's C fragment: keys 2t, 2t+1 (b0) and 2t+8, 2t+9 (b1) of row g.
       const uint32_t p01 = pack_f16x2(pr[0][0], pr[0][1]);
       const uint32_t p89 = pack_f16x2(pr[1][0], pr[1][1]);
 #pragma unroll
       for (int b = 0; b < NB; ++b) {
-        if (kLateV && b == NB / 2) {  // the second half of V's blocks, once the first half's registers are free
-#pragma unroll
-          for (int j = 0; j < 2; ++j)
-#pragma unroll
-            for (int c = 0; c < 2; ++c) load_v(u, j, c, NB / 2, NB);
-        }
         uint32_t b0 = p01, b1 = p89;
         if constexpr (VP::kScaled) {
-          // V's scale of (key, block) onto that key's probability (f16, one rounding).
           const int sel = b % 2 ? 0x7632 : 0x5410;
-          b0 = hmul2_u32(p01, __byte_perm(vsw[u][0][b / 2], vsw[u][1][b / 2], sel));
-          b1 = hmul2_u32(p89, __byte_perm(vsw[u][2][b / 2], vsw[u][3][b / 2], sel));
+          b0 = hmul2_u32(p01, __byte_perm(r.vsw[0][b / 2], r.vsw[1][b / 2], sel));
+          b1 = hmul2_u32(p89, __byte_perm(r.vsw[2][b / 2], r.vsw[3][b / 2], sel));
         }
         uint32_t x01[4], x89[4];
-        VP::v_frag(vw[u][0][b], vw[u][1][b], x01);
-        VP::v_frag(vw[u][2][b], vw[u][3][b], x89);
+        VP::v_frag(r.vw[0][b], r.vw[1][b], x01);
+        VP::v_frag(r.vw[2][b], r.vw[3][b], x89);
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
           mma_16816_f16(o[b][mt], x01[2 * mt], x01[2 * mt + 1], x89[2 * mt], x89[2 * mt + 1], b0, b1);
+      }
+    };
+
+    // The ring: tile n lives in buf[n % S]. pgn holds the pages of the next
+    // tile to load (read one tile ahead, so the table's latency hides behind
+    // a tile's compute). Tiles at or past k_end are not loaded (their
+    // buffers are never read: the loop stops at the first such tile).
+    Raw buf[S];
+    int pgs[S][2];  // pages of tiles 0 .. S - 1, all read before the first tile's loads
+#pragma unroll
+    for (int st = 0; st < S; ++st) {
+      pgs[st][0] = group_page(tile_key(st));
+      pgs[st][1] = group_page(tile_key(st) + 8);
+    }
+#pragma unroll
+    for (int st = 0; st < S - 1; ++st)
+      if (tile_key(st) < k_end) load_tile(buf[st], tile_key(st), pgs[st]);
+    int pgn[2] = {pgs[S - 1][0], pgs[S - 1][1]};
+    for (int n = 0; tile_key(n) < k_end; n += S) {
+#pragma unroll
+      for (int st = 0; st < S; ++st) {  // unrolled: buf's indices are constants (registers)
+        const int i = n + st;
+        if (tile_key(i) >= k_end) break;  // warp-uniform
+        // Tile i + S - 1 into the buffer of tile i - 1 (computed), then its
+        // successor's pages, then tile i (loaded S - 1 tiles ago).
+        if (tile_key(i + S - 1) < k_end) load_tile(buf[(st + S - 1) % S], tile_key(i + S - 1), pgn);
+        pgn[0] = group_page(tile_key(i + S));
+        pgn[1] = group_page(tile_key(i + S) + 8);
+        compute_tile(buf[st], tile_key(i));
+      }
+    }
+  } else {
+    int pg[U][2];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) pg[u][j] = group_page(k_first + warp * kWarpKeys + 16 * u + 8 * j);
+
+    for (int base = k_first + warp * kWarpKeys; base < k_end; base += kStep) {
+      int pg_v[U][2];  // this step's pages (pg moves on to the next step's)
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) pg_v[u][j] = pg[u][j];
+      // Raw bytes of the step, all in flight before the first use.
+      uint32_t kw[U][2][NB][KP::kKWords];   // K of key 16u + 8j + g, lane t's share of each block
+      uint32_t vw[U][4][NB][VP::kVWords];   // V of keys 16u + {2t, 2t+1, 2t+8, 2t+9}, lane g's share
+      uint32_t ksw[U][4][KP::kScaled ? kScWords : 1];  // scales of those 4 keys
+      uint32_t vsw[U][4][VP::kScaled ? kScWords : 1];
+      // V bytes (and V scales) of keys 16u + 8j + 2t + c, blocks [b0, b1).
+      auto load_v = [&](int u, int j, int c, int b0, int b1) {
+        const int row = min(base + 16 * u + 8 * j + 2 * t + c, k_end - 1) & bs_mask;
+        const uint8_t* vpg = v_pool + int64_t(pg_v[u][j]) * v_page;
+        const uint8_t* vr = vpg + row * v_qrow + v_head;
+#pragma unroll
+        for (int b = b0; b < b1; ++b) VP::v_load(vr + b * VP::kBlockBytes, g, vw[u][2 * j + c][b]);
+        if constexpr (VP::kScaled)
+          if (b0 == 0) ldg_words<kScWords>(vpg + v_scales + row * s_row + sc_head, vsw[u][2 * j + c]);
+      };
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int key0 = base + 16 * u + 8 * j;
+          const uint8_t* kpg = k_pool + int64_t(pg[u][j]) * k_page;
+          {
+            const int row = min(key0 + g, k_end - 1) & bs_mask;
+            const uint8_t* kr = kpg + row * k_qrow + k_head;
+#pragma unroll
+            for (int b = 0; b < NB; ++b) KP::k_load(kr + b * KP::kBlockBytes, t, kw[u][j][b]);
+          }
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int row = min(key0 + 2 * t + c, k_end - 1) & bs_mask;
+            if constexpr (!kLateV) load_v(u, j, c, 0, NB);
+            if constexpr (KP::kScaled) ldg_words<kScWords>(kpg + k_scales + row * s_row + sc_head, ksw[u][2 * j + c]);
+          }
+        }
+      // Next step's pages, in flight with this step's bytes.
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) pg[u][j] = group_page(base + kStep + 16 * u + 8 * j);
+
+      const bool edge = base < lo_max || base + kWarpKeys > hi_min;  // warp-uniform
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        // S for row g, keys 16u + 8j + 2t + c.
+        float acc[2][4] = {};
+#pragma unroll
+        for (int b = 0; b < NB; ++b) {
+          uint32_t q4[4] = {qa[b][0][0], qa[b][0][1], qa[b][1][0], qa[b][1][1]};
+          if constexpr (kQInSmem) {
+            const uint4 x = s_q[b][lane];
+            q4[0] = x.x, q4[1] = x.y, q4[2] = x.z, q4[3] = x.w;
+          }
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            uint32_t kb[4];
+            KP::k_frag(kw[u][j][b], kb);
+            if constexpr (KP::kScaled) {
+              // The block's two k-steps into a fresh accumulator, then its
+              // scale (per key: columns 2t, 2t+1) onto the row's score.
+              float blk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+              mma_rows8(blk, q4[0], q4[1], kb[0], kb[1]);
+              mma_rows8(blk, q4[2], q4[3], kb[2], kb[3]);
+#pragma unroll
+              for (int c = 0; c < 2; ++c) {
+                const uint32_t w = ksw[u][2 * j + c][b / 2];
+                acc[j][c] = fmaf(f16_bits_to_float(b % 2 ? w >> 16 : w & 0xffffu), blk[c], acc[j][c]);
+              }
+            } else {
+              mma_rows8(acc[j], q4[0], q4[1], kb[0], kb[1]);
+              mma_rows8(acc[j], q4[2], q4[3], kb[2], kb[3]);
+            }
+          }
+        }
+        float sc[2][2] = {{acc[0][0], acc[0][1]}, {acc[1][0], acc[1][1]}};
+        if constexpr (kLateV) {
+#pragma unroll
+          for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) load_v(u, j, c, 0, NB / 2);
+        }
+        if (edge) {
+#pragma unroll
+          for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              const int key = base + 16 * u + 8 * j + 2 * t + c;
+              if (!(key >= key_lo && key < key_hi)) sc[j][c] = -INFINITY;
+            }
+        }
+        // Online softmax of row g: the 16 keys sit in the 4 lanes t.
+        float mx = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m, mx);
+        if (__any_sync(0xffffffffu, m_new != m)) {  // rare after the first keys: skip the O rescale
+          const float ms = m_new == -INFINITY ? 0.0f : m_new;
+          const float corr = fast_exp2(m - ms);  // m = -inf: 0 (d and o are 0 then anyway)
+          d *= corr;
+          // O^T's columns are rows 2t and 2t + 1: their factors live in lanes 8t and 8t + 4.
+          const float c0 = __shfl_sync(0xffffffffu, corr, 8 * t);
+          const float c1 = __shfl_sync(0xffffffffu, corr, 8 * t + 4);
+#pragma unroll
+          for (int b = 0; b < NB; ++b)
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+              o[b][mt][0] *= c0;
+              o[b][mt][1] *= c1;
+              o[b][mt][2] *= c0;
+              o[b][mt][3] *= c1;
+            }
+          m = m_new;
+        }
+        const float ms = m == -INFINITY ? 0.0f : m;  // nothing live yet: keep exp2 away from -inf - -inf
+        float pr[2][2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            pr[j][c] = fast_exp2(sc[j][c] - ms);  // masked: 2^-inf = 0
+            d += pr[j][c];
+          }
+        // P^T's B fragment is S's C fragment: keys 2t, 2t+1 (b0) and 2t+8, 2t+9 (b1) of row g.
+        const uint32_t p01 = pack_f16x2(pr[0][0], pr[0][1]);
+        const uint32_t p89 = pack_f16x2(pr[1][0], pr[1][1]);
+#pragma unroll
+        for (int b = 0; b < NB; ++b) {
+          if (kLateV && b == NB / 2) {  // the second half of V's blocks, once the first half's registers are free
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+#pragma unroll
+              for (int c = 0; c < 2; ++c) load_v(u, j, c, NB / 2, NB);
+          }
+          uint32_t b0 = p01, b1 = p89;
+          if constexpr (VP::kScaled) {
+            // V's scale of (key, block) onto that key's probability (f16, one rounding).
+            const int sel = b % 2 ? 0x7632 : 0x5410;
+            b0 = hmul2_u32(p01, __byte_perm(vsw[u][0][b / 2], vsw[u][1][b / 2], sel));
+            b1 = hmul2_u32(p89, __byte_perm(vsw[u][2][b / 2], vsw[u][3][b / 2], sel));
+          }
+          uint32_t x01[4], x89[4];
+          VP::v_frag(vw[u][0][b], vw[u][1][b], x01);
+          VP::v_frag(vw[u][2][b], vw[u][3][b], x89);
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt)
+            mma_16816_f16(o[b][mt], x01[2 * mt], x01[2 * mt + 1], x89[2 * mt], x89[2 * mt + 1], b0, b1);
+        }
       }
     }
   }
@@ -594,13 +792,14 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
-// The tensor-core kernel for K type <K> and V type v at head_dim hd
+// The tensor-core kernel for K type <K> and V type v at head_dim hd, version
+// 4 or 5 (5 exists at head_dim 64 and 128; 256 answers version 4)
 // (kernels/cuda/inst/paged_decode_mma_k<K>.cu); nullptr where not
 // instantiated (V bf16, f16/f16, head_dim 32).
-KernelFn pick_mma_kernel_kf16(KvType v, int head_dim);
-KernelFn pick_mma_kernel_kq8_0(KvType v, int head_dim);
-KernelFn pick_mma_kernel_kq4_0(KvType v, int head_dim);
-KernelFn pick_mma_kernel_kfp8(KvType v, int head_dim);
+KernelFn pick_mma_kernel_kf16(KvType v, int head_dim, int version);
+KernelFn pick_mma_kernel_kq8_0(KvType v, int head_dim, int version);
+KernelFn pick_mma_kernel_kq4_0(KvType v, int head_dim, int version);
+KernelFn pick_mma_kernel_kfp8(KvType v, int head_dim, int version);
 
 }  // namespace paged
 }  // namespace runlm

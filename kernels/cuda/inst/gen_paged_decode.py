@@ -15,6 +15,8 @@ K type (paged_decode_mma_k<K>.cu):
                (bf16 pairs stay on the SIMT kernel)
   head_dim:    64, 128, 256
   rows:        8 (kMmaRows) per CTA
+  version:     4 at every head_dim, 5 (pipelined key loop) at 64 and 128
+               (hd 256 answers version 4 for both)
 """
 import pathlib
 
@@ -30,6 +32,7 @@ ROWS = [1, 2, 4, 8]
 MMA_TYPES = [t for t in TYPES if t[0] != "bf16"]
 MMA_POLICY = {"f16": "MmaF16", "q8_0": "MmaQ8", "q4_0": "MmaQ4", "fp8": "MmaFp8"}
 MMA_HEAD_DIMS = [64, 128, 256]
+MMA_V5_HEAD_DIMS = [64, 128]
 
 
 def head_dims(k, v):
@@ -68,14 +71,19 @@ def main():
             "",
             "namespace runlm::paged {",
             "",
-            f"KernelFn pick_mma_kernel_k{kname}(KvType v, int hd) {{",
+            f"KernelFn pick_mma_kernel_k{kname}(KvType v, int hd, int version) {{",
+            "  const bool v5 = version == 5;",
         ]
         for vname, vt, _ in MMA_TYPES:
             if kname in PLAIN and vname in PLAIN:
                 continue
             lines.append(f"  if (v == KvType::{vt}) {{")
             for hd in MMA_HEAD_DIMS:
-                lines.append(f"    if (hd == {hd}) return paged_decode_mma_kernel<{MMA_POLICY[kname]}, {MMA_POLICY[vname]}, {hd}>;")
+                kern = f"paged_decode_mma_kernel<{MMA_POLICY[kname]}, {MMA_POLICY[vname]}, {hd}"
+                if hd in MMA_V5_HEAD_DIMS:
+                    lines.append(f"    if (hd == {hd}) return v5 ? {kern}, 5> : {kern}, 4>;")
+                else:
+                    lines.append(f"    if (hd == {hd}) return {kern}, 4>;")
             lines.append("    return nullptr;")
             lines.append("  }")
         lines += ["  return nullptr;", "}", "", "}  // namespace runlm::paged", ""]

@@ -3,29 +3,30 @@
 
 namespace runlm::paged {
 
-KernelFn pick_mma_kernel_kfp8(KvType v, int hd) {
+KernelFn pick_mma_kernel_kfp8(KvType v, int hd, int version) {
+  const bool v5 = version == 5;
   if (v == KvType::F16) {
-    if (hd == 64) return paged_decode_mma_kernel<MmaFp8, MmaF16, 64>;
-    if (hd == 128) return paged_decode_mma_kernel<MmaFp8, MmaF16, 128>;
-    if (hd == 256) return paged_decode_mma_kernel<MmaFp8, MmaF16, 256>;
+    if (hd == 64) return v5 ? paged_decode_mma_kernel<MmaFp8, MmaF16, 64, 5> : paged_decode_mma_kernel<MmaFp8, MmaF16, 64, 4>;
+    if (hd == 128) return v5 ? paged_decode_mma_kernel<MmaFp8, MmaF16, 128, 5> : paged_decode_mma_kernel<MmaFp8, MmaF16, 128, 4>;
+    if (hd == 256) return paged_decode_mma_kernel<MmaFp8, MmaF16, 256, 4>;
     return nullptr;
   }
   if (v == KvType::Q8_0) {
-    if (hd == 64) return paged_decode_mma_kernel<MmaFp8, MmaQ8, 64>;
-    if (hd == 128) return paged_decode_mma_kernel<MmaFp8, MmaQ8, 128>;
-    if (hd == 256) return paged_decode_mma_kernel<MmaFp8, MmaQ8, 256>;
+    if (hd == 64) return v5 ? paged_decode_mma_kernel<MmaFp8, MmaQ8, 64, 5> : paged_decode_mma_kernel<MmaFp8, MmaQ8, 64, 4>;
+    if (hd == 128) return v5 ? paged_decode_mma_kernel<MmaFp8, MmaQ8, 128, 5> : paged_decode_mma_kernel<MmaFp8, MmaQ8, 128, 4>;
+    if (hd == 256) return paged_decode_mma_kernel<MmaFp8, MmaQ8, 256, 4>;
     return nullptr;
   }
   if (v == KvType::Q4_0) {
-    if (hd == 64) return paged_decode_mma_kernel<MmaFp8, MmaQ4, 64>;
-    if (hd == 128) return paged_decode_mma_kernel<MmaFp8, MmaQ4, 128>;
-    if (hd == 256) return paged_decode_mma_kernel<MmaFp8, MmaQ4, 256>;
+    if (hd == 64) return v5 ? paged_decode_mma_kernel<MmaFp8, MmaQ4, 64, 5> : paged_decode_mma_kernel<MmaFp8, MmaQ4, 64, 4>;
+    if (hd == 128) return v5 ? paged_decode_mma_kernel<MmaFp8, MmaQ4, 128, 5> : paged_decode_mma_kernel<MmaFp8, MmaQ4, 128, 4>;
+    if (hd == 256) return paged_decode_mma_kernel<MmaFp8, MmaQ4, 256, 4>;
     return nullptr;
   }
   if (v == KvType::FP8) {
-    if (hd == 64) return paged_decode_mma_kernel<MmaFp8, MmaFp8, 64>;
-    if (hd == 128) return paged_decode_mma_kernel<MmaFp8, MmaFp8, 128>;
-    if (hd == 256) return paged_decode_mma_kernel<MmaFp8, MmaFp8, 256>;
+    if (hd == 64) return v5 ? paged_decode_mma_kernel<MmaFp8, MmaFp8, 64, 5> : paged_decode_mma_kernel<MmaFp8, MmaFp8, 64, 4>;
+    if (hd == 128) return v5 ? paged_decode_mma_kernel<MmaFp8, MmaFp8, 128, 5> : paged_decode_mma_kernel<MmaFp8, MmaFp8, 128, 4>;
+    if (hd == 256) return paged_decode_mma_kernel<MmaFp8, MmaFp8, 256, 4>;
     return nullptr;
   }
   return nullptr;
