@@ -821,7 +821,7 @@ bool gemm_fused_supports(const GpuMatrix& w) {
 bool gemm_fused_fits_device(const GpuMatrix& w) {
   const DeviceInfo d = device_info();
   const bool q4 = w.type == DType::Q4_0;
-  // Versions 2 and 3 both run on sm_90 (the default, 2, and 3 by request): the larger of their largest tiles.
+  // Versions 2 and 3 both run on sm_90 (by token count): the larger of their largest tiles.
   constexpr int kWgQ4 = std::max(WgTraits<DType::Q4_0, 128>::kSmem, Wg3Traits<DType::Q4_0, 128>::kSmem);
   constexpr int kWgQ8 = std::max(WgTraits<DType::Q8_0, 128>::kSmem, Wg3Traits<DType::Q8_0, 128>::kSmem);
   const int smem = d.sm90 ? (q4 ? kWgQ4 : kWgQ8)
@@ -858,7 +858,12 @@ void gemm_fused_q(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_tok
   const bool sm90 = device_info().sm90;
   RUNLM_CHECK(version < 2 || sm90, "gemm_fused_q: version %d (wgmma) needs sm_90; this device runs version 1",
               version);
-  const int ver = version != 0 ? version : sm90 ? 2 : 1;
+  // Auto on sm_90: version 3 past 16 tokens, version 2 at 16 and fewer
+  // (H100, GpuOpsBench.GemmFusedQuantShapes, Q4_0 Llama-2-7B shapes: v3
+  // 0.90-0.97x v2's time at 64-128 tokens and 0.74-0.86x at 512, but
+  // 1.10-1.13x at 16, where the two have the same parallelism and v3's
+  // extra stage only adds latency).
+  const int ver = version != 0 ? version : sm90 ? (n_tokens > 16 ? 3 : 2) : 1;
   const WView v = make_view(w);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (w.type == DType::Q4_0)

@@ -103,9 +103,9 @@ void gemm_cublas(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_toke
 // summed in a fixed order (deterministic). splits > 0 forces the number of
 // column slices (tests), 0 picks it; either is capped by what scratch holds.
 // version: 1 = mma.sync (sm_80+), 2 = wgmma (sm_90 only, gemm_fused_has_wgmma),
-// 3 = wgmma with the decode overlapping the wgmmas (sm_90 only; not yet the
-// default), 0 = RUNLM_GEMM_FUSED_VERSION if set (gemm() passes 0), else 2
-// where it runs, else 1.
+// 3 = wgmma with the decode overlapping the wgmmas (sm_90 only),
+// 0 = RUNLM_GEMM_FUSED_VERSION if set (gemm() passes 0), else on sm_90 3
+// past 16 tokens and 2 up to 16 (measured), else 1.
 bool gemm_fused_supports(const GpuMatrix& w);
 bool gemm_fused_fits_device(const GpuMatrix& w);
 bool gemm_fused_has_wgmma();
