@@ -1142,6 +1142,22 @@ HostMatrix bench_matrix(DType t, int64_t rows, int64_t cols, uint32_t seed) {
   return m;
 }
 
+// Copies of a matrix spanning > 200 MB, so that a bench cycling through
+// them (ms[i % size]) reads DRAM, not L2; ms[0] is the matrix itself.
+struct RotatedCopies {
+  std::vector<gpu::GpuMatrix> ms;
+  std::vector<std::unique_ptr<DevBuf>> store;
+  explicit RotatedCopies(const gpu::GpuMatrix& base) {
+    const int copies = static_cast<int>(std::max<size_t>(2, (size_t{200} << 20) / base.bytes + 1));
+    ms.assign(copies, base);
+    for (int i = 1; i < copies; ++i) {
+      store.push_back(std::make_unique<DevBuf>(base.bytes));
+      ck(cudaMemcpy(store.back()->p, base.data, base.bytes, cudaMemcpyDeviceToDevice), "clone");
+      ms[i].data = store.back()->p;
+    }
+  }
+};
+
 float time_ms(const std::function<void(int)>& fn, int iters) {
   cudaEvent_t a, b;
   ck(cudaEventCreate(&a), "event");
@@ -1183,15 +1199,9 @@ TEST(GpuOpsBench, GemvLlama7bShapes) {
     for (const BenchShape& s : kLlama7b) {
       const HostMatrix hm = bench_matrix(t, s.rows, s.cols, 77);
       gpu::GpuMatrix base = gpu::upload_matrix(hm.q);
-      // Rotate copies over > 200 MB so the timed reads come from DRAM, not L2.
-      const int copies = static_cast<int>(std::max<size_t>(2, (size_t{200} << 20) / base.bytes + 1));
-      std::vector<gpu::GpuMatrix> ms(copies, base);
-      std::vector<std::unique_ptr<DevBuf>> store;
-      for (int i = 1; i < copies; ++i) {
-        store.push_back(std::make_unique<DevBuf>(base.bytes));
-        ck(cudaMemcpy(store.back()->p, base.data, base.bytes, cudaMemcpyDeviceToDevice), "clone");
-        ms[i].data = store.back()->p;
-      }
+      const RotatedCopies rot(base);
+      const std::vector<gpu::GpuMatrix>& ms = rot.ms;
+      const int copies = static_cast<int>(ms.size());
       const std::vector<float> x = randn(static_cast<size_t>(8 * s.cols), 5);
       auto dx = upload(x);
       DevBuf dy(sizeof(float) * 8 * s.rows);
@@ -1245,14 +1255,9 @@ TEST(GpuOpsBench, GemmFusedQuantShapes) {
       const BenchShape& s = kLlama7b[si];
       const HostMatrix hm = bench_matrix(t, s.rows, s.cols, 79);
       gpu::GpuMatrix base = gpu::upload_matrix(hm.q);
-      const int copies = static_cast<int>(std::max<size_t>(2, (size_t{200} << 20) / base.bytes + 1));
-      std::vector<gpu::GpuMatrix> ms(copies, base);
-      std::vector<std::unique_ptr<DevBuf>> store;
-      for (int i = 1; i < copies; ++i) {
-        store.push_back(std::make_unique<DevBuf>(base.bytes));
-        ck(cudaMemcpy(store.back()->p, base.data, base.bytes, cudaMemcpyDeviceToDevice), "clone");
-        ms[i].data = store.back()->p;
-      }
+      const RotatedCopies rot(base);
+      const std::vector<gpu::GpuMatrix>& ms = rot.ms;
+      const int copies = static_cast<int>(ms.size());
       const size_t scratch_bytes = gpu::gemm_scratch_bytes(base);
       DevBuf scratch(scratch_bytes);
       std::vector<uint16_t> xh(size_t(kMaxTokens) * s.cols);
