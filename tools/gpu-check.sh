@@ -22,7 +22,9 @@ cd "$ROOT"
 OUT=${OUT:-$ROOT/gpu-check-out}
 BUILD=${BUILD:-$ROOT/build-gpu}
 JOBS=${JOBS:-$(nproc)}
-# Also available: profile (ncu), plot (PNG charts).
+# Also available: profile (ncu), plot (PNG charts), and the sections below
+# the summary (models, bench_model, paged, batch_model, gemv, gemm_fused,
+# bench_npl, ...).
 SECTIONS=${SECTIONS:-"env build test sass sanitize bench anchors summary"}
 BENCH_ARGS=${BENCH_ARGS:-}
 ANCHOR_ARGS=${ANCHOR_ARGS:-}
@@ -346,6 +348,16 @@ section_gemv() {
     >"$OUT/gemv_bench.log" 2>&1
   local rc=$?
   grep -E '^\[bench\]' "$OUT/gemv_bench.log" | grep -E ' (q4_0|q8_0|f16) |copy|type' | head -40
+  return $rc
+}
+
+# The fused Q4_0/Q8_0 GEMM (versions 1-3) against dequantization + cuBLAS on
+# the Llama-2-7B shapes, 16 to 512 tokens.
+section_gemm_fused() {
+  RUNLM_BENCH_GPU_OPS=1 timeout "$BENCH_TIMEOUT" "$TESTS" --gtest_filter='GpuOpsBench.GemmFusedQuantShapes' \
+    >"$OUT/gemm_fused_bench.log" 2>&1
+  local rc=$?
+  grep -E '^\[bench\]' "$OUT/gemm_fused_bench.log" | head -40
   return $rc
 }
 
