@@ -55,7 +55,9 @@
 // slice order (deterministic, whichever CTA is last) and writes y.
 //
 // Prediction (H100 SXM: 3.0 TB/s; dense f16 ~990 TFLOP/s by wgmma, mma.sync
-// ~600, ~6 cycles per m16n8k16 per SM sub-partition), NOT YET MEASURED.
+// ~600, ~6 cycles per m16n8k16 per SM sub-partition), written before the
+// measurement (kernels/cuda/NOTES.md has the measured table: small n came in
+// ~2x slower than this, 256-512 tokens at 240-440 TFLOP/s).
 // Q4_0 = 0.5625 B/weight, Q8_0 = 1.0625; FLOP = 2 rows cols n.
 //   shape (rows x cols)   Q4_0 MB  Q8_0 MB  GFLOP at n = 16 / 64 / 128 / 256 / 512
 //   4096 x 4096              9.4     17.8   0.54 / 2.1 / 4.3 / 8.6 / 17.2
@@ -600,7 +602,9 @@ __global__ void __launch_bounds__(kThreads, WgTraits<kT, BN>::kMinBlocks) gemm_q
 // cause (decode and wgmma alternate inside a warpgroup) in place and lowers
 // the A registers from 32 to 16.
 //
-// Prediction, NOT YET MEASURED (11008 x 4096 Q4_0): per block and SM
+// Prediction for 11008 x 4096 Q4_0, written before the measurement
+// (measured on the H100: n = 16 23.7 us, 64 29.7, 128 50.3, 256 104.7, 512
+// 122.6; NOTES.md): per block and SM
 // sub-partition ~90 issue cycles of decode (2 warps x ~45) against 16 (BN =
 // 16) .. 128 (BN = 128) x 2 tensor cycles, now concurrent: n = 16 ~12-14 us
 // (DRAM, helped by the prefetch hint), n = 64 ~15-18 us, n = 128 ~25 us,
