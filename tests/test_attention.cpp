@@ -241,11 +241,9 @@ std::vector<uint16_t> expected_gather(const Problem& p, const PagedKv& kv, const
   return bits;
 }
 
-// The paged feature grid: varlen batches of 2-3 sequences, queries at an
-// offset into cached keys (chunked prefill, later chat turns), GQA / MQA /
-// MHA, causal with and without a sliding window, and non-causal; lengths
-// not multiples of any tile or page.
-struct PagedCase {
+// A batch of sequences and the attention options, as the case grids
+// (paged_cases below, gpu_cases further down) list them.
+struct AttnShapeCase {
   const char* name;
   std::vector<int> lq, lk;
   int n_heads, n_kv_heads;
@@ -253,8 +251,13 @@ struct PagedCase {
   int window_left;
 };
 
-const std::vector<PagedCase>& paged_cases() {
-  static const std::vector<PagedCase> k = {
+// The paged feature grid: varlen batches of 2-3 sequences, queries at an
+// offset into cached keys (chunked prefill, later chat turns), GQA / MQA /
+// MHA, causal with and without a sliding window, and non-causal; lengths
+// not multiples of any tile or page.
+
+const std::vector<AttnShapeCase>& paged_cases() {
+  static const std::vector<AttnShapeCase> k = {
       {"gqa_causal_chunk", {70, 129, 5}, {333, 129, 5}, 8, 2, true, -1},
       {"mqa_causal_window", {300, 17}, {650, 400}, 4, 1, true, 100},
       {"mha_noncausal_offset", {64, 10, 33}, {300, 90, 161}, 2, 2, false, -1},
@@ -436,7 +439,7 @@ TEST(AttentionPagedRef, PoolHoldsTheContiguousRows) {
   // this checks that the pools they build hold exactly those rows, in a
   // shuffled page order, with garbage (NaN included) everywhere else.
   size_t released = 0;
-  for (const PagedCase& c : paged_cases())
+  for (const AttnShapeCase& c : paged_cases())
   for (DType t : {DType::BF16, DType::F16})
     for (int bs : {8, 16, 64, 256}) {
       Problem p = make_problem(c.lq, c.lk, c.n_heads, c.n_kv_heads, 64, c.causal, c.window_left, 21u + bs, &t);
@@ -537,19 +540,11 @@ struct DevBuf {
   DevBuf& operator=(const DevBuf&) = delete;
 };
 
-struct GpuCase {
-  const char* name;
-  std::vector<int> lq, lk;
-  int n_heads, n_kv_heads;
-  bool causal;
-  int window_left;
-};
-
 // Lengths are not multiples of any tile (64/128); 0-length sequences, queries
 // at an offset into cached keys, windows wide enough to skip whole tiles, and
 // rows that see no key at all.
-const std::vector<GpuCase>& gpu_cases() {
-  static const std::vector<GpuCase> k = {
+const std::vector<AttnShapeCase>& gpu_cases() {
+  static const std::vector<AttnShapeCase> k = {
       {"mha_varlen", {1, 77, 0, 200, 129}, {1, 77, 0, 200, 129}, 4, 4, false, -1},
       {"gqa_causal", {130, 63, 257}, {130, 63, 257}, 8, 2, true, -1},
       {"mqa_causal_offset", {50, 129, 1, 17}, {200, 129, 300, 17}, 4, 1, true, -1},
@@ -566,19 +561,23 @@ struct RefResult {
   std::vector<float> out, lse;
 };
 
-// The reference for (dtype, head_dim, case) is shared by every backend.
-const RefResult& cached_ref(DType t, int hd, int ci) {
-  static std::map<std::tuple<int, int, int>, std::unique_ptr<RefResult>> cache;
-  auto key = std::make_tuple(int(t), hd, ci);
+// The reference for case ci of a grid at (dtype, head_dim), computed once and
+// shared by every backend; seed_base keeps the grids' inputs apart.
+const RefResult& cached_ref_of(const std::vector<AttnShapeCase>& cases, uint32_t seed_base, DType t, int hd,
+                               int ci) {
+  static std::map<std::tuple<const void*, int, int, int>, std::unique_ptr<RefResult>> cache;
+  auto key = std::make_tuple(static_cast<const void*>(&cases), int(t), hd, ci);
   auto it = cache.find(key);
   if (it != cache.end()) return *it->second;
-  const GpuCase& c = gpu_cases()[ci];
+  const AttnShapeCase& c = cases[ci];
   auto r = std::make_unique<RefResult>();
   r->prob = make_problem(c.lq, c.lk, c.n_heads, c.n_kv_heads, hd, c.causal, c.window_left,
-                         1000u + 17u * ci + hd + (t == DType::BF16 ? 0u : 7u), &t);
+                         seed_base + 17u * ci + hd + (t == DType::BF16 ? 0u : 7u), &t);
   run_ref(r->prob, r->out, r->lse);
   return *cache.emplace(key, std::move(r)).first->second;
 }
+
+const RefResult& cached_ref(DType t, int hd, int ci) { return cached_ref_of(gpu_cases(), 1000u, t, hd, ci); }
 
 struct GpuRun {
   std::vector<float> out, lse;
@@ -750,18 +749,7 @@ TEST(AttentionGpuDispatch, UnsupportedCombosThrow) {
 // The reference for a paged case: attention_ref on the contiguous K/V, which
 // is what the host gather of every pool built from it returns
 // (AttentionPagedRef.PoolHoldsTheContiguousRows; rechecked per test).
-const RefResult& cached_paged_ref(DType t, int hd, int ci) {
-  static std::map<std::tuple<int, int, int>, std::unique_ptr<RefResult>> cache;
-  auto key = std::make_tuple(int(t), hd, ci);
-  auto it = cache.find(key);
-  if (it != cache.end()) return *it->second;
-  const PagedCase& c = paged_cases()[ci];
-  auto r = std::make_unique<RefResult>();
-  r->prob = make_problem(c.lq, c.lk, c.n_heads, c.n_kv_heads, hd, c.causal, c.window_left,
-                         3000u + 17u * ci + hd + (t == DType::BF16 ? 0u : 7u), &t);
-  run_ref(r->prob, r->out, r->lse);
-  return *cache.emplace(key, std::move(r)).first->second;
-}
+const RefResult& cached_paged_ref(DType t, int hd, int ci) { return cached_ref_of(paged_cases(), 3000u, t, hd, ci); }
 
 using PagedParam = std::tuple<AttnBackend, DType, int, int, int>;  // backend, dtype, head_dim, case, block_size
 
