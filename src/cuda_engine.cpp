@@ -417,6 +417,8 @@ class CudaEngine final : public Engine {
     cu_seqlens_.allocate(4);
     const char* f32x = std::getenv("RUNLM_GEMV_F32X");
     gemv_x8_ = !(f32x && std::strcmp(f32x, "1") == 0);
+    const char* rope_sep = std::getenv("RUNLM_DECODE_ROPE_FUSED");  // =0: separate RoPE launch, for comparison
+    rope_in_attention_ = !(rope_sep && std::strcmp(rope_sep, "0") == 0);
     x8_.allocate(gpu::x8_bytes(kMaxGemvTokens, static_cast<int64_t>(widest)));
     // Layers whose GEMM reads the weights once (F16 through cuBLAS, Q4_0 and
     // Q8_0 through the fused kernel, gemm_q_mma.cu) beat the GEMV from a few
@@ -740,12 +742,19 @@ class CudaEngine final : public Engine {
       GpuLayer& g = layers_[l];
       norm_for_gemv(g.attn_norm, pending, m, uses_x8(g.wq) || uses_x8(g.wk) || uses_x8(g.wv));
       project_gemv({{&g.wq, q_.get()}, {&g.wk, k_.get()}, {&g.wv, v_.get()}}, xb_.get(), m, true);
-      gpu::rope_and_store_kv(q_.get(), k_.get(), v_.get(), positions_.get(), m, c.n_heads, c.n_kv_heads, c.head_dim,
-                             c.rope_theta, c.rope_freq_scale, k_cache(l), v_cache(l), nullptr, stream_);
       // The int8 x of a Q4_0/Q8_0 wo comes out of the attention kernel itself.
       const bool att_x8 = uses_x8(g.wo) && c.head_dim % 32 == 0;
-      gpu::decode_attention(q_.get(), k_cache(l), v_cache(l), m, positions_.get(), c.n_heads, c.n_kv_heads,
-                            c.head_dim, window_, scale, n_ctx_, att_.get(), stream_, att_x8 ? x8_.get() : nullptr);
+      void* att_out_x8 = att_x8 ? x8_.get() : nullptr;
+      if (rope_in_attention_) {  // RoPE and the K/V store inside the attention launch
+        gpu::decode_attention_rope(q_.get(), k_.get(), v_.get(), positions_.get(), m, c.n_heads, c.n_kv_heads,
+                                   c.head_dim, c.rope_theta, c.rope_freq_scale, k_cache(l), v_cache(l), window_,
+                                   scale, n_ctx_, att_.get(), stream_, att_out_x8);
+      } else {
+        gpu::rope_and_store_kv(q_.get(), k_.get(), v_.get(), positions_.get(), m, c.n_heads, c.n_kv_heads,
+                               c.head_dim, c.rope_theta, c.rope_freq_scale, k_cache(l), v_cache(l), nullptr, stream_);
+        gpu::decode_attention(q_.get(), k_cache(l), v_cache(l), m, positions_.get(), c.n_heads, c.n_kv_heads,
+                              c.head_dim, window_, scale, n_ctx_, att_.get(), stream_, att_out_x8);
+      }
       project_gemv({{&g.wo, xb_.get()}}, att_.get(), m, att_x8);
       norm_for_gemv(g.ffn_norm, xb_.get(), m, uses_x8(g.w_gate) || uses_x8(g.w_up));
       project_gemv({{&g.w_gate, gate_.get()}, {&g.w_up, up_.get()}}, xb_.get(), m, true);
@@ -946,6 +955,7 @@ class CudaEngine final : public Engine {
   DeviceBuffer<void*> gemm_ptrs_;  // the GemmGroups' pointer arrays (build_gemm_groups)
   DeviceBuffer<uint8_t> x8_;  // x quantized for gemv_x8 ([16, widest] int8 + scales)
   bool gemv_x8_ = true;
+  bool rope_in_attention_ = true;  // decode_attention_rope in layers_gemv (RUNLM_DECODE_ROPE_FUSED)
   int gemv_max_tokens_ = kMaxGemvTokens;  // longer chunks take the GEMM path
   bool gather_prefill_kv_ = false;        // RUNLM_PREFILL_KV=gather
   int* host_io_ = nullptr;  // pinned: tokens [n_batch], positions [n_batch], cu_seqlens [4]

@@ -1098,6 +1098,76 @@ TEST(GpuOps, DecodeAttentionGqaWindowLongContext) {
   for (const AttnCase& c : cases) check_decode_attention(c, seed += 10);
 }
 
+// decode_attention_rope against the two launches it replaces
+// (rope_and_store_kv, then decode_attention) on the same random inputs: the
+// cache must come out bit-equal (same rotation and rounding, rope.cuh) and
+// the output equal, int8 x included; q must stay unrotated.
+TEST(GpuOps, DecodeAttentionRopeMatchesRopeThenAttention) {
+  REQUIRE_GPU();
+  const AttnCase cases[] = {
+      {1, 32, 8, 128, 0, 37},   // 7B-like GQA, one token
+      {4, 8, 2, 128, 0, 100},   // 4 tokens: later ones see the earlier new keys
+      {16, 8, 8, 64, 16, 40},   // 16 tokens, window 16
+      {3, 4, 1, 128, 2, 0},     // window 2, from position 0
+      {2, 8, 8, 8, 0, 250},     // head_dim 8 (stories260K)
+      {2, 6, 3, 96, 0, 3000},   // head_dim 96, long position
+  };
+  uint32_t seed = 900;
+  for (const AttnCase& c : cases) {
+    seed += 10;
+    const int max_ctx = c.pos0 + c.n + 3;
+    const size_t kv_row = size_t(c.n_kv) * c.hd, cache = size_t(max_ctx) * kv_row;
+    std::vector<uint16_t> kh(cache), vh(cache);
+    const std::vector<float> kf = randn(cache, seed), vf = randn(cache, seed + 1);
+    for (size_t i = 0; i < cache; ++i) {
+      kh[i] = fp32_to_fp16(kf[i]);
+      vh[i] = fp32_to_fp16(vf[i]);
+    }
+    const std::vector<float> q = randn(size_t(c.n) * c.n_heads * c.hd, seed + 2);
+    const std::vector<float> kn = randn(size_t(c.n) * kv_row, seed + 3), vn = randn(size_t(c.n) * kv_row, seed + 4);
+    std::vector<int> pos(c.n);
+    for (int i = 0; i < c.n; ++i) pos[i] = c.pos0 + i;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd)), theta = 10000.0f;
+    const int64_t cols = int64_t(c.n_heads) * c.hd;
+    const bool with_x8 = c.hd % 32 == 0;
+    auto dp = upload(pos);
+    auto dk = upload(kn);
+    auto dv = upload(vn);
+    // Two launches: rope_and_store_kv rotates q in place, then attention.
+    auto dq_a = upload(q);
+    auto kc_a = upload(kh);
+    auto vc_a = upload(vh);
+    DevBuf out_a(q.size() * 4), x8_a(with_x8 ? gpu::x8_bytes(c.n, cols) : 0);
+    gpu::rope_and_store_kv(dq_a->as<float>(), dk->as<float>(), dv->as<float>(), dp->as<int>(), c.n, c.n_heads, c.n_kv,
+                           c.hd, theta, 1.0f, kc_a->as<uint16_t>(), vc_a->as<uint16_t>(), nullptr, nullptr);
+    gpu::decode_attention(dq_a->as<float>(), kc_a->as<uint16_t>(), vc_a->as<uint16_t>(), c.n, dp->as<int>(),
+                          c.n_heads, c.n_kv, c.hd, c.window, scale, max_ctx, out_a.as<float>(), nullptr,
+                          with_x8 ? x8_a.p : nullptr);
+    // One launch.
+    auto dq_b = upload(q);
+    auto kc_b = upload(kh);
+    auto vc_b = upload(vh);
+    DevBuf out_b(q.size() * 4), x8_b(with_x8 ? gpu::x8_bytes(c.n, cols) : 0);  // poisoned
+    gpu::decode_attention_rope(dq_b->as<float>(), dk->as<float>(), dv->as<float>(), dp->as<int>(), c.n, c.n_heads,
+                               c.n_kv, c.hd, theta, 1.0f, kc_b->as<uint16_t>(), vc_b->as<uint16_t>(), c.window, scale,
+                               max_ctx, out_b.as<float>(), nullptr, with_x8 ? x8_b.p : nullptr);
+    const std::string what = "n=" + std::to_string(c.n) + " heads=" + std::to_string(c.n_heads) + "/" +
+                             std::to_string(c.n_kv) + " hd=" + std::to_string(c.hd) +
+                             " window=" + std::to_string(c.window) + " pos0=" + std::to_string(c.pos0);
+    EXPECT_EQ(kc_b->get<uint16_t>(cache), kc_a->get<uint16_t>(cache)) << what;
+    EXPECT_EQ(vc_b->get<uint16_t>(cache), vc_a->get<uint16_t>(cache)) << what;
+    const std::vector<float> got = out_b.get<float>(q.size()), want = out_a.get<float>(q.size());
+    EXPECT_LT(rel_err(got, want), 1e-6) << what;
+    EXPECT_EQ(dq_b->get<float>(q.size()), q) << what << ": q must not be written";
+    if (with_x8) {
+      const HostX8 a = read_x8(x8_a, c.n, cols), b = read_x8(x8_b, c.n, cols);
+      EXPECT_EQ(b.d, host_quantize_x8(got).d) << what;
+      EXPECT_EQ(b.q, host_quantize_x8(got).q) << what;
+      EXPECT_LT(rel_err(b.d, a.d), 1e-6) << what;
+    }
+  }
+}
+
 TEST(GpuOps, DecodeAttentionPositionPastMaxCtxWritesNan) {
   REQUIRE_GPU();
   const int hd = 64, max_ctx = 8;

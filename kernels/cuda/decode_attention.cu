@@ -16,10 +16,24 @@
 // quantizes it with the same warp function as quantize_x8 (bit-equal). The
 // kernel lets the next (programmatic) launch start at once: the wo GEMV then
 // loads its weights while attention runs, as it did during quantize_x8.
+//
+// Version 2 (decode_attention_rope, kRope): the same kernel also does the
+// work of rope_and_store_kv, which was a launch of its own between the qkv
+// GEMV and attention (2.5 us of a 7B Q4_0 decode layer, measured on the
+// H100 by leaving it out). Query t's block rotates its own q head; the
+// step's new keys (tokens 0..t, positions pos[0]..pos[t]) are rotated from
+// the GEMV's f32 k and v by every block that reads them, rounded to f16 as
+// the cache holds them, and kept in shared memory: so no block reads a cache
+// row another block of the same launch writes. The block of token t and the
+// first query head of a KV group writes that group's row pos[t] to the
+// cache. Rotation and rounding are rope.cuh's, as rope_store_kernel's: the
+// cache rows are bit-identical either way.
 #include <cfloat>
+#include <type_traits>
 
 #include "cuda/common.cuh"
 #include "cuda/gpu_ops.h"
+#include "cuda/rope.cuh"
 #include "cuda/x8_layout.cuh"
 
 namespace runlm::gpu {
@@ -29,19 +43,31 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kKeysPerStep = 4;
 constexpr int kMaxHeadDim = 256;
+constexpr int kMaxTokens = 16;
 
-template <int kPerLane>
+// The step's new K/V rows for the rope version ([token][head_dim], f16 as
+// the cache holds them) and this block's rotated q.
+struct NewKv {
+  __half k[kMaxTokens][kMaxHeadDim], v[kMaxTokens][kMaxHeadDim];
+  float q[kMaxHeadDim];
+};
+
+// kRope: q, k_new and v_new are the GEMV outputs before RoPE (see version 2
+// above); otherwise q is already rotated and the cache holds every key.
+template <int kPerLane, bool kRope>
 __global__ void __launch_bounds__(kWarps * 32)
-    decode_attn_kernel(const float* __restrict__ q, const __half* __restrict__ k_cache,
-                       const __half* __restrict__ v_cache, const int* __restrict__ pos0, int n_heads,
-                       int n_kv_heads, int head_dim, int window, float scale, int max_ctx, float* __restrict__ out,
-                       int8_t* __restrict__ out_q, float2* __restrict__ out_ds) {
+    decode_attn_kernel(const float* __restrict__ q, __half* __restrict__ k_cache, __half* __restrict__ v_cache,
+                       const int* __restrict__ pos0, int n_heads, int n_kv_heads, int head_dim, int window,
+                       float scale, int max_ctx, float* __restrict__ out, int8_t* __restrict__ out_q,
+                       float2* __restrict__ out_ds, const float* __restrict__ k_new, const float* __restrict__ v_new,
+                       RopeFreqs freqs) {
   allow_next_kernel();
   __shared__ float s_m[kWarps], s_l[kWarps];
   __shared__ float s_o[kWarps][kMaxHeadDim];
+  __shared__ std::conditional_t<kRope, NewKv, char> s_new;
   const int t = blockIdx.x, h = blockIdx.y;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int p = *pos0 + t;
+  const int p = *pos0 + t;  // pos0[0] (= pos[0]) + t; the rope version reads pos[0..t] as positions too
   const int64_t row0 = (int64_t(t) * n_heads + h) * head_dim;  // of this head's output in out (and out_q)
   float* o_row = out + row0;
   // Warp w writes x8 block (row0 + 32 w) / 32 when out_q is set (head_dim %
@@ -56,17 +82,46 @@ __global__ void __launch_bounds__(kWarps * 32)
     return;
   }
   const int first = window > 0 ? max(0, p - window + 1) : 0;
-  const int kvh = h / (n_heads / n_kv_heads);
+  const int group = n_heads / n_kv_heads, kvh = h / group;
   const int64_t kv_stride = int64_t(n_kv_heads) * head_dim;
   const __half* kb = k_cache + int64_t(kvh) * head_dim;
   const __half* vb = v_cache + int64_t(kvh) * head_dim;
+  const float* q_row = q + (int64_t(t) * n_heads + h) * head_dim;
+  // Keys from new_first on are this step's (rope version): read from s_new.
+  const int new_first = kRope ? p - t : p + 1;
+
+  if constexpr (kRope) {
+    const int pairs = head_dim / 2;
+    for (int j = threadIdx.x; j < (t + 1) * pairs; j += blockDim.x) {
+      const int u = j / pairs, i = j % pairs;
+      const float2 cs = rope_cos_sin(new_first + u, freqs.f[i]);
+      const int64_t src = (int64_t(u) * n_kv_heads + kvh) * head_dim + 2 * i;
+      const float2 kr = rope_rotate(k_new[src], k_new[src + 1], cs.x, cs.y);
+      const __half2 kh = __floats2half2_rn(kr.x, kr.y);
+      const __half2 vh = __floats2half2_rn(v_new[src], v_new[src + 1]);
+      *reinterpret_cast<__half2*>(&s_new.k[u][2 * i]) = kh;
+      *reinterpret_cast<__half2*>(&s_new.v[u][2 * i]) = vh;
+      if (u == t) {
+        const float2 qr = rope_rotate(q_row[2 * i], q_row[2 * i + 1], cs.x, cs.y);
+        s_new.q[2 * i] = qr.x;
+        s_new.q[2 * i + 1] = qr.y;
+        if (h % group == 0) {  // one block per (token, KV head) stores the row
+          *reinterpret_cast<__half2*>(k_cache + p * kv_stride + int64_t(kvh) * head_dim + 2 * i) = kh;
+          *reinterpret_cast<__half2*>(v_cache + p * kv_stride + int64_t(kvh) * head_dim + 2 * i) = vh;
+        }
+      }
+    }
+    __syncthreads();  // s_new is read by every warp below
+  }
 
   float qv[kPerLane];
-  const float* q_row = q + (int64_t(t) * n_heads + h) * head_dim;
 #pragma unroll
   for (int j = 0; j < kPerLane; ++j) {
     const int e = lane + 32 * j;
-    qv[j] = e < head_dim ? q_row[e] * scale : 0.0f;  // the scale folded into q once
+    float qe = 0.0f;
+    if constexpr (kRope) qe = e < head_dim ? s_new.q[e] : 0.0f;
+    else qe = e < head_dim ? q_row[e] : 0.0f;
+    qv[j] = qe * scale;  // the scale folded into q once
   }
   float m = -INFINITY, l = 0.0f, o[kPerLane];
 #pragma unroll
@@ -77,11 +132,29 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int i = 0; i < kKeysPerStep; ++i) {
       const int key = min(base + i, p);  // past p: a valid row, masked below
+      // Rope version: a key of this step comes from s_new. The cache load is
+      // still issued (of row min(key, new_first - 1), or 0: in bounds) and
+      // its value dropped, so all loads of the step go out together, as in
+      // version 1 (a branch around them serialised them: 15 us a 7B layer).
+      const int row = kRope ? max(0, min(key, new_first - 1)) : key;
 #pragma unroll
       for (int j = 0; j < kPerLane; ++j) {
         const int e = lane + 32 * j;
-        kx[i][j] = e < head_dim ? __half2float(kb[key * kv_stride + e]) : 0.0f;
-        vx[i][j] = e < head_dim ? __half2float(vb[key * kv_stride + e]) : 0.0f;
+        kx[i][j] = e < head_dim ? __half2float(kb[row * kv_stride + e]) : 0.0f;
+        vx[i][j] = e < head_dim ? __half2float(vb[row * kv_stride + e]) : 0.0f;
+      }
+    }
+    if constexpr (kRope) {
+#pragma unroll
+      for (int i = 0; i < kKeysPerStep; ++i) {
+        const int key = min(base + i, p);
+        if (key < new_first) continue;  // the whole warp agrees: one key per i
+#pragma unroll
+        for (int j = 0; j < kPerLane; ++j) {
+          const int e = lane + 32 * j;
+          kx[i][j] = e < head_dim ? __half2float(s_new.k[key - new_first][e]) : 0.0f;
+          vx[i][j] = e < head_dim ? __half2float(s_new.v[key - new_first][e]) : 0.0f;
+        }
       }
     }
     float s[kKeysPerStep];
@@ -149,32 +222,58 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 }  // namespace
 
-void decode_attention(const float* q, const uint16_t* k_cache, const uint16_t* v_cache, int n, const int* pos0,
-                      int n_heads, int n_kv_heads, int head_dim, int window, float scale, int max_ctx,
-                      float* out, Stream stream, void* out_x8) {
+namespace {
+
+template <bool kRope>
+void launch_decode_attention(const float* q, uint16_t* k_cache, uint16_t* v_cache, int n, const int* pos0,
+                             int n_heads, int n_kv_heads, int head_dim, int window, float scale, int max_ctx,
+                             float* out, Stream stream, void* out_x8, const float* k_new, const float* v_new,
+                             const RopeFreqs& freqs) {
   if (n <= 0) return;
-  RUNLM_CHECK(n <= 16, "decode_attention: n=%d query tokens unsupported; supported: 1..16", n);
+  RUNLM_CHECK(n <= kMaxTokens, "decode_attention: n=%d query tokens unsupported; supported: 1..%d", n, kMaxTokens);
   RUNLM_CHECK(n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0,
               "decode_attention: n_heads=%d not a multiple of n_kv_heads=%d", n_heads, n_kv_heads);
   RUNLM_CHECK(head_dim > 0 && head_dim <= kMaxHeadDim, "decode_attention: head_dim=%d unsupported; supported: 1..%d",
               head_dim, kMaxHeadDim);
+  RUNLM_CHECK(!kRope || head_dim % 2 == 0, "decode_attention_rope: head_dim=%d unsupported; supported: even",
+              head_dim);
   RUNLM_CHECK(!out_x8 || head_dim % kX8Block == 0,
               "decode_attention: int8 output needs head_dim a multiple of %d, got %d", kX8Block, head_dim);
   int8_t* out_q = out_x8 ? x8_q(out_x8) : nullptr;
   float2* out_ds = out_x8 ? x8_ds(out_x8, n, int64_t(n_heads) * head_dim) : nullptr;
   const dim3 grid(n, n_heads);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const auto* kc = reinterpret_cast<const __half*>(k_cache);
-  const auto* vc = reinterpret_cast<const __half*>(v_cache);
-#define RUNLM_ATTN_LAUNCH(P)                                                                                  \
-  decode_attn_kernel<P><<<grid, kWarps * 32, 0, s>>>(q, kc, vc, pos0, n_heads, n_kv_heads, head_dim, window, \
-                                                      scale, max_ctx, out, out_q, out_ds)
+  auto* kc = reinterpret_cast<__half*>(k_cache);
+  auto* vc = reinterpret_cast<__half*>(v_cache);
+#define RUNLM_ATTN_LAUNCH(P)                                                                              \
+  decode_attn_kernel<P, kRope><<<grid, kWarps * 32, 0, s>>>(q, kc, vc, pos0, n_heads, n_kv_heads, head_dim, \
+                                                             window, scale, max_ctx, out, out_q, out_ds, k_new, \
+                                                             v_new, freqs)
   if (head_dim <= 32) RUNLM_ATTN_LAUNCH(1);
   else if (head_dim <= 64) RUNLM_ATTN_LAUNCH(2);
   else if (head_dim <= 128) RUNLM_ATTN_LAUNCH(4);
   else RUNLM_ATTN_LAUNCH(8);
 #undef RUNLM_ATTN_LAUNCH
   cudaCheckLaunch();
+}
+
+}  // namespace
+
+void decode_attention(const float* q, const uint16_t* k_cache, const uint16_t* v_cache, int n, const int* pos0,
+                      int n_heads, int n_kv_heads, int head_dim, int window, float scale, int max_ctx,
+                      float* out, Stream stream, void* out_x8) {
+  // The kernel writes the cache only in the rope version.
+  launch_decode_attention<false>(q, const_cast<uint16_t*>(k_cache), const_cast<uint16_t*>(v_cache), n, pos0, n_heads,
+                                 n_kv_heads, head_dim, window, scale, max_ctx, out, stream, out_x8, nullptr, nullptr,
+                                 RopeFreqs{});
+}
+
+void decode_attention_rope(const float* q, const float* k, const float* v, const int* pos, int n, int n_heads,
+                           int n_kv_heads, int head_dim, float theta, float freq_scale, uint16_t* k_cache,
+                           uint16_t* v_cache, int window, float scale, int max_ctx, float* out, Stream stream,
+                           void* out_x8) {
+  launch_decode_attention<true>(q, k_cache, v_cache, n, pos, n_heads, n_kv_heads, head_dim, window, scale, max_ctx,
+                                out, stream, out_x8, k, v, rope_freqs(head_dim, theta, freq_scale));
 }
 
 }  // namespace runlm::gpu

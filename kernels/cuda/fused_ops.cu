@@ -10,6 +10,7 @@
 #include "cuda/gpu_codec.cuh"
 #include "cuda/gpu_ops.h"
 #include "cuda/kv_codec.cuh"
+#include "cuda/rope.cuh"
 #include "paged_kv.h"
 
 namespace runlm::gpu {
@@ -52,22 +53,12 @@ __global__ void embed_kernel(WView w, const int* __restrict__ tokens, int n, flo
 
 // ---- rope_and_store_kv ----------------------------------------------------
 
-constexpr int kMaxRopePairs = 128;  // head_dim <= 256
-
-// Per-pair frequencies freq_scale * theta^(-2i/head_dim), computed in double
-// on the host and passed by value, so a captured graph keeps them.
-struct RopeFreqs {
-  double f[kMaxRopePairs];
-};
-
 // Grid (token, slice): the gridDim.y blocks of a token split its q pairs,
 // K/V pairs (or K/V blocks of 32) between them, about one per thread, so the
 // loads of a token all go out at once. (Version 1 had one block per token
 // looping over all heads: at one token, ~16 dependent round trips a loop,
 // 20 us per decode call under ncu.) Each block computes the sin/cos table it
-// needs. The angle pos * freq is formed and reduced modulo 2 pi in double
-// (at pos 32000 a float angle would be off by ~2e-3 rad), then sin/cos of
-// the reduced angle in float.
+// needs (rope.cuh).
 __global__ void rope_store_kernel(float* q, const float* __restrict__ k, const float* __restrict__ v,
                                   const int* __restrict__ pos, const int* __restrict__ slots, int n_heads,
                                   int n_kv_heads, int head_dim, RopeFreqs freqs, void* k_cache, void* v_cache,
@@ -76,14 +67,10 @@ __global__ void rope_store_kernel(float* q, const float* __restrict__ k, const f
   const int t = blockIdx.x;
   const int p = pos[t];
   const int pairs = head_dim / 2;
-  constexpr double kTwoPi = 6.283185307179586;
   for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
-    const double angle = static_cast<double>(p) * freqs.f[i];
-    const double r = angle - kTwoPi * rint(angle / kTwoPi);
-    float s, c;
-    sincosf(static_cast<float>(r), &s, &c);
-    cs[i][0] = c;
-    cs[i][1] = s;
+    const float2 c_s = rope_cos_sin(p, freqs.f[i]);
+    cs[i][0] = c_s.x;
+    cs[i][1] = c_s.y;
   }
   __syncthreads();  // cs is read by every thread below
   const int64_t q_row = int64_t(t) * n_heads * head_dim;
@@ -92,10 +79,9 @@ __global__ void rope_store_kernel(float* q, const float* __restrict__ k, const f
     const int h = j / pairs, i = j % pairs;
     float2* e = reinterpret_cast<float2*>(q + q_row + h * head_dim + 2 * i);
     const float2 ab = *e;
-    const float a = ab.x, b = ab.y, c = cs[i][0], s = cs[i][1];
-    const float r0 = a * c - b * s, r1 = a * s + b * c;
-    *e = make_float2(r0, r1);
-    if (q_out) *reinterpret_cast<__half2*>(q_out + q_row + h * head_dim + 2 * i) = __floats2half2_rn(r0, r1);
+    const float2 r = rope_rotate(ab.x, ab.y, cs[i][0], cs[i][1]);
+    *e = r;
+    if (q_out) *reinterpret_cast<__half2*>(q_out + q_row + h * head_dim + 2 * i) = __floats2half2_rn(r.x, r.y);
   }
   const int64_t kv_row = int64_t(t) * n_kv_heads * head_dim;
   // The cache row is the token's slot (paged cache) or its position.
@@ -106,8 +92,8 @@ __global__ void rope_store_kernel(float* q, const float* __restrict__ k, const f
     for (int j = threadIdx.x + first; j < n_kv_heads * pairs; j += stride) {
       const int h = j / pairs, i = j % pairs;
       const int64_t off = h * head_dim + 2 * i;
-      const float a = k[kv_row + off], b = k[kv_row + off + 1], c = cs[i][0], s = cs[i][1];
-      *reinterpret_cast<__half2*>(kc + off) = __floats2half2_rn(a * c - b * s, a * s + b * c);
+      const float2 r = rope_rotate(k[kv_row + off], k[kv_row + off + 1], cs[i][0], cs[i][1]);
+      *reinterpret_cast<__half2*>(kc + off) = __floats2half2_rn(r.x, r.y);
       *reinterpret_cast<__half2*>(vc + off) = __floats2half2_rn(v[kv_row + off], v[kv_row + off + 1]);
     }
     return;
@@ -128,8 +114,8 @@ __global__ void rope_store_kernel(float* q, const float* __restrict__ k, const f
   for (int b = (threadIdx.x >> 5) + blockIdx.y * warps; b < n_blocks; b += warps * gridDim.y) {
     const int e = b * 32 + lane;      // element of the row (head e / head_dim)
     const int i = (e % head_dim) / 2;  // its RoPE pair
-    const float a = k[kv_row + (e & ~1)], bb = k[kv_row + (e | 1)], c = cs[i][0], s = cs[i][1];
-    const float kr = (e & 1) ? a * s + bb * c : a * c - bb * s;
+    const float2 r = rope_rotate(k[kv_row + (e & ~1)], k[kv_row + (e | 1)], cs[i][0], cs[i][1]);
+    const float kr = (e & 1) ? r.y : r.x;
     kv_encode_block(k_type, kr, lane, kq + b * lk.q_row / n_blocks, ks + b);
     kv_encode_block(v_type, v[kv_row + e], lane, vq + b * lv.q_row / n_blocks, vs + b);
   }
@@ -207,10 +193,7 @@ void rope_and_store_kv_slots(float* q, const float* k, const float* v, const int
                 head_dim, kv_type_name(t));
   }
   RUNLM_CHECK(block_size >= 1, "rope_and_store_kv: block_size=%d", block_size);
-  RopeFreqs f{};
-  for (int i = 0; i < head_dim / 2; ++i)
-    f.f[i] = static_cast<double>(freq_scale) *
-             std::pow(static_cast<double>(theta), -static_cast<double>(2 * i) / head_dim);
+  const RopeFreqs f = rope_freqs(head_dim, theta, freq_scale);
   // Slices per token: about one pair (or K/V value) per thread.
   constexpr int kRopeThreads = 128;
   const int pairs_max = std::max(n_heads, n_kv_heads) * head_dim / 2;

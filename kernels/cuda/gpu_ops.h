@@ -185,6 +185,17 @@ void decode_attention(const float* q, const uint16_t* k_cache, const uint16_t* v
                       int n_heads, int n_kv_heads, int head_dim, int window, float scale, int max_ctx,
                       float* out, Stream stream, void* out_x8 = nullptr);
 
+// rope_and_store_kv (f16 cache, positions pos[0] + i) and decode_attention
+// in one launch: q, k, v are the projections before RoPE (q
+// [n, n_heads, head_dim], k/v [n, n_kv_heads, head_dim], f32; q is not
+// written). The cache rows pos[0] .. pos[0] + n - 1 are written bit-equal to
+// what rope_and_store_kv writes, out (and out_x8) as decode_attention gives
+// after it. head_dim even.
+void decode_attention_rope(const float* q, const float* k, const float* v, const int* pos, int n, int n_heads,
+                           int n_kv_heads, int head_dim, float theta, float freq_scale, uint16_t* k_cache,
+                           uint16_t* v_cache, int window, float scale, int max_ctx, float* out, Stream stream,
+                           void* out_x8 = nullptr);
+
 // x += y (the residual add), f32.
 void add_inplace(float* x, const float* y, int64_t n, Stream stream);
 
