@@ -1220,6 +1220,16 @@ TEST(PagedAttentionBench, DecodeSweep) {
   for (const Row& r : rows)
     std::printf("%5d %6d %6d %10.1f %10.1f %8.3f %8.3f\n", r.b, r.l, r.part, r.paged_gbps, r.contig_gbps,
                 r.paged_gbps / r.contig_gbps, r.paged_gbps * 1e9 / copy_bw);
+}
+
+// Issue 7's table alone (the quick A/B of the tensor-core versions: the
+// main columns run the version in use, RUNLM_PAGED_DECODE_MMA, the v6
+// columns version 6).
+TEST(PagedAttentionBench, KvTypes) {
+  if (!bench_enabled()) GTEST_SKIP() << "set RUNLM_BENCH=1";
+  REQUIRE_DEVICE();
+  const double copy_bw = copy_bandwidth();
+  std::printf("{\"bench\":\"copy\",\"bytes\":%zu,\"gbps\":%.1f}\n", size_t(2) << 30, copy_bw / 1e9);
   kv_type_sweep(copy_bw);
 }
 

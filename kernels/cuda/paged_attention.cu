@@ -184,6 +184,11 @@ void check_params(const PagedDecodeParams& p) {
   RUNLM_CHECK(p.n_heads > 0 && kv.n_kv_heads > 0 && p.n_heads % kv.n_kv_heads == 0,
               "paged_decode_attention: n_heads=%d not a positive multiple of n_kv_heads=%d", p.n_heads,
               kv.n_kv_heads);
+  // A page (K or V, f16 at most 2 bytes a value) stays below 2^31 bytes:
+  // version 6 computes offsets inside a page in 32 bits.
+  RUNLM_CHECK(int64_t(kv.n_kv_heads) * hd * 2 * bs < (int64_t(1) << 31),
+              "paged_decode_attention: n_kv_heads=%d x head_dim=%d x block_size=%d makes a page of 2 GiB or more",
+              kv.n_kv_heads, hd, bs);
   RUNLM_CHECK(p.max_q_per_seq >= 1 && p.max_q_per_seq <= 16,
               "paged_decode_attention: max_q_per_seq=%d unsupported; supported: 1..16", p.max_q_per_seq);
   RUNLM_CHECK(p.n_seqs >= 0 && p.n_seqs <= 65535, "paged_decode_attention: n_seqs=%d out of range 0..65535",

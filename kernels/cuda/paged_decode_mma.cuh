@@ -10,6 +10,10 @@
 // is version 4 with a software-pipelined key loop: the raw loads of the next
 // 16-key tiles go out before a tile's conversion and mma (a register ring,
 // MmaTileRaw below, with the bytes-in-flight estimate).
+// Version 6 (RUNLM_PAGED_DECODE_MMA=v6, head_dim 64 and 128) streams the
+// bytes through a cp.async ring in shared memory and reads the fragments
+// from there: paged_decode_mma_v6.cuh (it reuses the policies below; their
+// k_elem_ldsm is its K element order).
 //
 // Fragment layouts (kernels/cuda/mma_sm80.cuh), g = lane / 4, t = lane % 4:
 //   A 16x16: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)

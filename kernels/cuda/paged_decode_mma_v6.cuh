@@ -215,12 +215,14 @@ __global__ void __launch_bounds__(kThreads, MmaV6Traits<KP, VP, HD>::kMinCtas)
   const int bs_mask = kv.block_size - 1;
   const uint8_t* k_pool = static_cast<const uint8_t*>(kv.k_pool);
   const uint8_t* v_pool = static_cast<const uint8_t*>(kv.v_pool);
-  const int64_t k_qrow = int64_t(kv.n_kv_heads) * Tr::kKRow;
-  const int64_t v_qrow = int64_t(kv.n_kv_heads) * Tr::kVRow;
-  const int64_t s_row = int64_t(kv.n_kv_heads) * Tr::kScBytes;  // scale bytes of a slot (quantized pools)
-  const int64_t k_page = (k_qrow + (KP::kScaled ? s_row : 0)) << bs_shift;
-  const int64_t v_page = (v_qrow + (VP::kScaled ? s_row : 0)) << bs_shift;
-  const int64_t k_scales = k_qrow << bs_shift, v_scales = v_qrow << bs_shift;
+  // Offsets inside a page are 32-bit (check_params keeps a page below 2^31
+  // bytes); page ids scale to 64-bit pool offsets (mul.wide).
+  const int k_qrow = kv.n_kv_heads * Tr::kKRow;
+  const int v_qrow = kv.n_kv_heads * Tr::kVRow;
+  const int s_row = kv.n_kv_heads * Tr::kScBytes;  // scale bytes of a slot (quantized pools)
+  const int k_page = (k_qrow + (KP::kScaled ? s_row : 0)) << bs_shift;
+  const int v_page = (v_qrow + (VP::kScaled ? s_row : 0)) << bs_shift;
+  const int k_scales = k_qrow << bs_shift, v_scales = v_qrow << bs_shift;
   const int k_head = kvh * Tr::kKRow, v_head = kvh * Tr::kVRow;
   const int sc_head = kvh * Tr::kScBytes;
 
@@ -242,14 +244,14 @@ __global__ void __launch_bounds__(kThreads, MmaV6Traits<KP, VP, HD>::kMinCtas)
     for (int it = 0; it < Tr::kTileKeys * Tr::kKChunks / 32; ++it) {
       const int i = lane + 32 * it, k = i / Tr::kKChunks, c = i % Tr::kKChunks;
       const int row = min(key0 + k, k_end - 1) & bs_mask;
-      const uint8_t* src = k_pool + int64_t(k < 8 ? pg[0] : pg[1]) * k_page + row * k_qrow + k_head + 16 * c;
+      const uint8_t* src = k_pool + int64_t(k < 8 ? pg[0] : pg[1]) * k_page + (row * k_qrow + k_head + 16 * c);
       cp_async_16(sb + 16 * v6_slot<Tr::kKChunks>(k, c), src, 16);
     }
 #pragma unroll
     for (int it = 0; it < Tr::kTileKeys * Tr::kVChunks / 32; ++it) {
       const int i = lane + 32 * it, k = i / Tr::kVChunks, c = i % Tr::kVChunks;
       const int row = min(key0 + k, k_end - 1) & bs_mask;
-      const uint8_t* src = v_pool + int64_t(k < 8 ? pg[0] : pg[1]) * v_page + row * v_qrow + v_head + 16 * c;
+      const uint8_t* src = v_pool + int64_t(k < 8 ? pg[0] : pg[1]) * v_page + (row * v_qrow + v_head + 16 * c);
       cp_async_16(sb + Tr::kVOff + 16 * v6_slot<Tr::kVChunks>(k, c), src, 16);
     }
     const int k = lane & 15;
@@ -257,11 +259,11 @@ __global__ void __launch_bounds__(kThreads, MmaV6Traits<KP, VP, HD>::kMinCtas)
     if (lane < 16) {
       if constexpr (KP::kScaled)
         cp_async_small<Tr::kScBytes>(sb + Tr::kKScOff + k * Tr::kScBytes,
-                                     k_pool + int64_t(k < 8 ? pg[0] : pg[1]) * k_page + k_scales + row * s_row + sc_head);
+                                     k_pool + int64_t(k < 8 ? pg[0] : pg[1]) * k_page + (k_scales + row * s_row + sc_head));
     } else {
       if constexpr (VP::kScaled)
         cp_async_small<Tr::kScBytes>(sb + Tr::kVScOff + k * Tr::kScBytes,
-                                     v_pool + int64_t(k < 8 ? pg[0] : pg[1]) * v_page + v_scales + row * s_row + sc_head);
+                                     v_pool + int64_t(k < 8 ? pg[0] : pg[1]) * v_page + (v_scales + row * s_row + sc_head));
     }
   };
 
