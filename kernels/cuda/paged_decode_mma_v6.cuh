@@ -40,10 +40,11 @@
 // Swizzle: 16-byte chunk c of tile key k (0..15) sits at slot
 // 16 c + (k ^ h(c)) (chunk-major: a chunk column of the 16 keys is 256
 // contiguous bytes), h(c) = c & 7 for rows of >= 8 chunks (128 B),
-// 2c ^ (c & 1) for 4, 4c for 2. Checked by brute force (every access phase,
-// every row width the kernel has): conflict-free for the cp.async writes
-// (lanes take consecutive chunks of a row), ldmatrix (8 keys, one chunk)
-// and the V reads (keys 2t + c, 4-32 bytes of a block per key).
+// 2c ^ (c & 1) for 4, 4c for 2. Checked by brute force
+// (tools/paged_v6_swizzle_check.py: every access phase, every row width the
+// kernel has): conflict-free for the cp.async writes (lanes take consecutive
+// chunks of a row), ldmatrix (8 keys, one chunk) and the V reads (keys
+// 2t + c, 4-32 bytes of a block per key).
 #pragma once
 
 #include "cuda/mma_sm80.cuh"
