@@ -531,19 +531,22 @@ std::string describe(const Case& c, int partition) {
 // does): ~1e-3 at the worst row. Hence 3e-3 on that path only.
 double row_tolerance(const PagedDecodeParams& p) { return paged_decode_uses_tensor_cores(p) ? 3e-3 : 1e-3; }
 
-// both_mma_versions: where the case runs on the tensor-core kernel, check
-// version 4 and version 5 (the pipelined key loop) against the same
-// reference (paged_decode_set_mma_version), then restore the one in use.
-constexpr bool kBothMmaVersions = true;
+// all_mma_versions: where the case runs on the tensor-core kernel, check
+// version 4, 5 (the pipelined key loop) and 6 (the cp.async ring in shared
+// memory) against the same reference (paged_decode_set_mma_version), then
+// restore the one in use. At head_dim 256 versions 5 and 6 run version 4:
+// 4 and 6 there (the fallback is exercised, not repeated).
+constexpr bool kAllMmaVersions = true;
 
-void check_case(const Case& c, std::vector<int> partitions = {-1}, bool both_mma_versions = false) {
+void check_case(const Case& c, std::vector<int> partitions = {-1}, bool all_mma_versions = false) {
   const HostProblem hp = make_problem(c);
   const std::vector<float> ref = reference(hp);
   DevProblem dp(hp);
   const double tol = row_tolerance(dp.params());
   const int in_use = paged_decode_mma_version();
   std::vector<int> versions = {in_use};
-  if (both_mma_versions && paged_decode_uses_tensor_cores(dp.params())) versions = {4, 5};
+  if (all_mma_versions && paged_decode_uses_tensor_cores(dp.params()))
+    versions = c.hd <= 128 ? std::vector<int>{4, 5, 6} : std::vector<int>{4, 6};
   for (int v : versions) {
     paged_decode_set_mma_version(v);
     for (int part : partitions) {
@@ -641,7 +644,7 @@ TEST(PagedAttention, KvTypePairs) {
       Case c = make_case({1, 17, 300, 2100}, 1 + seed % 2, 32, 8, 128, 16, seed % 2 ? 0 : 300, seed);
       c.k_type = kt;
       c.v_type = vt;
-      check_case(c, {-1, 0, 256}, kBothMmaVersions);
+      check_case(c, {-1, 0, 256}, kAllMmaVersions);
       ++seed;
     }
 }
@@ -663,14 +666,15 @@ TEST(PagedAttention, KvTypeHeadDimsRowsPages) {
         Case c = make_case({5, 33, 1000}, 1, h.n_heads, h.n_kv, hd, hd == 64 ? 8 : 32, hd == 32 ? 100 : 0, seed++);
         c.k_type = kt;
         c.v_type = vt;
-        check_case(c, {-1, 0, 256}, kBothMmaVersions);
+        check_case(c, {-1, 0, 256}, kAllMmaVersions);
       }
 }
 
-// The tensor-core kernel (issue 7, version 4): every pair it takes (K and V
-// in f16, q8_0, q4_0, fp8, at least one quantized) at head_dim 64, 128, 256,
-// with 1, 2 and 4 query tokens a sequence over GQA 32/8 (4, 8, 16 rows: one
-// or two row chunks) and MHA 8/8 (1, 2, 4 rows of 8), pages of 16 and 64,
+// The tensor-core kernel (issue 7, versions 4, 5, 6): every pair it takes (K
+// and V in f16, q8_0, q4_0, fp8, at least one quantized) at head_dim 64,
+// 128, 256, with 1, 2 and 4 query tokens a sequence over GQA 32/8 (4, 8, 16
+// rows: one or two row chunks) and MHA 8/8 (1, 2, 4 rows of 8), pages of 16,
+// 64 and 8 (a 16-key tile of version 6 then spans two pages),
 // lengths that cross pages and 256-key partitions, window 300 on and off,
 // split auto / none / 256. Each run poisons the output with NaN first
 // (DevProblem::run), pools and q are random (never zero).
@@ -690,7 +694,7 @@ TEST(PagedAttention, TensorCorePairsHeadDimsRows) {
           // Heads, page size and window cycle so that every pair and head_dim
           // meets each of them (n counts the cases).
           const Heads h = n % 2 ? Heads{8, 8} : Heads{32, 8};
-          const int bs = (n / 2) % 2 ? 64 : 16;
+          const int bs = (n / 2) % 3 == 0 ? 16 : (n / 2) % 3 == 1 ? 64 : 8;
           const int window = (n / 4) % 2 ? 300 : 0;
           ++n;
           Case c = make_case({1, 17, 300, 1100}, nq, h.n_heads, h.n_kv, hd, bs, window, seed++);
@@ -701,7 +705,7 @@ TEST(PagedAttention, TensorCorePairsHeadDimsRows) {
             DevProblem dp(hp);
             ASSERT_TRUE(paged_decode_uses_tensor_cores(dp.params())) << describe(c, -1);
           }
-          check_case(c, {-1, 0, 256}, kBothMmaVersions);
+          check_case(c, {-1, 0, 256}, kAllMmaVersions);
         }
     }
 }
@@ -713,7 +717,7 @@ TEST(PagedAttention, WindowEdges) {
     for (int nq : {1, 4}) check_case(make_case(kLens, nq, 32, 8, 128, 16, window, seed++), {-1, 0, 256});
 }
 
-// WindowEdges on the tensor-core kernel (q8_0 K, q4_0 V), both versions:
+// WindowEdges on the tensor-core kernel (q8_0 K, q4_0 V), every version:
 // windows that end inside or at the edge of a 16-key tile, and past the
 // sequence.
 TEST(PagedAttention, TensorCoreWindowEdges) {
@@ -724,7 +728,7 @@ TEST(PagedAttention, TensorCoreWindowEdges) {
       Case c = make_case(kLens, nq, 32, 8, 128, 16, window, seed++);
       c.k_type = KvType::Q8_0;
       c.v_type = KvType::Q4_0;
-      check_case(c, {-1, 0, 256}, kBothMmaVersions);
+      check_case(c, {-1, 0, 256}, kAllMmaVersions);
     }
 }
 
@@ -945,7 +949,10 @@ PagedDecodeParams one_token_params(const DevBuf& q, const DevBuf& out, const Dev
 // Issue 7's rows: each KV type (K and V the same) at B=64 L=8192 and B=1
 // L=32768, GQA 32/8, hd 128, page 16, shuffled pages; GB/s of the bytes the
 // kernel actually reads (quants + scales of K and V), tokens/s (decode steps
-// of the whole batch per second: B / time) and the ratio to f16.
+// of the whole batch per second: B / time) and the ratio to f16. Rows on the
+// tensor-core kernel are also timed with version 6 (the cp.async ring,
+// paged_decode_mma_v6.cuh) in the same run: the v6 columns (validated
+// first, as the main columns).
 void kv_type_sweep(double copy_bw) {
   const int n_heads = 32, n_kv = 8, hd = 128, bs = 16;
   struct Point {
@@ -957,8 +964,8 @@ void kv_type_sweep(double copy_bw) {
   std::printf("\npaged decode by KV type (GQA 32/8, hd 128, page 16, auto split; quantized: %s v%d); copy %.0f GB/s\n",
               std::getenv("RUNLM_PAGED_DECODE") ? std::getenv("RUNLM_PAGED_DECODE") : "tensor cores",
               paged_decode_mma_version(), copy_bw / 1e9);
-  std::printf("%5s %6s %6s %10s %10s %10s %12s %8s\n", "B", "L", "kv", "us", "MB read", "GB/s", "tokens/s",
-              "vs f16");
+  std::printf("%5s %6s %6s %10s %10s %10s %12s %8s %10s %10s %8s\n", "B", "L", "kv", "us", "MB read", "GB/s",
+              "tokens/s", "vs f16", "v6 us", "v6 GB/s", "v6 vs");
   double f16_tps[2] = {0, 0};
   for (KvType t : types) {  // f16 first: the ratios refer to it
     const KvPoolLayout l = kv_pool_layout(t, bs, n_kv, hd);
@@ -1002,8 +1009,9 @@ void kv_type_sweep(double copy_bw) {
       DevBuf ws(ws_bytes);
       PagedDecodeParams p =
           one_token_params(dq, dout, dcu, dlens, dtab.as<int32_t>(), kpool.p, vpool.p, t, B, L, bs, n_heads, n_kv, hd);
+      const int in_use = paged_decode_mma_version();
       // Validate sequence 0 against the reference on a host copy of its pages.
-      {
+      auto validate = [&] {
         ck(cudaMemset(dout.p, 0xff, hq.size() * 4), "poison");
         paged_decode_attention(p, ws.p, ws_bytes, nullptr);
         ck(cudaDeviceSynchronize(), "sync");
@@ -1033,8 +1041,10 @@ void kv_type_sweep(double copy_bw) {
         paged_decode_attention_ref(rp);
         std::string where;
         EXPECT_LT(worst_row_error(out, ref, hd, &where), row_tolerance(p))
-            << "kv " << kv_type_name(t) << " B=" << B << " L=" << L;
-      }
+            << "kv " << kv_type_name(t) << " B=" << B << " L=" << L << " tensor-core version "
+            << paged_decode_mma_version();
+      };
+      validate();
       std::vector<PagedDecodeParams> ps;
       for (int r = 0; r < n_rot; ++r) {
         ps.push_back(p);
@@ -1043,12 +1053,26 @@ void kv_type_sweep(double copy_bw) {
       const double t_s = time_launches(ps, ws.p, ws_bytes, -1);
       const double tps = B / t_s;
       if (t == KvType::F16) f16_tps[pi] = tps;
+      double t6 = 0;  // version 6 (0: not on the tensor-core kernel)
+      if (paged_decode_uses_tensor_cores(p)) {
+        paged_decode_set_mma_version(6);
+        validate();
+        t6 = time_launches(ps, ws.p, ws_bytes, -1);
+        paged_decode_set_mma_version(in_use);
+        std::printf("{\"bench\":\"paged_decode_kv\",\"kv\":\"%s\",\"mma\":6,\"B\":%d,\"L\":%d,\"us\":%.2f,"
+                    "\"gbps\":%.1f,\"tokens_per_s\":%.0f,\"vs_f16\":%.3f}\n",
+                    kv_type_name(t), B, L, t6 * 1e6, bytes / t6 / 1e9, B / t6, B / t6 / f16_tps[pi]);
+      }
       std::printf("{\"bench\":\"paged_decode_kv\",\"kv\":\"%s\",\"B\":%d,\"L\":%d,\"part\":%d,\"us\":%.2f,"
                   "\"bytes\":%.0f,\"gbps\":%.1f,\"tokens_per_s\":%.0f,\"vs_f16\":%.3f}\n",
                   kv_type_name(t), B, L, paged_decode_auto_partition(p), t_s * 1e6, bytes, bytes / t_s / 1e9, tps,
                   tps / f16_tps[pi]);
-      std::printf("%5d %6d %6s %10.2f %10.1f %10.1f %12.0f %8.2f\n", B, L, kv_type_name(t), t_s * 1e6, bytes / 1e6,
+      std::printf("%5d %6d %6s %10.2f %10.1f %10.1f %12.0f %8.2f", B, L, kv_type_name(t), t_s * 1e6, bytes / 1e6,
                   bytes / t_s / 1e9, tps, tps / f16_tps[pi]);
+      if (t6 > 0)
+        std::printf(" %10.2f %10.1f %8.2f\n", t6 * 1e6, bytes / t6 / 1e9, B / t6 / f16_tps[pi]);
+      else
+        std::printf(" %10s %10s %8s\n", "-", "-", "-");
       std::fflush(stdout);
     }
   }
@@ -1196,6 +1220,16 @@ TEST(PagedAttentionBench, DecodeSweep) {
   for (const Row& r : rows)
     std::printf("%5d %6d %6d %10.1f %10.1f %8.3f %8.3f\n", r.b, r.l, r.part, r.paged_gbps, r.contig_gbps,
                 r.paged_gbps / r.contig_gbps, r.paged_gbps * 1e9 / copy_bw);
+}
+
+// Issue 7's table alone (the quick A/B of the tensor-core versions: the
+// main columns run the version in use, RUNLM_PAGED_DECODE_MMA, the v6
+// columns version 6).
+TEST(PagedAttentionBench, KvTypes) {
+  if (!bench_enabled()) GTEST_SKIP() << "set RUNLM_BENCH=1";
+  REQUIRE_DEVICE();
+  const double copy_bw = copy_bandwidth();
+  std::printf("{\"bench\":\"copy\",\"bytes\":%zu,\"gbps\":%.1f}\n", size_t(2) << 30, copy_bw / 1e9);
   kv_type_sweep(copy_bw);
 }
 

@@ -23,7 +23,7 @@ OUT=${OUT:-$ROOT/gpu-check-out}
 BUILD=${BUILD:-$ROOT/build-gpu}
 JOBS=${JOBS:-$(nproc)}
 # Also available: profile (ncu), plot (PNG charts), and the sections below
-# the summary (models, bench_model, paged, batch_model, gemv, gemm_fused,
+# the summary (models, bench_model, paged, paged_v6, batch_model, gemv, gemm_fused,
 # bench_npl, ...).
 SECTIONS=${SECTIONS:-"env build test sass sanitize bench anchors summary"}
 BENCH_ARGS=${BENCH_ARGS:-}
@@ -317,6 +317,22 @@ section_paged() {
     PYTHONUNBUFFERED=1 python3 tools/decode_anchor.py >"$OUT/decode_anchor.jsonl" 2>"$OUT/decode_anchor.err" || rc=1
     tail -3 "$OUT/decode_anchor.err"
   fi
+  return $rc
+}
+
+# Issue 7's tensor-core decode versions (kernels/cuda/paged_decode_mma_v6.cuh):
+# the paged tests (each tensor-core case runs v4, v5 and v6), then the
+# by-KV-type table with the version in use in the main columns and v6 in
+# the v6 columns, once with v4 in use and once with RUNLM_PAGED_DECODE_MMA=v6.
+section_paged_v6() {
+  local v rc=0
+  timeout "$TEST_TIMEOUT" "$TESTS" --gtest_filter='PagedAttention.*' >"$OUT/paged_v6_tests.log" 2>&1 || rc=1
+  grep -E '^\[  (PASSED|FAILED) ' "$OUT/paged_v6_tests.log"
+  for v in v4 v6; do
+    RUNLM_PAGED_DECODE_MMA=$v RUNLM_BENCH=1 timeout "$BENCH_TIMEOUT" "$TESTS" \
+      --gtest_filter='PagedAttentionBench.KvTypes' >"$OUT/paged_v6_bench_$v.log" 2>&1 || rc=1
+    sed -n '/^paged decode by KV type/,$p' "$OUT/paged_v6_bench_$v.log" | grep -vE '^\{|^\['
+  done
   return $rc
 }
 

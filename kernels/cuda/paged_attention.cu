@@ -48,7 +48,12 @@
 // head_dim 64 and 128 (a warp issues the raw loads of 16-key tiles 1 and 2
 // ahead, in a register ring, before converting and multiplying a tile;
 // paged_decode_mma.cuh); head_dim 256 stays on version 4.
-// RUNLM_PAGED_DECODE_MMA=v4|v5 picks the version (v4 when unset), tests
+// Version 6 (issue 7): the tensor-core kernel with the K/V bytes streamed
+// by 16-byte cp.async (whole rows, 512 contiguous bytes a warp copy)
+// through a per-warp 2-4 stage ring in shared memory, the fragments read
+// from there (ldmatrix for K), 16 warps an SM (paged_decode_mma_v6.cuh);
+// head_dim 64 and 128, version 4 at 256 (make_plan says so).
+// RUNLM_PAGED_DECODE_MMA=v4|v5|v6 picks the version (v4 when unset), tests
 // switch it with paged_decode_set_mma_version.
 #include <algorithm>
 #include <atomic>
@@ -179,6 +184,11 @@ void check_params(const PagedDecodeParams& p) {
   RUNLM_CHECK(p.n_heads > 0 && kv.n_kv_heads > 0 && p.n_heads % kv.n_kv_heads == 0,
               "paged_decode_attention: n_heads=%d not a positive multiple of n_kv_heads=%d", p.n_heads,
               kv.n_kv_heads);
+  // A page (K or V, f16 at most 2 bytes a value) stays below 2^31 bytes:
+  // version 6 computes offsets inside a page in 32 bits.
+  RUNLM_CHECK(int64_t(kv.n_kv_heads) * hd * 2 * bs < (int64_t(1) << 31),
+              "paged_decode_attention: n_kv_heads=%d x head_dim=%d x block_size=%d makes a page of 2 GiB or more",
+              kv.n_kv_heads, hd, bs);
   RUNLM_CHECK(p.max_q_per_seq >= 1 && p.max_q_per_seq <= 16,
               "paged_decode_attention: max_q_per_seq=%d unsupported; supported: 1..16", p.max_q_per_seq);
   RUNLM_CHECK(p.n_seqs >= 0 && p.n_seqs <= 65535, "paged_decode_attention: n_seqs=%d out of range 0..65535",
@@ -233,8 +243,8 @@ int mma_version() {
     const char* e = std::getenv("RUNLM_PAGED_DECODE_MMA");
     v = 4;
     if (e && *e) {
-      RUNLM_CHECK(std::strcmp(e, "v4") == 0 || std::strcmp(e, "v5") == 0,
-                  "RUNLM_PAGED_DECODE_MMA=%s unsupported; supported: v4, v5", e);
+      RUNLM_CHECK(std::strcmp(e, "v4") == 0 || std::strcmp(e, "v5") == 0 || std::strcmp(e, "v6") == 0,
+                  "RUNLM_PAGED_DECODE_MMA=%s unsupported; supported: v4, v5, v6", e);
       v = e[1] - '0';
     }
     g_mma_version.store(v, std::memory_order_relaxed);
@@ -246,24 +256,49 @@ bool use_mma(const PagedDecodeParams& p) {
   return mma_enabled() && mma_types(p.kv.k_type, p.kv.v_type, p.kv.head_dim);
 }
 
-KernelFn pick_mma_kernel(KvType k, KvType v, int hd, int version) {
+// The version that runs at this head_dim: 5 and 6 exist at 64 and 128
+// only; at 256 the chosen version runs as version 4 (same results contract;
+// the tests and the bench report the version asked for).
+int mma_version_at(int version, int hd) { return hd == 256 ? 4 : version; }
+
+// Sets the dynamic shared memory limit of a version 6 kernel once per
+// (device, kernel): not a stream operation, so legal during graph capture
+// (as the occupancy query below).
+void ensure_smem_attr(KernelFn fn, int smem_bytes) {
+  if (smem_bytes <= 48 * 1024) return;
+  struct Entry {
+    int dev;
+    KernelFn fn;
+  };
+  static thread_local Entry done[64];
+  static thread_local int n_done = 0;
+  int dev = 0;
+  cudaCheck(cudaGetDevice(&dev));
+  for (int i = 0; i < n_done; ++i)
+    if (done[i].dev == dev && done[i].fn == fn) return;
+  cudaCheck(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+  if (n_done < 64) done[n_done++] = {dev, fn};
+}
+
+KernelFn pick_mma_kernel(KvType k, KvType v, int hd, int version, int* smem_bytes) {
   KernelFn fn = nullptr;
   switch (k) {
-    case KvType::F16: fn = pick_mma_kernel_kf16(v, hd, version); break;
-    case KvType::Q8_0: fn = pick_mma_kernel_kq8_0(v, hd, version); break;
-    case KvType::Q4_0: fn = pick_mma_kernel_kq4_0(v, hd, version); break;
-    case KvType::FP8: fn = pick_mma_kernel_kfp8(v, hd, version); break;
+    case KvType::F16: fn = pick_mma_kernel_kf16(v, hd, version, smem_bytes); break;
+    case KvType::Q8_0: fn = pick_mma_kernel_kq8_0(v, hd, version, smem_bytes); break;
+    case KvType::Q4_0: fn = pick_mma_kernel_kq4_0(v, hd, version, smem_bytes); break;
+    case KvType::FP8: fn = pick_mma_kernel_kfp8(v, hd, version, smem_bytes); break;
     default: break;
   }
-  RUNLM_CHECK(fn, "paged_decode_attention: no tensor-core kernel for K=%s V=%s head_dim=%d", kv_type_name(k),
-              kv_type_name(v), hd);
+  RUNLM_CHECK(fn, "paged_decode_attention: no tensor-core kernel for K=%s V=%s head_dim=%d version=%d",
+              kv_type_name(k), kv_type_name(v), hd, version);
+  ensure_smem_attr(fn, *smem_bytes);
   return fn;
 }
 
 // Resident CTAs the device can hold of this kernel (SMs x occupancy), cached
 // per (device, kernel): the queries enqueue nothing, so they are legal while
 // a stream is being captured, but they are not free.
-int device_concurrency(KernelFn fn) {
+int device_concurrency(KernelFn fn, int smem_bytes) {
   struct Entry {
     int dev;
     KernelFn fn;
@@ -277,7 +312,7 @@ int device_concurrency(KernelFn fn) {
     if (cache[i].dev == dev && cache[i].fn == fn) return cache[i].ctas;
   int sms = 0, per_sm = 0;
   cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kThreads, 0));
+  cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kThreads, smem_bytes));
   const int ctas = std::max(1, sms * std::max(1, per_sm));
   if (n_cache < 16) cache[n_cache++] = {dev, fn, ctas};
   return ctas;
@@ -287,6 +322,7 @@ struct Plan {
   KernelFn fn = nullptr;
   int rows_per_cta = 1;
   int n_chunks = 1;
+  int smem_bytes = 0;      // dynamic shared memory (version 6)
   int partition_size = 0;  // 0 = no split
   int n_parts = 1;         // grid partitions (and workspace stride)
   size_t ws_bytes = 0;
@@ -308,7 +344,8 @@ Plan make_plan(const PagedDecodeParams& p, int forced_partition) {
   if (use_mma(p)) {
     pl.rows_per_cta = kMmaRows;
     pl.n_chunks = ceil_div(rows, kMmaRows);
-    pl.fn = pick_mma_kernel(p.kv.k_type, p.kv.v_type, p.kv.head_dim, mma_version());
+    pl.fn = pick_mma_kernel(p.kv.k_type, p.kv.v_type, p.kv.head_dim, mma_version_at(mma_version(), p.kv.head_dim),
+                            &pl.smem_bytes);
   } else {
     pl.rows_per_cta = rows_per_cta(rows);
     pl.n_chunks = ceil_div(rows, pl.rows_per_cta);
@@ -329,7 +366,7 @@ Plan make_plan(const PagedDecodeParams& p, int forced_partition) {
     // kLongPartition keys while they still give a quarter wave: at B=1,
     // L=32k, 256 CTAs of 1024 keys beat 1024 CTAs of 256 (61 vs 69 us).
     const int64_t base = int64_t(p.n_seqs) * p.kv.n_kv_heads * pl.n_chunks;
-    const int64_t conc = device_concurrency(pl.fn);
+    const int64_t conc = device_concurrency(pl.fn, pl.smem_bytes);
     const int64_t want = base > 0 ? (2 * conc + base - 1) / base : 1;
     if (want > 1) {
       int size = std::max(kMinPartition, next_pow2((span + want - 1) / want));
@@ -367,8 +404,8 @@ size_t paged_decode_workspace_bytes(int n_seqs, int total_q, int n_heads, int he
 int paged_decode_mma_version() { return mma_version(); }
 
 void paged_decode_set_mma_version(int version) {
-  RUNLM_CHECK(version == 4 || version == 5, "paged_decode_set_mma_version: version=%d unsupported; supported: 4, 5",
-              version);
+  RUNLM_CHECK(version == 4 || version == 5 || version == 6,
+              "paged_decode_set_mma_version: version=%d unsupported; supported: 4, 5, 6", version);
   g_mma_version.store(version, std::memory_order_relaxed);
 }
 
@@ -401,7 +438,7 @@ void paged_decode_attention(const PagedDecodeParams& p, void* workspace, size_t 
   float* ws_md = pl.partition_size > 0 ? ws_o + rows_total * pl.n_parts * p.kv.head_dim : nullptr;
   const dim3 grid(static_cast<unsigned>(pl.n_parts * pl.n_chunks), static_cast<unsigned>(p.kv.n_kv_heads),
                   static_cast<unsigned>(p.n_seqs));
-  pl.fn<<<grid, kThreads, 0, st>>>(p, pl.partition_size, pl.n_chunks, ilog2(p.kv.block_size), ws_o, ws_md,
+  pl.fn<<<grid, kThreads, pl.smem_bytes, st>>>(p, pl.partition_size, pl.n_chunks, ilog2(p.kv.block_size), ws_o, ws_md,
                                    pl.n_parts);
   cudaCheckLaunch();
   if (pl.partition_size > 0) {

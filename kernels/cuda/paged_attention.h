@@ -48,9 +48,10 @@ void paged_decode_attention(const PagedDecodeParams& p, void* workspace, size_t 
 bool paged_decode_uses_tensor_cores(const PagedDecodeParams& p);
 
 // The tensor-core kernel's version: 4 (a warp loads a step of keys, then
-// converts and multiplies it) or 5 (software-pipelined key loop at head_dim
-// 64 and 128; 256 runs version 4). From RUNLM_PAGED_DECODE_MMA=v4|v5, v4
-// when unset; the setter overrides it for the process (tests run both).
+// converts and multiplies it), 5 (software-pipelined key loop in
+// registers) or 6 (cp.async ring in shared memory); 5 and 6 at head_dim 64
+// and 128, 256 runs version 4. From RUNLM_PAGED_DECODE_MMA=v4|v5|v6, v4
+// when unset; the setter overrides it for the process (tests run all).
 int paged_decode_mma_version();
 void paged_decode_set_mma_version(int version);
 

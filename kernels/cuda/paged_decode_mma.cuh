@@ -10,6 +10,10 @@
 // is version 4 with a software-pipelined key loop: the raw loads of the next
 // 16-key tiles go out before a tile's conversion and mma (a register ring,
 // MmaTileRaw below, with the bytes-in-flight estimate).
+// Version 6 (RUNLM_PAGED_DECODE_MMA=v6, head_dim 64 and 128) streams the
+// bytes through a cp.async ring in shared memory and reads the fragments
+// from there: paged_decode_mma_v6.cuh (it reuses the policies below; their
+// k_elem_ldsm is its K element order).
 //
 // Fragment layouts (kernels/cuda/mma_sm80.cuh), g = lane / 4, t = lane % 4:
 //   A 16x16: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
@@ -161,6 +165,8 @@ struct MmaF16 {
     for (int r = 0; r < 4; ++r) b[r] = w[r];
   }
   __device__ __forceinline__ static int k_elem(int t, int r, int h) { return 8 * t + 2 * r + h; }
+  // Version 6 (ldmatrix of the block's 4 chunks): word r = chunk r, bytes 4t..4t+3.
+  __device__ __forceinline__ static int k_elem_ldsm(int t, int r, int h) { return 8 * r + 2 * t + h; }
   __device__ __forceinline__ static void v_load(const uint8_t* blk, int g, uint32_t (&w)[kVWords]) {
     ldg_words<2>(blk + 8 * g, w);
   }
@@ -193,6 +199,8 @@ struct MmaQ8 {
     }
   }
   __device__ __forceinline__ static int k_elem(int t, int r, int h) { return 8 * t + 2 * r + h; }
+  // Version 6 (ldmatrix of the block's 2 chunks): word i = bytes 16i + 4t..16i + 4t + 3.
+  __device__ __forceinline__ static int k_elem_ldsm(int t, int r, int h) { return (r >> 1) * 16 + 4 * t + 2 * (r & 1) + h; }
   __device__ __forceinline__ static void v_load(const uint8_t* blk, int g, uint32_t (&w)[kVWords]) {
     ldg_words<1>(blk + 4 * g, w);
   }
@@ -225,6 +233,8 @@ struct MmaFp8 {
     }
   }
   __device__ __forceinline__ static int k_elem(int t, int r, int h) { return 8 * t + 2 * r + h; }
+  // Version 6 (ldmatrix of the block's 2 chunks): word i = bytes 16i + 4t..16i + 4t + 3.
+  __device__ __forceinline__ static int k_elem_ldsm(int t, int r, int h) { return (r >> 1) * 16 + 4 * t + 2 * (r & 1) + h; }
   __device__ __forceinline__ static void v_load(const uint8_t* blk, int g, uint32_t (&w)[kVWords]) {
     ldg_words<1>(blk + 4 * g, w);
   }
@@ -261,6 +271,8 @@ struct MmaQ4 {
   // Bytes 4t..4t+3: r = 0 elements (4t, 4t+2), 1 (4t+1, 4t+3), 2 and 3 the same + 16.
   __device__ __forceinline__ static void k_frag(const uint32_t (&w)[kKWords], uint32_t (&b)[4]) { nibbles(w[0], b); }
   __device__ __forceinline__ static int k_elem(int t, int r, int h) { return (r >> 1) * 16 + 4 * t + (r & 1) + 2 * h; }
+  // Version 6 (ldmatrix of the block's one chunk): the same bytes 4t..4t+3.
+  __device__ __forceinline__ static int k_elem_ldsm(int t, int r, int h) { return k_elem(t, r, h); }
   __device__ __forceinline__ static void v_load(const uint8_t* blk, int g, uint32_t (&w)[kVWords]) {
     w[0] = ldg_stream2(blk + 2 * g);
   }
@@ -793,13 +805,14 @@ __global__ void __launch_bounds__(kThreads, 2)
 }
 
 // The tensor-core kernel for K type <K> and V type v at head_dim hd, version
-// 4 or 5 (5 exists at head_dim 64 and 128; 256 answers version 4)
-// (kernels/cuda/inst/paged_decode_mma_k<K>.cu); nullptr where not
-// instantiated (V bf16, f16/f16, head_dim 32).
-KernelFn pick_mma_kernel_kf16(KvType v, int head_dim, int version);
-KernelFn pick_mma_kernel_kq8_0(KvType v, int head_dim, int version);
-KernelFn pick_mma_kernel_kq4_0(KvType v, int head_dim, int version);
-KernelFn pick_mma_kernel_kfp8(KvType v, int head_dim, int version);
+// 4, 5 or 6 (5 and 6 exist at head_dim 64 and 128; 256 answers version 4;
+// 6 is paged_decode_mma_v6.cuh) (kernels/cuda/inst/paged_decode_mma_k<K>.cu);
+// nullptr where not instantiated (V bf16, f16/f16, head_dim 32).
+// *smem_bytes: the dynamic shared memory the launch needs (0 but for 6).
+KernelFn pick_mma_kernel_kf16(KvType v, int head_dim, int version, int* smem_bytes);
+KernelFn pick_mma_kernel_kq8_0(KvType v, int head_dim, int version, int* smem_bytes);
+KernelFn pick_mma_kernel_kq4_0(KvType v, int head_dim, int version, int* smem_bytes);
+KernelFn pick_mma_kernel_kfp8(KvType v, int head_dim, int version, int* smem_bytes);
 
 }  // namespace paged
 }  // namespace runlm
