@@ -488,7 +488,7 @@ TEST(GpuOps, GemmEveryTypeAgainstMatmul) {
 // with partial tiles, column slices chosen (0), none (1) and forced (3);
 // version 3 bit-identical to version 2 at forced slices (1, 3);
 // cols % 128 == 64 gives a half-full last k-tile. Auto split must be
-// bit-for-bit repeatable. Version 4 (sm_90, n > 64; version 3 below):
+// bit-for-bit repeatable. Version 4 (sm_90, n > 64; versions 2 / 3 below):
 // stream-K over 256-row tiles; splits 1 = one CTA a tile, 3 = 3 x tiles
 // CTAs, whose ranges cut tiles mid-way and cross tile boundaries (200 x 960
 // at 300 tokens: 24 units, 8 CTAs of 3). 256 / 300 / 512 tokens are the
@@ -1245,7 +1245,7 @@ TEST(GpuOpsBench, GemvLlama7bShapes) {
 }
 
 // Fused Q4_0 / Q8_0 GEMM (gemm_fused_q version 1 = mma.sync, versions 2, 3
-// and 4 = wgmma where the device has it; v4 is v3 up to 64 tokens) against dequantization + cuBLAS
+// and 4 = wgmma where the device has it; v4 is v3 up to 64 tokens, v2 to 16) against dequantization + cuBLAS
 // (gemm_cublas) on the Llama-2-7B shapes, in one table: us, TFLOP/s and
 // weight GB/s (the matrix's device bytes / time) for each, cuBLAS time over
 // the best fused time, and the largest relative difference of a fused

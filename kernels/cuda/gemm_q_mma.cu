@@ -14,7 +14,7 @@
 //     overlapping the wgmmas of block b (A double buffered per block,
 //     wait_group 1) and an L2 prefetch hint on the quants; sm_90a, selected
 //     by version = 3 only until measured. See "version 3" further down.
-//   4 gemm_q_wgmma_v4_kernel (n_tokens > 64; below, version 3): version 3's
+//   4 gemm_q_wgmma_v4_kernel (n_tokens > 64; below, as auto): version 3's
 //     loop on 256-row tiles (4 warpgroups, 512 threads) over a persistent
 //     stream-K grid; sm_90a, version = 4 only until measured. See
 //     "version 4" further down.
@@ -732,8 +732,9 @@ __global__ void __launch_bounds__(kThreads, Wg3Traits<kT, BN>::kMinBlocks) gemm_
 //    last (deterministic). At most 2 partials a CTA (132 x 2 x 128 KB,
 //    in L2), against 3 per tile for version 3's column slices.
 // Each piece restarts the cp.async ring (a 2-k-tile prologue, ~2 pieces a
-// CTA). n_tokens <= 64 runs version 3 (BN <= 64 tiles are DRAM / issue
-// bound, where version 3's 128-row tiles give more CTAs).
+// CTA). n_tokens <= 64 runs what auto runs there (version 3, version 2 up
+// to 16): BN <= 64 tiles are DRAM / issue bound, where 128-row tiles give
+// more CTAs.
 template <DType kT, int BN>
 struct Wg4Traits {
   static constexpr int kWG = 4;
@@ -895,23 +896,29 @@ __global__ void __launch_bounds__(Wg4Traits<kT, BN>::kThr, 1) gemm_q_wgmma_v4_ke
       store = last;
       if (store) {
         __threadfence();  // acquire
-        // Sum in CTA order whichever piece came last: deterministic.
+        // Sum in CTA order whichever piece came last: deterministic. Pieces
+        // inside groups of kGroup n8 tiles: one L2 round trip per group and
+        // piece with kGroup loads in flight (finish_tile's order, piece
+        // innermost per float4, is a round trip per float4 and piece: the
+        // warp stalls on each add). This piece's own partial is read back
+        // (this thread wrote it), so acc is the running sum 0 + p0 + p1 ...
+        // kGroup 2: 4 spilt 8 bytes (Q8_0) under the 128-register cap.
+        constexpr int kGroup = 2;
 #pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) {
-          float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int g0 = 0; g0 < kNT; g0 += kGroup) {
+#pragma unroll
+          for (int i = 4 * g0; i < 4 * (g0 + kGroup); ++i) acc[i] = 0.0f;
           for (int c = c_first; c <= c_last; ++c) {
             const int cs = 2 * c + (tile == c * a.per / K ? 0 : 1);
-            const float4 p = c == cta ? make_float4(acc[4 * nt], acc[4 * nt + 1], acc[4 * nt + 2], acc[4 * nt + 3])
-                                      : __ldcg(part + (int64_t(cs) * kNT + nt) * kThr + tid);
-            sum.x += p.x;
-            sum.y += p.y;
-            sum.z += p.z;
-            sum.w += p.w;
+#pragma unroll
+            for (int nt = g0; nt < g0 + kGroup; ++nt) {
+              const float4 p = __ldcg(part + (int64_t(cs) * kNT + nt) * kThr + tid);
+              acc[4 * nt] += p.x;
+              acc[4 * nt + 1] += p.y;
+              acc[4 * nt + 2] += p.z;
+              acc[4 * nt + 3] += p.w;
+            }
           }
-          acc[4 * nt] = sum.x;
-          acc[4 * nt + 1] = sum.y;
-          acc[4 * nt + 2] = sum.z;
-          acc[4 * nt + 3] = sum.w;
         }
       }
     }
@@ -1088,8 +1095,11 @@ void launch_fused_tokens(const WView& v, const uint16_t* x, float* y, int n, voi
 template <DType kT>
 void launch_fused_version(int ver, const WView& v, const uint16_t* x, float* y, int n, void* scratch,
                           size_t scratch_bytes, int force_splits, cudaStream_t s) {
+  // Version 4 runs from 65 tokens; below, what auto picks (3, and 2 up to 16).
   if (ver == 4 && n > 64)
     launch_v4<kT>(v, x, y, n, scratch, scratch_bytes, force_splits, s);
+  else if (ver == 4 && n <= 16)
+    launch_fused_tokens<kT, 2>(v, x, y, n, scratch, scratch_bytes, force_splits, s);
   else if (ver >= 3)
     launch_fused_tokens<kT, 3>(v, x, y, n, scratch, scratch_bytes, force_splits, s);
   else if (ver == 2)
