@@ -164,6 +164,11 @@ __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
   asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
   return v;
 }
+__device__ __forceinline__ float4 lds128f(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0,%1,%2,%3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr));
+  return v;
+}
 __device__ __forceinline__ uint2 lds64(uint32_t addr) {
   uint2 v;
   asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
@@ -719,8 +724,8 @@ __global__ void __launch_bounds__(kThreads, Wg3Traits<kT, BN>::kMinBlocks) gemm_
 //    And 4 warps a sub-partition (one per warpgroup) hide each other's
 //    decode behind 3 warpgroups' wgmmas instead of 1.
 // 2. Stream-K over a persistent grid: the (tile, k-tile) units are laid out
-//    tile by tile (tiles row-tile major, so the token tiles of one weight
-//    row tile run at once and share its quants in L2) and CTA c takes the
+//    tile by tile (tiles row-tile major: the token tiles of one weight row
+//    tile go to neighbouring CTAs, which share its quants in L2); CTA c takes the
 //    contiguous range [c * per, (c + 1) * per), per = ceil(units / grid),
 //    grid = SMs (one CTA an SM: ~200 KB of shared memory). No wave
 //    quantization (11008 rows x 256 tokens = 86 tiles of 256 x 128 = 0.65
@@ -730,7 +735,8 @@ __global__ void __launch_bounds__(kThreads, Wg3Traits<kT, BN>::kMinBlocks) gemm_
 //    2c (the CTA's first tile) or 2c + 1 (its last), and the summing CTA
 //    adds them in CTA order, so the result is the same whichever finishes
 //    last (deterministic). At most 2 partials a CTA (132 x 2 x 128 KB,
-//    in L2), against 3 per tile for version 3's column slices.
+//    in L2); the summing CTA reads them through its idle stage ring (see
+//    the epilogue).
 // Each piece restarts the cp.async ring (a 2-k-tile prologue, ~2 pieces a
 // CTA). n_tokens <= 64 runs what auto runs there (version 3, version 2 up
 // to 16): BN <= 64 tiles are DRAM / issue bound, where 128-row tiles give
@@ -896,29 +902,53 @@ __global__ void __launch_bounds__(Wg4Traits<kT, BN>::kThr, 1) gemm_q_wgmma_v4_ke
       store = last;
       if (store) {
         __threadfence();  // acquire
-        // Sum in CTA order whichever piece came last: deterministic. Pieces
-        // inside groups of kGroup n8 tiles: one L2 round trip per group and
-        // piece with kGroup loads in flight (finish_tile's order, piece
-        // innermost per float4, is a round trip per float4 and piece: the
-        // warp stalls on each add). This piece's own partial is read back
-        // (this thread wrote it), so acc is the running sum 0 + p0 + p1 ...
-        // kGroup 2: 4 spilt 8 bytes (Q8_0) under the 128-register cap.
-        constexpr int kGroup = 2;
+        // Sum in CTA order whichever piece came last: deterministic; acc is
+        // the running sum 0 + p0 + p1 + ..., this piece's own partial read
+        // back too (it is in L2, and the order then does not depend on
+        // which piece sums). The partials come through the idle stage ring:
+        // a tile's pieces (2-6 at the Llama-2-7B shapes) are 128 KB each,
+        // and one SM reads ~64 B/clk from L2, so the read must keep ~64 KB
+        // in flight; registers cannot (acc is 64 of 128). Each thread
+        // copies its own float4s of a piece's half (8 n8 tiles: 64 KB a
+        // CTA) with cp.async into its own slots of one of 3 buffers, 2
+        // halves in flight, and reads only those slots back: no barrier
+        // (the one before the ticket already ordered the ring's last
+        // wgmma reads before these writes).
+        constexpr int kHalf = kNT / 2;
+        constexpr uint32_t kBuf = kHalf * kThr * 16;
+        static_assert(3 * kBuf <= kStages * Tr::kStageBytes, "gemm_q_wgmma_v4: fixup buffers fit the ring");
+        const int np = c_last - c_first + 1;
 #pragma unroll
-        for (int g0 = 0; g0 < kNT; g0 += kGroup) {
+        for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
 #pragma unroll
-          for (int i = 4 * g0; i < 4 * (g0 + kGroup); ++i) acc[i] = 0.0f;
-          for (int c = c_first; c <= c_last; ++c) {
-            const int cs = 2 * c + (tile == c * a.per / K ? 0 : 1);
+        for (int h = 0; h < 2; ++h) {
+          auto issue = [&](int j) {  // piece c_first + j, half h -> buffer j % 3
+            if (j < np) {
+              const int c = c_first + j, cs = 2 * c + (tile == c * a.per / K ? 0 : 1);
+              const uint32_t buf = s0 + (j % 3) * kBuf;
 #pragma unroll
-            for (int nt = g0; nt < g0 + kGroup; ++nt) {
-              const float4 p = __ldcg(part + (int64_t(cs) * kNT + nt) * kThr + tid);
-              acc[4 * nt] += p.x;
-              acc[4 * nt + 1] += p.y;
-              acc[4 * nt + 2] += p.z;
-              acc[4 * nt + 3] += p.w;
+              for (int f = 0; f < kHalf; ++f)
+                cp_async_16(buf + (f * kThr + tid) * 16, part + (int64_t(cs) * kNT + h * kHalf + f) * kThr + tid, 16);
             }
+            cp_async_commit();  // maybe empty: wait_group counts stay uniform
+          };
+          issue(0);
+          issue(1);
+          for (int j = 0; j < np; ++j) {
+            cp_async_wait<1>();  // piece j landed (j + 1 may be in flight)
+            const uint32_t buf = s0 + (j % 3) * kBuf;
+#pragma unroll
+            for (int f = 0; f < kHalf; ++f) {
+              const float4 p = lds128f(buf + (f * kThr + tid) * 16);
+              float* o = acc + 4 * (h * kHalf + f);
+              o[0] += p.x;
+              o[1] += p.y;
+              o[2] += p.z;
+              o[3] += p.w;
+            }
+            issue(j + 2);  // buffer (j + 2) % 3 = (j - 1) % 3: this thread read it in iteration j - 1
           }
+          cp_async_wait<0>();
         }
       }
     }
