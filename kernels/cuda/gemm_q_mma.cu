@@ -1069,8 +1069,8 @@ void launch_fused(const WView& v, const uint16_t* x, float* y, int n, void* scra
 
 // Version 4 (BN = 128): grid = one CTA per SM unless forced (tests:
 // force_splits = s > 0 gives s x tiles CTAs, s = 1 one CTA a tile, no
-// partials), at least kMinPer k-tiles a CTA, and no more CTAs than the
-// scratch holds 2 partial slots for (else one CTA a tile: no partials).
+// partials), at least kMinPer k-tiles a CTA, and ranges lengthened until
+// the partial slots they use fit the scratch (none: whole tiles).
 template <DType kT>
 void launch_v4(const WView& v, const uint16_t* x, float* y, int n, void* scratch, size_t scratch_bytes,
                int force_splits, cudaStream_t s) {
@@ -1090,14 +1090,27 @@ void launch_v4(const WView& v, const uint16_t* x, float* y, int n, void* scratch
   const int tiles_n = ceil_div(n, BN), tiles = ceil_div(rows, Tr::kM) * tiles_n;
   const int k_tiles = ceil_div(cols, kBK);
   const int units = tiles * k_tiles;
-  int grid = force_splits > 0 ? tiles * force_splits : std::min(dev.sms, ceil_div(units, kMinPer));
+  const int grid0 = force_splits > 0 ? tiles * force_splits : std::min(dev.sms, ceil_div(units, kMinPer));
   const size_t ticket_bytes = align_up(size_t(tiles) * sizeof(int), kPartAlign);
   const size_t slot_bytes = size_t(Tr::kNT) * Tr::kThr * sizeof(float4);
   const size_t slots = scratch && scratch_bytes > ticket_bytes ? (scratch_bytes - ticket_bytes) / slot_bytes : 0;
-  grid = std::max(1, std::min<int>(grid, static_cast<int>(std::min<size_t>(slots / 2, units))));
-  int per = ceil_div(units, grid);
-  if (slots < 2) per = k_tiles;  // no scratch: one CTA a tile
-  grid = ceil_div(units, per);
+  // Partial slots the kernel's indexing reaches at range length p: CTA c
+  // writes slot 2c if its first tile is cut, 2c + 1 if its last tile is
+  // another one and cut. (gemm() passes the matrix's own scratch: 32 MB
+  // for 4096 x 4096 holds 255 slots, enough for 128 CTAs of 8 k-tiles,
+  // which only ever use slot 2c.)
+  auto slots_needed = [&](int p) {
+    size_t need = 0;
+    for (int c = 0; c * p < units; ++c) {
+      const int u0 = c * p, u1 = std::min(units, u0 + p), t0 = u0 / k_tiles, t1 = (u1 - 1) / k_tiles;
+      if (t0 == t1 ? u1 - u0 != k_tiles : u0 % k_tiles != 0) need = std::max(need, size_t(2 * c + 1));
+      if (t1 != t0 && u1 % k_tiles != 0) need = std::max(need, size_t(2 * c + 2));
+    }
+    return need;
+  };
+  int per = ceil_div(units, std::max(1, std::min(grid0, units)));
+  while (slots_needed(per) > slots) ++per;  // ends by per % k_tiles == 0 (no cut tile) at the latest
+  const int grid = ceil_div(units, per);
   SkArgs a{v.q, reinterpret_cast<const __half*>(v.a), reinterpret_cast<const __half*>(x), y, nullptr, nullptr,
            rows, cols, n, k_tiles, tiles_n, units, per};
   if (per % k_tiles != 0) {  // some tile is cut: partials and tickets
