@@ -512,7 +512,7 @@ TEST(GpuOps, GemmFusedQuantAgainstMatmul) {
       const size_t scratch_bytes = gpu::gemm_scratch_bytes(gm);
       DevBuf scratch(scratch_bytes);  // poisoned: the tickets must be reset by the call
       // Version 4 at forced splits 3 gets 40 MB: its 128 KB partial slots (2
-      // a CTA) would otherwise cap the small shapes at one CTA, no cuts.
+      // a CTA) would otherwise hold the small shapes to whole tiles, no cuts.
       const size_t v4_scratch_bytes = std::max(scratch_bytes, size_t(40) << 20);
       DevBuf v4_scratch(v4_scratch_bytes);
       for (int n : {1, 7, 16, 17, 33, 64, 100, 128, 200, 256, 300, 512}) {
