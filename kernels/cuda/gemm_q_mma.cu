@@ -164,7 +164,7 @@ __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
   asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
   return v;
 }
-__device__ __forceinline__ float4 lds128f(uint32_t addr) {
+[[maybe_unused]] __device__ __forceinline__ float4 lds128f(uint32_t addr) {  // version 4's fixup
   float4 v;
   asm volatile("ld.shared.v4.f32 {%0,%1,%2,%3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr));
   return v;
