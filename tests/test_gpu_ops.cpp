@@ -488,7 +488,11 @@ TEST(GpuOps, GemmEveryTypeAgainstMatmul) {
 // with partial tiles, column slices chosen (0), none (1) and forced (3);
 // version 3 bit-identical to version 2 at forced slices (1, 3);
 // cols % 128 == 64 gives a half-full last k-tile. Auto split must be
-// bit-for-bit repeatable.
+// bit-for-bit repeatable. Version 4 (sm_90, n > 64; versions 2 / 3 below):
+// stream-K over 256-row tiles; splits 1 = one CTA a tile, 3 = 3 x tiles
+// CTAs, whose ranges cut tiles mid-way and cross tile boundaries (200 x 960
+// at 300 tokens: 24 units, 8 CTAs of 3). 256 / 300 / 512 tokens are the
+// engine's batched decode and prefill chunks.
 TEST(GpuOps, GemmFusedQuantAgainstMatmul) {
   REQUIRE_GPU();
   constexpr double kTol = 2e-3;
@@ -498,7 +502,7 @@ TEST(GpuOps, GemmFusedQuantAgainstMatmul) {
   std::vector<Shape> shapes = {{272, 512}, {1000, 1024}, {200, 960}};
   if (!small_only()) shapes.push_back({4096 + 48, 2048});
   std::vector<int> versions = {1};
-  if (gpu::gemm_fused_has_wgmma()) versions.insert(versions.end(), {2, 3});
+  if (gpu::gemm_fused_has_wgmma()) versions.insert(versions.end(), {2, 3, 4});
   for (DType t : {DType::Q4_0, DType::Q8_0}) {
     for (const Shape& sh : shapes) {
       const HostMatrix hm = make_matrix(t, sh.rows, sh.cols, 5000 + static_cast<uint32_t>(sh.rows));
@@ -507,7 +511,11 @@ TEST(GpuOps, GemmFusedQuantAgainstMatmul) {
       ASSERT_TRUE(gpu::gemm_fused_supports(gm));
       const size_t scratch_bytes = gpu::gemm_scratch_bytes(gm);
       DevBuf scratch(scratch_bytes);  // poisoned: the tickets must be reset by the call
-      for (int n : {1, 7, 16, 17, 33, 64, 100, 128, 200}) {
+      // Version 4 at forced splits 3 gets 40 MB: its 128 KB partial slots (2
+      // a CTA) would otherwise hold the small shapes to whole tiles, no cuts.
+      const size_t v4_scratch_bytes = std::max(scratch_bytes, size_t(40) << 20);
+      DevBuf v4_scratch(v4_scratch_bytes);
+      for (int n : {1, 7, 16, 17, 33, 64, 100, 128, 200, 256, 300, 512}) {
         const std::vector<float> x = randn(static_cast<size_t>(n * sh.cols), 17 + n);
         std::vector<uint16_t> xh(x.size());
         std::vector<float> xr(x.size());
@@ -523,8 +531,9 @@ TEST(GpuOps, GemmFusedQuantAgainstMatmul) {
           std::vector<float> first;
           for (int splits : {0, 1, 3, 0}) {
             dy.poison();
-            gpu::gemm_fused_q(gm, dx->as<uint16_t>(), dy.as<float>(), n, scratch.p, scratch_bytes, nullptr, splits,
-                              version);
+            const bool big = version == 4 && splits == 3;
+            gpu::gemm_fused_q(gm, dx->as<uint16_t>(), dy.as<float>(), n, big ? v4_scratch.p : scratch.p,
+                              big ? v4_scratch_bytes : scratch_bytes, nullptr, splits, version);
             const std::vector<float> y = dy.get<float>(static_cast<size_t>(n * sh.rows));
             EXPECT_LT(rel_err(y, ref), kTol) << dtype_name(t) << " " << sh.rows << "x" << sh.cols << " n=" << n
                                              << " splits=" << splits << " version=" << version;
@@ -1305,8 +1314,8 @@ TEST(GpuOpsBench, GemvLlama7bShapes) {
   }
 }
 
-// Fused Q4_0 / Q8_0 GEMM (gemm_fused_q version 1 = mma.sync, versions 2 and
-// 3 = wgmma where the device has it) against dequantization + cuBLAS
+// Fused Q4_0 / Q8_0 GEMM (gemm_fused_q version 1 = mma.sync, versions 2, 3
+// and 4 = wgmma where the device has it; v4 is v3 up to 64 tokens, v2 to 16) against dequantization + cuBLAS
 // (gemm_cublas) on the Llama-2-7B shapes, in one table: us, TFLOP/s and
 // weight GB/s (the matrix's device bytes / time) for each, cuBLAS time over
 // the best fused time, and the largest relative difference of a fused
@@ -1317,9 +1326,9 @@ TEST(GpuOpsBench, GemmFusedQuantShapes) {
   if (!bench_enabled()) GTEST_SKIP() << "set RUNLM_BENCH_GPU_OPS=1";
   constexpr int kMaxTokens = 512;
   const bool wg = gpu::gemm_fused_has_wgmma();
-  std::printf("[bench] %-5s %13s %4s | %8s %7s %6s | %8s %7s %6s | %8s %7s %6s | %9s %7s %6s | %7s %8s\n",
+  std::printf("[bench] %-5s %13s %4s | %8s %7s %6s | %8s %7s %6s | %8s %7s %6s | %8s %7s %6s | %9s %7s %6s | %7s %8s\n",
               "type", "rows x cols", "n", "mma us", "TFLOP/s", "GB/s", "v2 us", "TFLOP/s", "GB/s", "v3 us", "TFLOP/s",
-              "GB/s", "cublas us", "TFLOP/s", "GB/s", "speedup", "rel diff");
+              "GB/s", "v4 us", "TFLOP/s", "GB/s", "cublas us", "TFLOP/s", "GB/s", "speedup", "rel diff");
   for (DType t : {DType::Q4_0, DType::Q8_0}) {
     for (int si = 0; si < 3; ++si) {
       const BenchShape& s = kLlama7b[si];
@@ -1328,7 +1337,7 @@ TEST(GpuOpsBench, GemmFusedQuantShapes) {
       const RotatedCopies rot(base);
       const std::vector<gpu::GpuMatrix>& ms = rot.ms;
       const int copies = static_cast<int>(ms.size());
-      const size_t scratch_bytes = gpu::gemm_scratch_bytes(base);
+      const size_t scratch_bytes = gpu::gemm_scratch_bytes(base);  // what gemm() passes
       DevBuf scratch(scratch_bytes);
       std::vector<uint16_t> xh(size_t(kMaxTokens) * s.cols);
       const std::vector<float> x = randn(xh.size(), 7);
@@ -1343,9 +1352,9 @@ TEST(GpuOpsBench, GemmFusedQuantShapes) {
             },
             20);
         const std::vector<float> y_cublas = dy_cublas.get<float>(outs);
-        float fused_ms[4] = {0, 0, 0, 0};  // by version; 0 = not run
+        float fused_ms[5] = {0, 0, 0, 0, 0};  // by version; 0 = not run
         double diff = 0;
-        for (int version = 1; version <= (wg ? 3 : 1); ++version) {
+        for (int version = 1; version <= (wg ? 4 : 1); ++version) {
           fused_ms[version] = time_ms(
               [&](int i) {
                 gpu::gemm_fused_q(ms[i % copies], dx->as<uint16_t>(), dy_fused.as<float>(), n, scratch.p,
@@ -1355,7 +1364,7 @@ TEST(GpuOpsBench, GemmFusedQuantShapes) {
           diff = std::max(diff, rel_err(dy_fused.get<float>(outs), y_cublas));
         }
         const double flop = 2.0 * s.rows * s.cols * n, wbytes = double(base.bytes);
-        const float best = wg ? std::min({fused_ms[1], fused_ms[2], fused_ms[3]}) : fused_ms[1];
+        const float best = wg ? std::min({fused_ms[1], fused_ms[2], fused_ms[3], fused_ms[4]}) : fused_ms[1];
         auto cols3 = [&](float ms_, int w) {
           if (ms_ <= 0) return std::printf(" | %*s %7s %6s", w, "-", "-", "-");
           return std::printf(" | %*.1f %7.1f %6.0f", w, ms_ * 1e3, flop / (ms_ * 1e9), wbytes / (ms_ * 1e6));
@@ -1365,6 +1374,7 @@ TEST(GpuOpsBench, GemmFusedQuantShapes) {
         cols3(fused_ms[1], 8);
         cols3(fused_ms[2], 8);
         cols3(fused_ms[3], 8);
+        cols3(fused_ms[4], 8);
         cols3(cublas_ms, 9);
         std::printf(" | %6.2fx %8.1e\n", cublas_ms / best, diff);
       }

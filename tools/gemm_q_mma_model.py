@@ -242,3 +242,61 @@ for stages in (3, 4, 5):
     for nk in range(1, 12):
         schedule_v3(stages, nk)
 print('v3 schedule ok, stages 3, 4, 5')
+
+# Version 4's stream-K bookkeeping (launch_v4 and gemm_q_wgmma_v4_kernel):
+# for grids from the host rule (auto, forced, capped by the scratch's slots),
+# every (tile, k-tile) unit is computed once; a tile cut by CTA ranges has
+# c_last - c_first + 1 pieces (the ticket count the kernel waits for), each
+# piece's partial slot (2c for the CTA's first tile, 2c + 1 for its last) is
+# the one the summing CTA reads for it, slots are distinct and < 2 * grid;
+# whole tiles never touch a ticket.
+def ceil_div(a, b): return -(-a // b)
+def v4_slots_needed(units, K, p):
+    need, c = 0, 0
+    while c * p < units:
+        u0 = c * p; u1 = min(units, u0 + p); t0 = u0 // K; t1 = (u1 - 1) // K
+        if (u1 - u0 != K) if t0 == t1 else (u0 % K != 0): need = max(need, 2 * c + 1)
+        if t1 != t0 and u1 % K != 0: need = max(need, 2 * c + 2)
+        c += 1
+    return need
+def v4_grid(tiles, K, sms, force, slots, min_per=4):
+    units = tiles * K
+    grid0 = tiles * force if force > 0 else min(sms, ceil_div(units, min_per))
+    per = ceil_div(units, max(1, min(grid0, units)))
+    while v4_slots_needed(units, K, per) > slots: per += 1
+    return ceil_div(units, per), per
+def check_v4(tiles, K, sms, force, slots):
+    grid, per = v4_grid(tiles, K, sms, force, slots)
+    units = tiles * K
+    done = [0] * units
+    pieces = {}  # tile -> {cta: slot}
+    for c in range(grid):
+        u, u_end = c * per, min(units, c * per + per)
+        first_tile = u // K
+        assert u < u_end, (tiles, K, grid, per, c)
+        while u < u_end:
+            tile, kb = u // K, u % K
+            ke = min(K, kb + (u_end - u)); nk = ke - kb
+            for k in range(kb, ke): done[tile * K + k] += 1
+            if nk != K:
+                assert per % K != 0  # the host only sets up tickets then
+                pieces.setdefault(tile, {})[c] = 2 * c + (0 if tile == first_tile else 1)
+            u += nk
+    assert all(d == 1 for d in done), (tiles, K, grid, per)
+    used = set()
+    for tile, pc in pieces.items():
+        c_first, c_last = tile * K // per, ((tile + 1) * K - 1) // per
+        assert sorted(pc) == list(range(c_first, c_last + 1)), (tile, pc, c_first, c_last)
+        for c, slot in pc.items():
+            assert slot == 2 * c + (0 if tile == c * per // K else 1) and slot < 2 * grid and slot not in used
+            used.add(slot)
+    assert len(used) <= slots and all(u < slots for u in used)
+for tiles in (1, 2, 3, 8, 17, 32, 64, 86, 172, 250):
+    for K in (1, 4, 8, 16, 32, 86):
+        for force in (0, 1, 3):
+            for slots in (0, 1, 2, 16, 255, 10**6):
+                check_v4(tiles, K, 132, force, slots)
+# 4096 x 4096 at 256 tokens under gemm()'s own 32 MB scratch (255 slots of
+# 128 KB after the tickets): 128 CTAs of 8 k-tiles, slot 2c only.
+assert v4_grid(32, 32, 132, 0, 255) == (128, 8)
+print('v4 stream-K bookkeeping ok')

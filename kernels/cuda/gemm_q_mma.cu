@@ -14,6 +14,10 @@
 //     overlapping the wgmmas of block b (A double buffered per block,
 //     wait_group 1) and an L2 prefetch hint on the quants; sm_90a, selected
 //     by version = 3 only until measured. See "version 3" further down.
+//   4 gemm_q_wgmma_v4_kernel (n_tokens > 64; below, as auto): version 3's
+//     loop on 256-row tiles (4 warpgroups, 512 threads) over a persistent
+//     stream-K grid; sm_90a, version = 4 only until measured. See
+//     "version 4" further down.
 //
 // Tile: a CTA computes kBM = 128 weight rows (the mma M side) x BN tokens
 // (N side, BN in {16, 32, 64, 128} picked from n_tokens) over a range of
@@ -158,6 +162,11 @@ __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, int sr
 __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
   uint32_t v;
   asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
+}
+[[maybe_unused]] __device__ __forceinline__ float4 lds128f(uint32_t addr) {  // version 4's fixup
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0,%1,%2,%3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr));
   return v;
 }
 __device__ __forceinline__ uint2 lds64(uint32_t addr) {
@@ -697,6 +706,273 @@ __global__ void __launch_bounds__(kThreads, Wg3Traits<kT, BN>::kMinBlocks) gemm_
 #endif
 }
 
+// ---- version 4: 256-row tiles, 4 warpgroups, stream-K (sm_90a) ---------------
+//
+// Version 3's warpgroup loop (A double buffered per quant block, wait_group
+// 1) with two changes aimed at 128-512 tokens (BN = 128), where versions 2
+// and 3 run at 240-440 TFLOP/s against cuBLAS's ~450 on the f16 copy:
+//
+// 1. kBM4 = 256 weight rows a CTA, 4 warpgroups of 64 rows (512 threads,
+//    <= 128 registers a thread: acc 64 + A 16). Per 128-column k-tile and
+//    SM (2048 tensor cycles at 2048 f16 FMA/clk), the traffic falls against
+//    versions 2/3's 128-row tile (1024 tensor cycles a k-tile):
+//      shared memory: wgmma B reads 64 B/clk either way (m64 per wgmma),
+//        x + quant copies 50 KB -> 24 B/clk (was 41 KB -> 40), decode loads
+//        16 B/clk either way: ~104 B/clk of 128 (was ~121: at the limit);
+//      L2 -> SM: 24 B/clk an SM (was 41; x alone was 32): 11008 x 4096 at
+//        256 tokens re-read x 86 times (180 MB) at kBM = 128, 43 times now.
+//    And 4 warps a sub-partition (one per warpgroup) hide each other's
+//    decode behind 3 warpgroups' wgmmas instead of 1.
+// 2. Stream-K over a persistent grid: the (tile, k-tile) units are laid out
+//    tile by tile (tiles row-tile major: the token tiles of one weight row
+//    tile go to neighbouring CTAs, which share its quants in L2); CTA c takes the
+//    contiguous range [c * per, (c + 1) * per), per = ceil(units / grid),
+//    grid = SMs (one CTA an SM: ~200 KB of shared memory). No wave
+//    quantization (11008 rows x 256 tokens = 86 tiles of 256 x 128 = 0.65
+//    of a wave as tiles, 1.0 as units); a tile covered by one range is
+//    stored directly, a tile cut by ranges is summed by the last of its
+//    pieces to finish (atomic ticket per tile): pieces go to partial slot
+//    2c (the CTA's first tile) or 2c + 1 (its last), and the summing CTA
+//    adds them in CTA order, so the result is the same whichever finishes
+//    last (deterministic). At most 2 partials a CTA (132 x 2 x 128 KB,
+//    in L2); the summing CTA reads them through its idle stage ring (see
+//    the epilogue).
+// Each piece restarts the cp.async ring (a 2-k-tile prologue, ~2 pieces a
+// CTA). n_tokens <= 64 runs what auto runs there (version 3, version 2 up
+// to 16): BN <= 64 tiles are DRAM / issue bound, where 128-row tiles give
+// more CTAs.
+template <DType kT, int BN>
+struct Wg4Traits {
+  static constexpr int kWG = 4;
+  static constexpr int kThr = 128 * kWG;
+  static constexpr int kM = 64 * kWG;  // weight rows a CTA
+  static constexpr int kQBytes = kM * QuantTile<kT>::kRowBytes;
+  static constexpr int kSBytes = kM * kBlocks * 2;
+  static constexpr int kXBytes = BN * kBK * 2;
+  static constexpr int kStageBytes = kXBytes + kQBytes + kSBytes;  // x first: 1024-byte aligned blocks
+  static constexpr int kStagesFit = (kSmemBudget - 1024) / kStageBytes;
+  static constexpr int kStages = kStagesFit < 5 ? kStagesFit : 5;
+  static constexpr int kSmem = kStages * kStageBytes + 1024;
+  static constexpr int kNT = BN / 8;  // n8 tiles of a thread's accumulator
+  static_assert(kStages >= 3, "gemm_q_wgmma_v4: the ring needs 3 stages (one for the in-flight wgmmas)");
+  static_assert(kXBytes % 1024 == 0 && kStageBytes % 1024 == 0, "gemm_q_wgmma_v4: 1024-byte aligned x tiles");
+};
+
+struct SkArgs {
+  const uint8_t* q;
+  const __half* d;
+  const __half* x;
+  float* y;
+  float* partial;  // [2 * grid][kNT][kThr] float4: slot 2c = CTA c's first tile, 2c + 1 its last
+  int* tickets;    // [tiles], zero on entry, left zero
+  int rows, cols, n;
+  int k_tiles, tiles_n, units, per;  // units = tiles * k_tiles; CTA c: [c * per, min(units, (c + 1) * per))
+};
+
+// Version 4's stage copies: version 3's (L2::256B hint on the quants, x in
+// the 128-byte swizzle) for kM rows and kThr threads.
+template <DType kT, int BN>
+__device__ __forceinline__ void load_stage_v4(const SkArgs& a, uint32_t sq, uint32_t ss, uint32_t sx, int m0, int n0,
+                                              int kt) {
+  using Tr = Wg4Traits<kT, BN>;
+  using QT = QuantTile<kT>;
+  constexpr int kChunksRow = QT::kRowBytes / 16, kThr = Tr::kThr;
+  const int k0 = kt * kBK;
+  const int64_t q_row_bytes = kT == DType::Q4_0 ? a.cols / 2 : a.cols;
+  const int tid = threadIdx.x;
+  static_assert(Tr::kM * kChunksRow % kThr == 0 && BN * (kBK / 8) % kThr == 0 && Tr::kM * 2 == kThr,
+                "load_stage_v4: copies split evenly over the threads");
+#pragma unroll
+  for (int it = 0; it < Tr::kM * kChunksRow / kThr; ++it) {
+    const int i = tid + it * kThr;
+    const int r = i / kChunksRow, c = i % kChunksRow;
+    const int row = m0 + r, col = k0 + c * QT::kChunkCols;
+    const bool ok = row < a.rows && col < a.cols;
+    const uint8_t* src = ok ? a.q + row * q_row_bytes + col * QT::kRowBytes / kBK : a.q;
+    cp_async_16_pf256(sq + quant_swz<kT>(r, c), src, ok ? 16 : 0);
+  }
+  {
+    const int r = tid >> 1, p = tid & 1;
+    const int row = m0 + r, col = k0 + 64 * p;
+    const bool ok = row < a.rows && col < a.cols;
+    const __half* src = ok ? a.d + int64_t(row) * (a.cols / 32) + col / 32 : a.d;
+    cp_async_4(ss + r * kBlocks * 2 + p * 4, src, ok ? 4 : 0);
+  }
+#pragma unroll
+  for (int it = 0; it < BN * (kBK / 8) / kThr; ++it) {
+    const int i = tid + it * kThr;
+    const int j = i / (kBK / 8), c = i % (kBK / 8);
+    const int tok = n0 + j, col = k0 + 8 * c;
+    const bool ok = tok < a.n && col < a.cols;
+    const __half* src = ok ? a.x + int64_t(tok) * a.cols + col : a.x;
+    cp_async_16(sx + x_swz128<BN>(j, c), src, ok ? 16 : 0);
+  }
+}
+
+template <DType kT, int BN>
+__global__ void __launch_bounds__(Wg4Traits<kT, BN>::kThr, 1) gemm_q_wgmma_v4_kernel(SkArgs a) {
+#if RUNLM_FA3_DEVICE
+  using Tr = Wg4Traits<kT, BN>;
+  constexpr int kStages = Tr::kStages, kAhead = kStages - 2, kNT = Tr::kNT, kThr = Tr::kThr;
+  extern __shared__ __align__(1024) uint8_t smem[];
+  const uint32_t s0 = (smem_u32(smem) + 1023u) & ~1023u;
+  auto sx_of = [&](int st) { return s0 + st * Tr::kStageBytes; };
+  auto sq_of = [&](int st) { return s0 + st * Tr::kStageBytes + Tr::kXBytes; };
+  auto ss_of = [&](int st) { return s0 + st * Tr::kStageBytes + Tr::kXBytes + Tr::kQBytes; };
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int arow = (warp >> 2) * 64 + (warp & 3) * 16 + g;  // warpgroup's 64 rows, warp's 16
+  const uint32_t qkey = kT == DType::Q4_0 ? (g >> 1) & 3 : g;
+  const uint32_t psel = t & 1 ? 0x4342 : 0x4140;
+  const uint32_t wofs = 4 * (t >> 1);
+  __shared__ int last;
+
+  const int cta = blockIdx.x, K = a.k_tiles;
+  const int u_begin = cta * a.per, u_end = min(a.units, u_begin + a.per);
+  const int first_tile = u_begin / K;
+  for (int u = u_begin; u < u_end;) {
+    const int tile = u / K, kb = u % K, ke = min(K, kb + (u_end - u)), nk = ke - kb;
+    const int m0 = (tile / a.tiles_n) * Tr::kM, n0 = (tile % a.tiles_n) * BN;
+
+    float acc[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
+    uint32_t fe[2][4], fo[2][4];  // A of the even / odd quant block: [k16 step][a0..a3]
+
+#pragma unroll
+    for (int st = 0; st < kAhead; ++st) {
+      if (st < nk) load_stage_v4<kT, BN>(a, sq_of(st), ss_of(st), sx_of(st), m0, n0, kb + st);
+      cp_async_commit();
+    }
+    for (int i = 0; i < nk; ++i) {
+      cp_async_wait<kAhead - 1>();
+      fa3::fence_proxy_async_shared();
+      // k-tile i visible to all; every warpgroup has retired its wgmmas of
+      // k-tile i - 2, so that stage can refill (version 3's argument).
+      __syncthreads();
+      {
+        const int j = i + kAhead, st = j % kStages;
+        if (j < nk) load_stage_v4<kT, BN>(a, sq_of(st), ss_of(st), sx_of(st), m0, n0, kb + j);
+        cp_async_commit();
+      }
+      const int st = i % kStages;
+      const uint32_t sq = sq_of(st), ss = ss_of(st);
+      const uint2 sca = lds64(ss + arow * kBlocks * 2), scb = lds64(ss + (arow + 8) * kBlocks * 2);
+      const uint64_t dx = fa3::make_desc(sx_of(st), 16, 1024);
+#pragma unroll
+      for (int blk = 0; blk < kBlocks; ++blk) {
+        uint32_t(&f)[2][4] = blk & 1 ? fo : fe;
+        const uint32_t wsel = blk & 1 ? 0x3232 : 0x1010;
+        const __half2 da = bits_h2(__byte_perm(blk < 2 ? sca.x : sca.y, 0, wsel));
+        const __half2 db = bits_h2(__byte_perm(blk < 2 ? scb.x : scb.y, 0, wsel));
+        decode_block_wg<kT>(sq, arow, blk, qkey, wofs, psel, da, db, f[0], f[1]);
+        fa3::wgmma_fence();
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+          const int kk = 2 * blk + s;
+          WgmmaRsF16<BN>::rs(acc, f[s], dx + (((kk / 4) * BN * 128 + (kk % 4) * 32) >> 4), 1);
+        }
+        fa3::wgmma_commit();
+        fa3::wgmma_wait<1>();
+        fence_regs_a(blk & 1 ? fe : fo);
+      }
+    }
+    fa3::wgmma_wait<0>();
+    fa3::fence_regs(acc);
+    cp_async_wait<0>();
+
+    // Epilogue. acc is the mma C layout of this warp's 16 rows: n8 tile nt
+    // at acc[4 nt .. 4 nt + 3] = (row, tok), (row, tok + 1), row + 8 likewise.
+    bool store = true;
+    if (nk != K) {
+      const int slot = 2 * cta + (tile == first_tile ? 0 : 1);
+      float4* part = reinterpret_cast<float4*>(a.partial);
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+        __stcg(part + (int64_t(slot) * kNT + nt) * kThr + tid,
+               make_float4(acc[4 * nt], acc[4 * nt + 1], acc[4 * nt + 2], acc[4 * nt + 3]));
+      __threadfence();  // release: the partial before the ticket
+      __syncthreads();
+      const int c_first = tile * K / a.per, c_last = ((tile + 1) * K - 1) / a.per;
+      if (tid == 0) {
+        last = atomicAdd(a.tickets + tile, 1) == c_last - c_first;
+        if (last) a.tickets[tile] = 0;  // every piece has taken its ticket: ready for the next call
+      }
+      __syncthreads();
+      store = last;
+      if (store) {
+        __threadfence();  // acquire
+        // Sum in CTA order whichever piece came last: deterministic; acc is
+        // the running sum 0 + p0 + p1 + ..., this piece's own partial read
+        // back too (it is in L2, and the order then does not depend on
+        // which piece sums). The partials come through the idle stage ring:
+        // a tile's pieces (2-6 at the Llama-2-7B shapes) are 128 KB each,
+        // and one SM reads ~64 B/clk from L2, so the read must keep ~64 KB
+        // in flight; registers cannot (acc is 64 of 128). Each thread
+        // copies its own float4s of a piece's half (8 n8 tiles: 64 KB a
+        // CTA) with cp.async into its own slots of one of 3 buffers, 2
+        // halves in flight, and reads only those slots back: no barrier
+        // (the one before the ticket already ordered the ring's last
+        // wgmma reads before these writes).
+        constexpr int kHalf = kNT / 2;
+        constexpr uint32_t kBuf = kHalf * kThr * 16;
+        static_assert(3 * kBuf <= kStages * Tr::kStageBytes, "gemm_q_wgmma_v4: fixup buffers fit the ring");
+        const int np = c_last - c_first + 1;
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          auto issue = [&](int j) {  // piece c_first + j, half h -> buffer j % 3
+            if (j < np) {
+              const int c = c_first + j, cs = 2 * c + (tile == c * a.per / K ? 0 : 1);
+              const uint32_t buf = s0 + (j % 3) * kBuf;
+#pragma unroll
+              for (int f = 0; f < kHalf; ++f)
+                cp_async_16(buf + (f * kThr + tid) * 16, part + (int64_t(cs) * kNT + h * kHalf + f) * kThr + tid, 16);
+            }
+            cp_async_commit();  // maybe empty: wait_group counts stay uniform
+          };
+          issue(0);
+          issue(1);
+          for (int j = 0; j < np; ++j) {
+            cp_async_wait<1>();  // piece j landed (j + 1 may be in flight)
+            const uint32_t buf = s0 + (j % 3) * kBuf;
+#pragma unroll
+            for (int f = 0; f < kHalf; ++f) {
+              const float4 p = lds128f(buf + (f * kThr + tid) * 16);
+              float* o = acc + 4 * (h * kHalf + f);
+              o[0] += p.x;
+              o[1] += p.y;
+              o[2] += p.z;
+              o[3] += p.w;
+            }
+            issue(j + 2);  // buffer (j + 2) % 3 = (j - 1) % 3: this thread read it in iteration j - 1
+          }
+          cp_async_wait<0>();
+        }
+      }
+    }
+    if (store) {
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+        const int tok = n0 + nt * 8 + 2 * t;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = m0 + arow + 8 * h;
+          if (r >= a.rows) continue;
+          if (tok < a.n) a.y[int64_t(tok) * a.rows + r] = acc[4 * nt + 2 * h];
+          if (tok + 1 < a.n) a.y[int64_t(tok + 1) * a.rows + r] = acc[4 * nt + 2 * h + 1];
+        }
+      }
+    }
+    u += nk;
+    // Every warpgroup is past its last wgmma and shared read of this piece
+    // (and `last` is read) before the next piece's prologue refills the ring.
+    __syncthreads();
+  }
+#endif
+}
+
 struct DeviceInfo {
   int sms = 0;
   int smem_optin = 0;
@@ -791,6 +1067,61 @@ void launch_fused(const WView& v, const uint16_t* x, float* y, int n, void* scra
   cudaCheckLaunch();
 }
 
+// Version 4 (BN = 128): grid = one CTA per SM unless forced (tests:
+// force_splits = s > 0 gives s x tiles CTAs, s = 1 one CTA a tile, no
+// partials), at least kMinPer k-tiles a CTA, and ranges lengthened until
+// the partial slots they use fit the scratch (none: whole tiles).
+template <DType kT>
+void launch_v4(const WView& v, const uint16_t* x, float* y, int n, void* scratch, size_t scratch_bytes,
+               int force_splits, cudaStream_t s) {
+  constexpr int BN = 128, kMinPer = 4;
+  using Tr = Wg4Traits<kT, BN>;
+  const DeviceInfo dev = device_info();
+  RUNLM_CHECK(Tr::kSmem <= dev.smem_optin,
+              "gemm_fused_q: %s version 4 needs %d bytes of shared memory per block; the device allows %d",
+              dtype_name(kT), Tr::kSmem, dev.smem_optin);
+  auto kernel = gemm_q_wgmma_v4_kernel<kT, BN>;
+  static bool smem_set[16] = {};
+  if (!smem_set[dev.index]) {
+    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmem));
+    smem_set[dev.index] = true;
+  }
+  const int rows = static_cast<int>(v.rows), cols = static_cast<int>(v.cols);
+  const int tiles_n = ceil_div(n, BN), tiles = ceil_div(rows, Tr::kM) * tiles_n;
+  const int k_tiles = ceil_div(cols, kBK);
+  const int units = tiles * k_tiles;
+  const int grid0 = force_splits > 0 ? tiles * force_splits : std::min(dev.sms, ceil_div(units, kMinPer));
+  const size_t ticket_bytes = align_up(size_t(tiles) * sizeof(int), kPartAlign);
+  const size_t slot_bytes = size_t(Tr::kNT) * Tr::kThr * sizeof(float4);
+  const size_t slots = scratch && scratch_bytes > ticket_bytes ? (scratch_bytes - ticket_bytes) / slot_bytes : 0;
+  // Partial slots the kernel's indexing reaches at range length p: CTA c
+  // writes slot 2c if its first tile is cut, 2c + 1 if its last tile is
+  // another one and cut. (gemm() passes the matrix's own scratch: 32 MB
+  // for 4096 x 4096 holds 255 slots, enough for 128 CTAs of 8 k-tiles,
+  // which only ever use slot 2c.)
+  auto slots_needed = [&](int p) {
+    size_t need = 0;
+    for (int c = 0; c * p < units; ++c) {
+      const int u0 = c * p, u1 = std::min(units, u0 + p), t0 = u0 / k_tiles, t1 = (u1 - 1) / k_tiles;
+      if (t0 == t1 ? u1 - u0 != k_tiles : u0 % k_tiles != 0) need = std::max(need, size_t(2 * c + 1));
+      if (t1 != t0 && u1 % k_tiles != 0) need = std::max(need, size_t(2 * c + 2));
+    }
+    return need;
+  };
+  int per = ceil_div(units, std::max(1, std::min(grid0, units)));
+  while (slots_needed(per) > slots) ++per;  // ends by per % k_tiles == 0 (no cut tile) at the latest
+  const int grid = ceil_div(units, per);
+  SkArgs a{v.q, reinterpret_cast<const __half*>(v.a), reinterpret_cast<const __half*>(x), y, nullptr, nullptr,
+           rows, cols, n, k_tiles, tiles_n, units, per};
+  if (per % k_tiles != 0) {  // some tile is cut: partials and tickets
+    a.tickets = static_cast<int*>(scratch);
+    a.partial = reinterpret_cast<float*>(static_cast<uint8_t*>(scratch) + ticket_bytes);
+    cudaCheck(cudaMemsetAsync(a.tickets, 0, size_t(tiles) * sizeof(int), s));
+  }
+  kernel<<<grid, Tr::kThr, Tr::kSmem, s>>>(a);
+  cudaCheckLaunch();
+}
+
 template <DType kT, int kVer>
 void launch_fused_tokens(const WView& v, const uint16_t* x, float* y, int n, void* scratch, size_t scratch_bytes,
                          int force_splits, cudaStream_t s) {
@@ -807,7 +1138,12 @@ void launch_fused_tokens(const WView& v, const uint16_t* x, float* y, int n, voi
 template <DType kT>
 void launch_fused_version(int ver, const WView& v, const uint16_t* x, float* y, int n, void* scratch,
                           size_t scratch_bytes, int force_splits, cudaStream_t s) {
-  if (ver == 3)
+  // Version 4 runs from 65 tokens; below, what auto picks (3, and 2 up to 16).
+  if (ver == 4 && n > 64)
+    launch_v4<kT>(v, x, y, n, scratch, scratch_bytes, force_splits, s);
+  else if (ver == 4 && n <= 16)
+    launch_fused_tokens<kT, 2>(v, x, y, n, scratch, scratch_bytes, force_splits, s);
+  else if (ver >= 3)
     launch_fused_tokens<kT, 3>(v, x, y, n, scratch, scratch_bytes, force_splits, s);
   else if (ver == 2)
     launch_fused_tokens<kT, 2>(v, x, y, n, scratch, scratch_bytes, force_splits, s);
@@ -826,8 +1162,10 @@ bool gemm_fused_fits_device(const GpuMatrix& w) {
   const DeviceInfo d = device_info();
   const bool q4 = w.type == DType::Q4_0;
   // Versions 2 and 3 both run on sm_90 (by token count): the larger of their largest tiles.
-  constexpr int kWgQ4 = std::max(WgTraits<DType::Q4_0, 128>::kSmem, Wg3Traits<DType::Q4_0, 128>::kSmem);
-  constexpr int kWgQ8 = std::max(WgTraits<DType::Q8_0, 128>::kSmem, Wg3Traits<DType::Q8_0, 128>::kSmem);
+  constexpr int kWgQ4 = std::max({WgTraits<DType::Q4_0, 128>::kSmem, Wg3Traits<DType::Q4_0, 128>::kSmem,
+                                  Wg4Traits<DType::Q4_0, 128>::kSmem});
+  constexpr int kWgQ8 = std::max({WgTraits<DType::Q8_0, 128>::kSmem, Wg3Traits<DType::Q8_0, 128>::kSmem,
+                                  Wg4Traits<DType::Q8_0, 128>::kSmem});
   const int smem = d.sm90 ? (q4 ? kWgQ4 : kWgQ8)
                           : (q4 ? MmaTraits<DType::Q4_0, 128>::kSmem : MmaTraits<DType::Q8_0, 128>::kSmem);
   return smem <= d.smem_optin;
@@ -857,8 +1195,8 @@ void gemm_fused_q(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_tok
     return e && *e ? std::atoi(e) : 0;
   }();
   if (version == 0) version = env_version;
-  RUNLM_CHECK(version >= 0 && version <= 3, "gemm_fused_q: version %d unsupported; supported: 0 (auto), 1, 2, 3",
-              version);
+  RUNLM_CHECK(version >= 0 && version <= 4,
+              "gemm_fused_q: version %d unsupported; supported: 0 (auto), 1, 2, 3, 4", version);
   const bool sm90 = device_info().sm90;
   RUNLM_CHECK(version < 2 || sm90, "gemm_fused_q: version %d (wgmma) needs sm_90; this device runs version 1",
               version);

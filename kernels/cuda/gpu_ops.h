@@ -104,6 +104,9 @@ void gemm_cublas(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_toke
 // column slices (tests), 0 picks it; either is capped by what scratch holds.
 // version: 1 = mma.sync (sm_80+), 2 = wgmma (sm_90 only, gemm_fused_has_wgmma),
 // 3 = wgmma with the decode overlapping the wgmmas (sm_90 only),
+// 4 = version 3's loop on 256-row tiles over a stream-K persistent grid,
+// past 64 tokens (sm_90 only; at 64 and fewer it runs what auto runs; for
+// version 4, splits > 0 means splits x tiles CTAs),
 // 0 = RUNLM_GEMM_FUSED_VERSION if set (gemm() passes 0), else on sm_90 3
 // past 16 tokens and 2 up to 16 (measured), else 1.
 bool gemm_fused_supports(const GpuMatrix& w);
