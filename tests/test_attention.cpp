@@ -518,6 +518,39 @@ TEST(AttentionPagedRef, PoolHoldsTheContiguousRows) {
   EXPECT_GT(released, 0u);
 }
 
+TEST(AttentionPagedRef, TypedPoolsHoldTheEncodedRows) {
+  // make_typed_paged (the typed GPU grid's input): the decoded K/V it hands
+  // the reference are the stored rows' values (f16 exactly; quantized within
+  // their error), 0 for released pages; the pools have the layout's size.
+  const DType f16 = DType::F16;
+  const AttnShapeCase& c = paged_cases()[1];  // the window case: released pages
+  Problem p = make_problem(c.lq, c.lk, c.n_heads, c.n_kv_heads, 64, c.causal, c.window_left, 77u, &f16);
+  for (KvType t : {KvType::F16, KvType::BF16, KvType::Q8_0, KvType::FP8, KvType::Q4_0}) {
+    Problem dec;
+    const PagedKv kv = make_typed_paged(p, t, KvType::Q4_0, 16, 78u, &dec);
+    ASSERT_EQ(kv.k_bytes.size(), size_t(kv_pool_layout(t, 16, p.n_kv_heads, 64).page) * kv.num_pages);
+    const double tol = t == KvType::F16 ? 0.0 : t == KvType::BF16 ? 1e-2 : t == KvType::Q8_0 ? 2e-2 : 0.15;
+    double worst = 0;
+    size_t zero_rows = 0;
+    const size_t row = size_t(p.n_kv_heads) * 64;
+    for (int b = 0; b < p.batch(); ++b)
+      for (int j = 0; j < p.cu_k[b + 1] - p.cu_k[b]; ++j) {
+        const size_t r = size_t(p.cu_k[b] + j) * row;
+        if (kv.tables[size_t(b) * kv.max_blocks + j / 16] < 0) {
+          for (size_t e = 0; e < row; ++e) EXPECT_EQ(dec.k[r + e], 0.0f);
+          ++zero_rows;
+          continue;
+        }
+        for (size_t e = 0; e < row; ++e) {
+          worst = std::max(worst, double(std::fabs(dec.k[r + e] - p.k[r + e])) / 3.0);  // |x| <~ 3
+          EXPECT_EQ(dec.k[r + e], fp16_to_fp32(fp32_to_fp16(dec.k[r + e])));  // f16 values
+        }
+      }
+    EXPECT_LE(worst, tol) << kv_type_name(t);
+    EXPECT_GT(zero_rows, 0u);
+  }
+}
+
 TEST(AttentionPagedDispatch, BlockSizesAndValidation) {
   int32_t table[4] = {};
   AttnParams p;
