@@ -80,7 +80,7 @@ struct AttnParams {
   int block_size = 0;           // keys per page
   int num_pages = 0;            // pages in each pool: k and v hold num_pages * block_size slots
   // Typed pools (paged only; see the top of this file): unset = the dtype.
-  std::optional<KvType> k_type, v_type;
+  std::optional<KvType> k_type = std::nullopt, v_type = std::nullopt;
 };
 
 // The KV type of K (v = false) or V (v = true): k_type / v_type, or the
