@@ -293,7 +293,7 @@ TEST(CudaEngine, Sotu29mQ8KvGreedyMatchesTheCpu) {
 }
 
 // Every (K, V) pair runs on the GPU (paged) and stays close to the CPU with
-// the same types: a 40-token prompt (prefill: gather_kv decodes the pool)
+// the same types: a 40-token prompt (prefill: auto's backend; on sm_90 fa3 on gather_kv's f16 copy)
 // then 8 decode steps (paged decode kernel). Bound 5e-2 relative: q4_0's
 // levels are 1/8 of a block's range, so a level flip moves a logit more.
 TEST(CudaEngine, Sotu29mEveryKvTypePairCloseToTheCpu) {
