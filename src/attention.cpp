@@ -83,9 +83,32 @@ void validate(const AttnParams& p) {
                 "attention: max_seqlen_k=%d exceeds what a block table of %d pages of %d keys holds", p.max_seqlen_k,
                 p.max_blocks_per_seq, p.block_size);
   }
+  if (attn_kv_typed(p)) {
+    const KvType kt = attn_kv_type(p, false), vt = attn_kv_type(p, true);
+    RUNLM_CHECK(p.block_tables, "attention: K=%s V=%s with dtype %s need paged K/V; contiguous K/V are in the dtype",
+                kv_type_name(kt), kv_type_name(vt), dtype_name(p.dtype));
+    for (KvType t : {kt, vt}) {
+      RUNLM_CHECK(t == KvType::F16 || t == KvType::BF16 || t == KvType::Q8_0 || t == KvType::Q4_0 || t == KvType::FP8,
+                  "attention: KV type %s (K=%s V=%s) unsupported; supported: f16, bf16, q8_0, q4_0, fp8",
+                  kv_type_name(t), kv_type_name(kt), kv_type_name(vt));
+      RUNLM_CHECK(t == KvType::F16 || t == KvType::BF16 || p.head_dim % 32 == 0,
+                  "attention: KV type %s with head_dim=%d unsupported; supported: head_dim a multiple of 32",
+                  kv_type_name(t), p.head_dim);
+    }
+  }
 }
 
 }  // namespace
+
+KvType attn_kv_type(const AttnParams& p, bool v) {
+  const std::optional<KvType>& t = v ? p.v_type : p.k_type;
+  return t.value_or(p.dtype == DType::BF16 ? KvType::BF16 : KvType::F16);
+}
+
+bool attn_kv_typed(const AttnParams& p) {
+  const KvType own = p.dtype == DType::BF16 ? KvType::BF16 : KvType::F16;
+  return attn_kv_type(p, false) != own || attn_kv_type(p, true) != own;
+}
 
 const std::vector<AttnBackendInfo>& attn_backends() {
   static const std::vector<AttnBackendInfo> kTable = {
@@ -93,12 +116,16 @@ const std::vector<AttnBackendInfo>& attn_backends() {
       // Paged K/V: naive reads any page size; fa2 and fa3 the engine's
       // (--block-size, powers of two 8..256): fa2 finds a key's page with a
       // shift, fa3 loads a tile as TMA boxes of whole 8-row swizzle atoms.
-      {AttnBackend::Naive, "naive", {}, 256, true, true, true, true, 80, 1000, kNaiveLaunch, {}},
+      // Typed pools (kv_types): naive decodes per element, fa2 converts each
+      // staged tile to f16 in shared memory; fa3's TMA copies raw tiles
+      // straight into the wgmma layout, so it reads f16/bf16 pools in the
+      // dtype only (the engine gathers typed pools to f16 for it).
+      {AttnBackend::Naive, "naive", {}, 256, true, true, true, true, 80, 1000, kNaiveLaunch, {}, true},
       {AttnBackend::Fa2, "fa2", {64, 128, 256}, 256, true, true, true, true, 80, 1000, kFa2Launch,
-       {8, 16, 32, 64, 128, 256}},
+       {8, 16, 32, 64, 128, 256}, true},
       // fa3 is built for sm_90a only (wgmma, setmaxnreg): that code runs on 9.0 alone.
       {AttnBackend::Fa3, "fa3", {64, 128, 256}, 256, true, true, true, true, 90, 90, kFa3Launch,
-       {8, 16, 32, 64, 128, 256}},
+       {8, 16, 32, 64, 128, 256}, false},
   };
   return kTable;
 }
@@ -146,6 +173,16 @@ std::string attn_unsupported_reason(AttnBackend b, const AttnParams& p, int sm) 
     if (!ok)
       return strfmt("%s: paged K/V block_size=%d unsupported; supported: block_size %s", r.name, p.block_size,
                     join_ints(r.block_sizes).c_str());
+  }
+  if (p.block_tables && attn_kv_typed(p)) {
+    const char* kt = kv_type_name(attn_kv_type(p, false));
+    const char* vt = kv_type_name(attn_kv_type(p, true));
+    if (!r.kv_types)
+      return strfmt("%s: paged K/V types K=%s V=%s unsupported; supported: K and V in the dtype (%s)", r.name, kt, vt,
+                    dtype_name(p.dtype));
+    if (p.dtype != DType::F16)
+      return strfmt("%s: paged K/V types K=%s V=%s with dtype %s unsupported; supported: dtype f16", r.name, kt, vt,
+                    dtype_name(p.dtype));
   }
   if (sm < r.min_sm || sm > r.max_sm) {
     if (r.min_sm == r.max_sm)

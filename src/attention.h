@@ -30,12 +30,23 @@
 // anything, NaN included: no backend lets them reach the output. Backends
 // that cannot read a given paged layout (block_size) refuse it through
 // attn_unsupported_reason, never by falling back to another path.
+//
+// Typed pools (issue 7, paged only): k_type / v_type, when set to a type
+// other than the dtype's, say that pool holds that KV type in src/paged_kv.h's
+// layout (bf16 rows, or for q8_0 / q4_0 / fp8 a page's quants then its f16
+// scales, one per 32 values). K and V are independent. Backends whose table
+// row has kv_types (naive, fa2) read such pools in place and decode each value
+// to the f16 the attention runs in (dtype f16 only), bit for bit the value
+// gather_kv writes; the others refuse them (fa3: its TMA loads copy raw
+// tiles into the wgmma layout), and the caller gathers to f16 first.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "cpu/kv_quant.h"
 #include "dtype.h"
 
 namespace runlm {
@@ -68,7 +79,15 @@ struct AttnParams {
   int max_blocks_per_seq = 0;   // row stride of block_tables
   int block_size = 0;           // keys per page
   int num_pages = 0;            // pages in each pool: k and v hold num_pages * block_size slots
+  // Typed pools (paged only; see the top of this file): unset = the dtype.
+  std::optional<KvType> k_type = std::nullopt, v_type = std::nullopt;
 };
+
+// The KV type of K (v = false) or V (v = true): k_type / v_type, or the
+// dtype's own (f16 or bf16) when unset.
+KvType attn_kv_type(const AttnParams& p, bool v);
+// True when K or V is a typed pool (a type other than the dtype's).
+bool attn_kv_typed(const AttnParams& p);
 
 using AttnLaunchFn = void (*)(const AttnParams&);
 
@@ -83,6 +102,7 @@ struct AttnBackendInfo {
   int max_sm;                    // highest compute capability it runs on (sm_90a code runs on 9.0 only)
   AttnLaunchFn launch;           // nullptr when built without CUDA
   std::vector<int> block_sizes;  // paged K/V: the block_size values it reads; empty = any >= 1
+  bool kv_types;                 // reads typed pools (bf16, q8_0, q4_0, fp8 K/V with dtype f16) in place
 };
 
 // The table, one row per concrete backend (Auto excluded), fastest last.

@@ -307,6 +307,45 @@ class CudaEngine final : public Engine {
     allocate_buffers();
     build_gemm_groups();
     allocate_kv_cache(opt);
+    if (blocks_) choose_prefill_kv();
+  }
+
+  // How prefill attention reads the paged K/V (issue 7). f16/f16 pools: in
+  // place through the block tables. Typed pools (bf16, q8_0, q4_0, fp8, K and
+  // V independent): in place when the backend the engine runs (--attn, or
+  // what auto picks for the contiguous f16 problem, by speed) dequantizes
+  // them in the kernel (naive, fa2); otherwise (fa3: its TMA copies raw tiles)
+  // gather_kv first decodes the chunk's K/V to contiguous f16. Auto keeps
+  // fa3 on sm_90 (+ gather) rather than switching to the slower fa2.
+  // RUNLM_PREFILL_KV=gather forces the gather, for measuring. Said once on
+  // stderr for typed pools (tests read it).
+  void choose_prefill_kv() {
+    const bool typed = type_k_ != KvType::F16 || type_v_ != KvType::F16;
+    paged_prefill_ = !gather_prefill_kv_;
+    if (!typed || gather_prefill_kv_) return;
+    AttnParams probe;
+    probe.head_dim = cfg_.head_dim;
+    probe.dtype = DType::F16;
+    probe.causal = true;
+    probe.window_left = window_ > 0 ? window_ - 1 : -1;
+    const AttnBackend chosen = attn_resolve(attn_, probe);
+    const int32_t dummy_table = 0;  // attn_unsupported_reason tests block_tables for null only
+    probe.block_tables = &dummy_table;
+    probe.block_size = block_size_;
+    probe.k_type = type_k_;
+    probe.v_type = type_v_;
+    int dev = 0, major = 0, minor = 0;
+    check(cudaGetDevice(&dev), "cudaGetDevice");
+    check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "compute capability");
+    check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), "compute capability");
+    const std::string why = attn_unsupported_reason(chosen, probe, major * 10 + minor);
+    paged_prefill_ = why.empty();
+    if (paged_prefill_)
+      std::fprintf(stderr, "prefill attention: %s reads the K=%s V=%s pages in place\n", attn_backend_name(chosen),
+                   kv_type_name(type_k_), kv_type_name(type_v_));
+    else
+      std::fprintf(stderr, "prefill attention: gather_kv decodes the K=%s V=%s pages to f16 for %s (%s)\n",
+                   kv_type_name(type_k_), kv_type_name(type_v_), attn_backend_name(chosen), why.c_str());
   }
 
   // Frees what the raw handles hold (the DeviceBuffers free themselves).
@@ -329,8 +368,8 @@ class CudaEngine final : public Engine {
   }
 
   // KV cache types (issue 7): the paged cache takes f16, bf16, q8_0, q4_0 and
-  // fp8 for K and V independently (the store, paged decode and gather_kv
-  // kernels read them); the contiguous cache's kernels (decode_attention and
+  // fp8 for K and V independently (the store, paged decode, naive / fa2
+  // prefill and gather_kv kernels read them); the contiguous cache's kernels (decode_attention and
   // the prefill backends reading the cache in place) read f16 only.
   void check_kv_types(const EngineOptions& opt) {
     type_k_ = opt.type_k.value_or(KvType::F16);
@@ -600,11 +639,11 @@ class CudaEngine final : public Engine {
       const size_t ws = paged_decode_workspace_bytes(plan.n_dec(), plan.dec_tokens, c.n_heads, c.head_dim, plan.max_dec_len);
       decode_ws_.reserve(std::max<size_t>(ws, 1));
     }
-    // f16 pools (the attention dtype) feed the prefill backends in place
-    // through the block tables (AttnParams' paged mode): no gather pass.
-    // Other KV types are decoded to contiguous f16 by gather_kv first
-    // (dequantizing inside fa2/fa3 is future work).
-    const bool paged_prefill = type_k_ == KvType::F16 && type_v_ == KvType::F16 && !gather_prefill_kv_;
+    // The pools feed the prefill backend in place through the block tables
+    // (AttnParams' paged mode, typed pools dequantized in the kernel) or, for
+    // a backend that cannot read them (fa3 with typed pools), through
+    // gather_kv's contiguous f16 copy: choose_prefill_kv.
+    const bool paged_prefill = paged_prefill_;
     if (plan.n_pre() > 0 && !paged_prefill) {
       k_gather_.reserve(static_cast<size_t>(total_k) * c.kv_dim());
       v_gather_.reserve(static_cast<size_t>(total_k) * c.kv_dim());
@@ -659,6 +698,8 @@ class CudaEngine final : public Engine {
           p.max_blocks_per_seq = o.pre_max_blocks;
           p.block_size = block_size_;
           p.num_pages = static_cast<int>(n_slots_ / block_size_);
+          p.k_type = type_k_;
+          p.v_type = type_v_;
         } else {
           gpu::gather_kv(k_pool(l), v_pool(l), type_k_, type_v_, d + o.pre_tables, o.pre_max_blocks, d + o.pre_cu_k,
                          plan.n_pre(), total_k, block_size_, c.kv_dim(), k_gather_.get(), v_gather_.get(), stream_);
@@ -958,6 +999,7 @@ class CudaEngine final : public Engine {
   bool rope_in_attention_ = true;  // decode_attention_rope in layers_gemv (RUNLM_DECODE_ROPE_FUSED)
   int gemv_max_tokens_ = kMaxGemvTokens;  // longer chunks take the GEMM path
   bool gather_prefill_kv_ = false;        // RUNLM_PREFILL_KV=gather
+  bool paged_prefill_ = true;             // prefill attention reads the pages in place (choose_prefill_kv)
   int* host_io_ = nullptr;  // pinned: tokens [n_batch], positions [n_batch], cu_seqlens [4]
   // Paged cache and batched steps.
   int block_size_ = 16;

@@ -11,6 +11,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <tuple>
@@ -20,7 +21,9 @@
 #include "commands.h"
 #include "common.h"
 #include "cpu/attention_ref.h"
+#include "cpu/kv_quant.h"
 #include "dtype.h"
+#include "paged_kv.h"
 
 #ifdef RUNLM_CUDA
 #include <cuda_runtime.h>
@@ -154,6 +157,10 @@ struct PagedKv {
   int block_size = 0, num_pages = 0, max_blocks = 0;
   std::vector<int32_t> tables;           // [batch, max_blocks] page indices
   std::vector<uint16_t> k_pool, v_pool;  // [num_pages * block_size, n_kv_heads, head_dim] bits of the dtype
+  // Typed pools (make_typed_paged): the KV types and the pools' bytes
+  // (src/paged_kv.h layout), used instead of k_pool / v_pool when set.
+  std::optional<KvType> k_type, v_type;
+  std::vector<uint8_t> k_bytes, v_bytes;
 };
 
 uint16_t garbage_bits(std::mt19937& rng, DType t) {
@@ -239,6 +246,56 @@ std::vector<uint16_t> expected_gather(const Problem& p, const PagedKv& kv, const
       if (kv.tables[size_t(b) * kv.max_blocks + j / kv.block_size] < 0)
         std::fill_n(bits.begin() + size_t(p.cu_k[b] + j) * row, row, uint16_t(0));
   return bits;
+}
+
+// make_paged's tables and page order, with K and V stored as types kt / vt
+// (kv_encode_row's bytes placed by kv_pool_write_row, as the engine's store
+// writes them); every byte no sequence owns is garbage (f16 NaN / inf bit
+// patterns among them, so a scale read from there poisons the output).
+// decoded gets p with K and V replaced by what a typed-pool reader must see:
+// each row read back (kv_pool_read_row), decoded (kv_decode_row) and
+// rounded to f16, as gather_kv writes it; rows of released pages 0.
+PagedKv make_typed_paged(const Problem& p, KvType kt, KvType vt, int block_size, uint32_t seed, Problem* decoded) {
+  const DType f16 = DType::F16;
+  PagedKv kv = make_paged(p, f16, block_size, seed);
+  kv.k_type = kt;
+  kv.v_type = vt;
+  kv.k_pool.clear();
+  kv.v_pool.clear();
+  const int n = p.n_kv_heads * p.head_dim;
+  std::mt19937 rng(seed + 1);
+  *decoded = p;
+  for (int which = 0; which < 2; ++which) {
+    const KvType t = which ? vt : kt;
+    const KvPoolLayout l = kv_pool_layout(t, block_size, p.n_kv_heads, p.head_dim);
+    std::vector<uint8_t>& pool = which ? kv.v_bytes : kv.k_bytes;
+    pool.resize(size_t(l.page) * kv.num_pages);
+    for (size_t i = 0; i + 1 < pool.size(); i += 2) {
+      const uint16_t g = garbage_bits(rng, f16);
+      pool[i] = uint8_t(g & 0xff);
+      pool[i + 1] = uint8_t(g >> 8);
+    }
+    const std::vector<float>& src = which ? p.v : p.k;
+    std::vector<float>& dec = which ? decoded->v : decoded->k;
+    std::vector<uint8_t> row(kv_row_bytes(t, n, p.head_dim));
+    for (int b = 0; b < p.batch(); ++b)
+      for (int j = 0; j < p.cu_k[b + 1] - p.cu_k[b]; ++j) {
+        float* out = &dec[size_t(p.cu_k[b] + j) * n];
+        const int32_t page = kv.tables[size_t(b) * kv.max_blocks + j / block_size];
+        if (page < 0) {
+          std::fill_n(out, n, 0.0f);
+          continue;
+        }
+        const int64_t slot = int64_t(page) * block_size + j % block_size;
+        kv_encode_row(t, &src[size_t(p.cu_k[b] + j) * n], row.data(), n, p.head_dim);
+        kv_pool_write_row(t, l, pool.data(), slot, row.data());
+        std::fill(row.begin(), row.end(), uint8_t(0));
+        kv_pool_read_row(t, l, pool.data(), slot, row.data());
+        kv_decode_row(t, row.data(), out, n, p.head_dim);
+        for (int c = 0; c < n; ++c) out[c] = fp16_to_fp32(fp32_to_fp16(out[c]));
+      }
+  }
+  return kv;
 }
 
 // A batch of sequences and the attention options, as the case grids
@@ -461,6 +518,39 @@ TEST(AttentionPagedRef, PoolHoldsTheContiguousRows) {
   EXPECT_GT(released, 0u);
 }
 
+TEST(AttentionPagedRef, TypedPoolsHoldTheEncodedRows) {
+  // make_typed_paged (the typed GPU grid's input): the decoded K/V it hands
+  // the reference are the stored rows' values (f16 exactly; quantized within
+  // their error), 0 for released pages; the pools have the layout's size.
+  const DType f16 = DType::F16;
+  const AttnShapeCase& c = paged_cases()[1];  // the window case: released pages
+  Problem p = make_problem(c.lq, c.lk, c.n_heads, c.n_kv_heads, 64, c.causal, c.window_left, 77u, &f16);
+  for (KvType t : {KvType::F16, KvType::BF16, KvType::Q8_0, KvType::FP8, KvType::Q4_0}) {
+    Problem dec;
+    const PagedKv kv = make_typed_paged(p, t, KvType::Q4_0, 16, 78u, &dec);
+    ASSERT_EQ(kv.k_bytes.size(), size_t(kv_pool_layout(t, 16, p.n_kv_heads, 64).page) * kv.num_pages);
+    const double tol = t == KvType::F16 ? 0.0 : t == KvType::BF16 ? 1e-2 : t == KvType::Q8_0 ? 2e-2 : 0.15;
+    double worst = 0;
+    size_t zero_rows = 0;
+    const size_t row = size_t(p.n_kv_heads) * 64;
+    for (int b = 0; b < p.batch(); ++b)
+      for (int j = 0; j < p.cu_k[b + 1] - p.cu_k[b]; ++j) {
+        const size_t r = size_t(p.cu_k[b] + j) * row;
+        if (kv.tables[size_t(b) * kv.max_blocks + j / 16] < 0) {
+          for (size_t e = 0; e < row; ++e) EXPECT_EQ(dec.k[r + e], 0.0f);
+          ++zero_rows;
+          continue;
+        }
+        for (size_t e = 0; e < row; ++e) {
+          worst = std::max(worst, double(std::fabs(dec.k[r + e] - p.k[r + e])) / 3.0);  // |x| <~ 3
+          EXPECT_EQ(dec.k[r + e], fp16_to_fp32(fp32_to_fp16(dec.k[r + e])));  // f16 values
+        }
+      }
+    EXPECT_LE(worst, tol) << kv_type_name(t);
+    EXPECT_GT(zero_rows, 0u);
+  }
+}
+
 TEST(AttentionPagedDispatch, BlockSizesAndValidation) {
   int32_t table[4] = {};
   AttnParams p;
@@ -585,14 +675,20 @@ struct GpuRun {
 
 // Uploads p, poisons out and lse with NaN (0xFF bytes), dispatches, downloads.
 // With paged, K and V go in as its pools and block tables instead.
+// Typed pools (paged->k_type set) go in as their bytes, with their types.
 GpuRun run_gpu(AttnBackend b, const Problem& p, DType t, const PagedKv* paged = nullptr) {
+  const bool typed = paged && paged->k_type;
   const auto q = to_half_bits(p.q, t);
-  const auto k = paged ? paged->k_pool : to_half_bits(p.k, t), v = paged ? paged->v_pool : to_half_bits(p.v, t);
-  DevBuf dq(q.size() * 2), dk(k.size() * 2), dv(v.size() * 2), dout(q.size() * 2);
+  const auto k = typed ? std::vector<uint16_t>() : paged ? paged->k_pool : to_half_bits(p.k, t);
+  const auto v = typed ? std::vector<uint16_t>() : paged ? paged->v_pool : to_half_bits(p.v, t);
+  const void* k_src = typed ? static_cast<const void*>(paged->k_bytes.data()) : k.data();
+  const void* v_src = typed ? static_cast<const void*>(paged->v_bytes.data()) : v.data();
+  DevBuf dq(q.size() * 2), dk(typed ? paged->k_bytes.size() : k.size() * 2),
+      dv(typed ? paged->v_bytes.size() : v.size() * 2), dout(q.size() * 2);
   DevBuf dlse(size_t(p.total_q()) * p.n_heads * 4), dcq(p.cu_q.size() * 4), dck(p.cu_k.size() * 4);
   ck(cudaMemcpy(dq.p, q.data(), dq.n, cudaMemcpyHostToDevice), "upload q");
-  ck(cudaMemcpy(dk.p, k.data(), dk.n, cudaMemcpyHostToDevice), "upload k");
-  ck(cudaMemcpy(dv.p, v.data(), dv.n, cudaMemcpyHostToDevice), "upload v");
+  ck(cudaMemcpy(dk.p, k_src, dk.n, cudaMemcpyHostToDevice), "upload k");
+  ck(cudaMemcpy(dv.p, v_src, dv.n, cudaMemcpyHostToDevice), "upload v");
   ck(cudaMemcpy(dcq.p, p.cu_q.data(), dcq.n, cudaMemcpyHostToDevice), "upload cu_q");
   ck(cudaMemcpy(dck.p, p.cu_k.data(), dck.n, cudaMemcpyHostToDevice), "upload cu_k");
   ck(cudaMemset(dout.p, 0xff, dout.n), "poison out");
@@ -626,6 +722,8 @@ GpuRun run_gpu(AttnBackend b, const Problem& p, DType t, const PagedKv* paged = 
     a.max_blocks_per_seq = paged->max_blocks;
     a.block_size = paged->block_size;
     a.num_pages = paged->num_pages;
+    a.k_type = paged->k_type;
+    a.v_type = paged->v_type;
   }
   attention_dispatch(b, a);
   ck(cudaDeviceSynchronize(), "attention kernel");
@@ -805,8 +903,164 @@ INSTANTIATE_TEST_SUITE_P(Paged, AttentionPagedGpu,
                                             ::testing::Range(0, 3), ::testing::Values(8, 16, 64, 256)),
                          paged_param_name);
 
+// ---------------------------------------------------------------- typed paged K/V on the GPU (issue 7)
+
+// Every (K, V) pair of the GPU's KV types except f16/f16 (the grid above).
+std::vector<std::pair<KvType, KvType>> typed_pairs() {
+  const KvType types[] = {KvType::F16, KvType::BF16, KvType::Q8_0, KvType::FP8, KvType::Q4_0};
+  std::vector<std::pair<KvType, KvType>> r;
+  for (KvType k : types)
+    for (KvType v : types)
+      if (k != KvType::F16 || v != KvType::F16) r.emplace_back(k, v);
+  return r;
+}
+
+struct TypedRef {
+  Problem decoded;  // K and V as the kernels must read them (make_typed_paged)
+  PagedKv kv;
+  RefResult ref;    // attention_ref on decoded
+};
+
+// Built once per (pair, head_dim, case) and shared by the backends. The page
+// size cycles with the pair (8, 16, 64, 256), so every pair meets one page
+// size and every page size meets every type.
+const TypedRef& cached_typed_ref(int pair, int hd, int ci) {
+  static std::map<std::tuple<int, int, int>, std::unique_ptr<TypedRef>> cache;
+  const auto key = std::make_tuple(pair, hd, ci);
+  auto it = cache.find(key);
+  if (it != cache.end()) return *it->second;
+  const auto [kt, vt] = typed_pairs()[pair];
+  const AttnShapeCase& c = paged_cases()[ci];
+  const DType f16 = DType::F16;
+  auto r = std::make_unique<TypedRef>();
+  const Problem p = make_problem(c.lq, c.lk, c.n_heads, c.n_kv_heads, hd, c.causal, c.window_left,
+                                 5000u + 17u * ci + hd + 101u * pair, &f16);
+  const int bs = std::vector<int>{8, 16, 64, 256}[pair % 4];
+  r->kv = make_typed_paged(p, kt, vt, bs, 6000u + 31u * ci + hd + pair, &r->decoded);
+  r->ref.prob = r->decoded;
+  run_ref(r->decoded, r->ref.out, r->ref.lse);
+  return *cache.emplace(key, std::move(r)).first->second;
+}
+
+using TypedParam = std::tuple<AttnBackend, int, int, int>;  // backend, pair, head_dim, case
+
+class AttentionPagedTypedGpu : public ::testing::TestWithParam<TypedParam> {};
+
+// A typed pool read in place (naive, fa2) against the reference on the
+// decoded values, and bit for bit against the same kernel on the contiguous
+// f16 rows gather_kv would have written (the same values, the same
+// arithmetic). fa3 must refuse, naming the pair.
+TEST_P(AttentionPagedTypedGpu, MatchesReference) {
+  std::string why;
+  if (!have_cuda_device(&why)) GTEST_SKIP() << why;
+  const auto [backend, pair, hd, ci] = GetParam();
+  const TypedRef& tr = cached_typed_ref(pair, hd, ci);
+  const DType f16 = DType::F16;
+  AttnParams probe;
+  probe.head_dim = hd;
+  probe.dtype = f16;
+  probe.causal = tr.decoded.causal;
+  probe.window_left = tr.decoded.window_left;
+  probe.block_tables = tr.kv.tables.data();  // only tested for null
+  probe.block_size = tr.kv.block_size;
+  probe.k_type = tr.kv.k_type;
+  probe.v_type = tr.kv.v_type;
+  const std::string unsupported = attn_unsupported_reason(backend, probe, device_sm());
+  if (!unsupported.empty()) {
+    EXPECT_NE(backend, AttnBackend::Fa2) << unsupported;  // fa2 runs every pair (sm_80+)
+    try {
+      run_gpu(backend, tr.decoded, f16, &tr.kv);
+      FAIL() << "dispatch ran an unsupported combination: " << unsupported;
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()), unsupported);
+    }
+    return;
+  }
+  const GpuRun g = run_gpu(backend, tr.decoded, f16, &tr.kv);
+  expect_matches_ref(g, tr.ref);
+  const GpuRun c = run_gpu(backend, tr.decoded, f16);
+  size_t out_diff = 0, lse_diff = 0;
+  for (size_t i = 0; i < g.out.size(); ++i) out_diff += !(g.out[i] == c.out[i]);
+  for (size_t i = 0; i < g.lse.size(); ++i) lse_diff += !(g.lse[i] == c.lse[i]);
+  EXPECT_EQ(out_diff, 0u) << "elements differing from the same kernel on the gathered f16 rows";
+  EXPECT_EQ(lse_diff, 0u) << "lse rows differing from the same kernel on the gathered f16 rows";
+}
+
+std::string typed_param_name(const ::testing::TestParamInfo<TypedParam>& info) {
+  const auto [backend, pair, hd, ci] = info.param;
+  const auto [kt, vt] = typed_pairs()[pair];
+  return std::string(attn_backend_name(backend)) + "_K" + kv_type_name(kt) + "_V" + kv_type_name(vt) + "_d" +
+         std::to_string(hd) + "_" + paged_cases()[ci].name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Typed, AttentionPagedTypedGpu,
+                         ::testing::Combine(::testing::Values(AttnBackend::Naive, AttnBackend::Fa2, AttnBackend::Fa3),
+                                            ::testing::Range(0, 24), ::testing::Values(64, 128, 256),
+                                            ::testing::Range(0, 3)),
+                         typed_param_name);
+
 }  // namespace
 #endif  // RUNLM_CUDA
+
+// Typed pools in the table and the checks (CPU side: no device needed).
+TEST(AttentionPagedDispatch, TypedPools) {
+  int32_t table[4] = {};
+  AttnParams p;
+  p.head_dim = 128;
+  p.dtype = DType::F16;
+  p.block_tables = table;
+  p.block_size = 16;
+  p.max_blocks_per_seq = 4;
+  p.num_pages = 4;
+  EXPECT_FALSE(attn_kv_typed(p));
+  p.k_type = KvType::F16;  // the dtype's own: not typed
+  EXPECT_FALSE(attn_kv_typed(p));
+  p.k_type = KvType::Q8_0;
+  p.v_type = KvType::Q4_0;
+  EXPECT_TRUE(attn_kv_typed(p));
+  EXPECT_EQ(attn_kv_type(p, false), KvType::Q8_0);
+  EXPECT_EQ(attn_kv_type(p, true), KvType::Q4_0);
+#ifdef RUNLM_CUDA
+  EXPECT_EQ(attn_unsupported_reason(AttnBackend::Naive, p, 90), "");
+  EXPECT_EQ(attn_unsupported_reason(AttnBackend::Fa2, p, 90), "");
+  EXPECT_EQ(attn_unsupported_reason(AttnBackend::Fa3, p, 90),
+            "fa3: paged K/V types K=q8_0 V=q4_0 unsupported; supported: K and V in the dtype (f16)");
+  p.dtype = DType::BF16;
+  EXPECT_EQ(attn_unsupported_reason(AttnBackend::Fa2, p, 90),
+            "fa2: paged K/V types K=q8_0 V=q4_0 with dtype bf16 unsupported; supported: dtype f16");
+  p.k_type = p.v_type = KvType::BF16;  // bf16 pools with bf16 attention: the plain paged path
+  EXPECT_FALSE(attn_kv_typed(p));
+  EXPECT_EQ(attn_unsupported_reason(AttnBackend::Fa3, p, 90), "");
+  p.dtype = DType::F16;  // bf16 pools with f16 attention: typed
+  EXPECT_EQ(attn_unsupported_reason(AttnBackend::Fa3, p, 90),
+            "fa3: paged K/V types K=bf16 V=bf16 unsupported; supported: K and V in the dtype (f16)");
+#endif
+  // Parameter checks (before any backend).
+  int dummy[4] = {};
+  p.q = p.k = p.v = dummy;
+  p.out = dummy;
+  p.cu_seqlens_q = p.cu_seqlens_k = dummy;
+  p.batch = 1;
+  p.n_heads = p.n_kv_heads = 2;
+  p.scale = 0.125f;
+  auto expect_error = [&](const char* needle) {
+    try {
+      attention_dispatch(AttnBackend::Naive, p);
+      ADD_FAILURE() << "accepted: " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  p.k_type = KvType::Q8_0;
+  p.v_type = KvType::F32;
+  expect_error("KV type f32 (K=q8_0 V=f32) unsupported");
+  p.v_type = KvType::FP8;
+  p.head_dim = 80;
+  expect_error("KV type q8_0 with head_dim=80 unsupported");
+  p.head_dim = 128;
+  p.block_tables = nullptr;
+  expect_error("K=q8_0 V=fp8 with dtype f16 need paged K/V");
+}
 
 // bench-attn until `runlm bench-attn` is wired into main(): runs
 // cmd_bench_attn with the arguments in RUNLM_BENCH_ATTN_ARGS (space

@@ -256,9 +256,11 @@ TEST(CudaEngine, PagedGenerateMatchesGolden) {
 // f16 activations (the 1e-2 bound above).
 namespace {
 
-std::unique_ptr<Engine> kv_engine(Device d, const Model& m, KvType k, KvType v, KvLayout layout = KvLayout::Paged) {
+std::unique_ptr<Engine> kv_engine(Device d, const Model& m, KvType k, KvType v, KvLayout layout = KvLayout::Paged,
+                                  AttnBackend attn = AttnBackend::Auto) {
   EngineOptions eo;
   eo.device = d;
+  eo.attn = attn;
   eo.n_ctx = 256;
   eo.kv = layout;
   eo.block_size = 16;
@@ -291,7 +293,7 @@ TEST(CudaEngine, Sotu29mQ8KvGreedyMatchesTheCpu) {
 }
 
 // Every (K, V) pair runs on the GPU (paged) and stays close to the CPU with
-// the same types: a 40-token prompt (prefill: gather_kv decodes the pool)
+// the same types: a 40-token prompt (prefill: auto's backend; on sm_90 fa3 on gather_kv's f16 copy)
 // then 8 decode steps (paged decode kernel). Bound 5e-2 relative: q4_0's
 // levels are 1/8 of a block's range, so a level flip moves a logit more.
 TEST(CudaEngine, Sotu29mEveryKvTypePairCloseToTheCpu) {
@@ -320,6 +322,73 @@ TEST(CudaEngine, Sotu29mEveryKvTypePairCloseToTheCpu) {
       std::printf("K=%s V=%s: GPU vs CPU relative logit error %.2e\n", kv_type_name(kt), kv_type_name(vt), worst);
       EXPECT_LT(worst, 5e-2) << "K=" << kv_type_name(kt) << " V=" << kv_type_name(vt);
     }
+}
+
+// Issue 7, prefill reading typed pools in place: with --attn fa2 (and naive)
+// every (K, V) pair's prefill reads the pages (the engine says so, no
+// gather_kv), stays close to the CPU, and gives the logits of the gather path
+// (RUNLM_PREFILL_KV=gather: gather_kv's f16 copy, then the contiguous fa2 or
+// naive kernel), which sees the same f16 values. --attn fa3 keeps gather_kv.
+TEST(CudaEngine, Sotu29mTypedKvPrefillReadsPagesInPlace) {
+  REQUIRE_GPU();
+  TempPath gguf(".gguf");
+  convert_hf(shared_model("sotu29m"), gguf.str());
+  auto model = Model::load(gguf.str());
+  const KvType types[] = {KvType::F16, KvType::BF16, KvType::Q8_0, KvType::Q4_0, KvType::FP8};
+  std::vector<int> ids;
+  for (int i = 0; i < 40; ++i) ids.push_back(1 + (i * 997) % 8000);
+  const int nv = model->config().n_vocab;
+  auto gpu_logits = [&](KvType kt, KvType vt, AttnBackend attn, bool gather, std::string* log) {
+    if (gather) setenv("RUNLM_PREFILL_KV", "gather", 1);
+    testing::internal::CaptureStderr();
+    std::unique_ptr<Engine> e;
+    try {
+      e = kv_engine(Device::Cuda, *model, kt, vt, KvLayout::Paged, attn);
+    } catch (...) {
+      *log = testing::internal::GetCapturedStderr();
+      unsetenv("RUNLM_PREFILL_KV");
+      throw;
+    }
+    *log = testing::internal::GetCapturedStderr();
+    unsetenv("RUNLM_PREFILL_KV");
+    std::vector<float> out(nv, NAN);
+    e->forward(ids.data(), static_cast<int>(ids.size()), 0, out.data(), false);
+    return out;
+  };
+  for (AttnBackend attn : {AttnBackend::Fa2, AttnBackend::Naive})
+    for (KvType kt : types)
+      for (KvType vt : types) {
+        if (kt == KvType::F16 && vt == KvType::F16) continue;
+        if (attn == AttnBackend::Naive && kt != vt) continue;  // naive: the diagonal is enough
+        const std::string pair = std::string(attn_backend_name(attn)) + " K=" + kv_type_name(kt) + " V=" +
+                                 kv_type_name(vt);
+        std::string log, log_gather;
+        const std::vector<float> pages = gpu_logits(kt, vt, attn, false, &log);
+        EXPECT_NE(log.find(strfmt("prefill attention: %s reads the K=%s V=%s pages in place",
+                                  attn_backend_name(attn), kv_type_name(kt), kv_type_name(vt))),
+                  std::string::npos)
+            << pair << ": " << log;
+        const std::vector<float> gathered = gpu_logits(kt, vt, attn, true, &log_gather);
+        EXPECT_EQ(log_gather.find("reads the"), std::string::npos) << pair << ": " << log_gather;
+        auto cpu = kv_engine(Device::Cpu, *model, kt, vt);
+        std::vector<float> ref(nv);
+        cpu->forward(ids.data(), static_cast<int>(ids.size()), 0, ref.data(), false);
+        size_t differ = 0;
+        for (int i = 0; i < nv; ++i) differ += !(pages[i] == gathered[i]);
+        const double err = relative_error(pages, ref);
+        std::printf("%s: in place vs CPU %.2e, logits differing from the gather path: %zu\n", pair.c_str(), err,
+                    differ);
+        EXPECT_LT(err, 5e-2) << pair;
+        EXPECT_LT(relative_error(pages, gathered), 1e-5) << pair << " (in place vs gather_kv)";
+      }
+  // fa3 cannot read typed pools in place (TMA copies raw tiles): it keeps gather_kv.
+  std::string log;
+  try {
+    gpu_logits(KvType::Q8_0, KvType::Q4_0, AttnBackend::Fa3, false, &log);
+    EXPECT_NE(log.find("gather_kv decodes the K=q8_0 V=q4_0 pages to f16 for fa3"), std::string::npos) << log;
+  } catch (const Error& e) {
+    std::printf("fa3 not runnable here: %s\n", e.what());  // off sm_90
+  }
 }
 
 TEST(CudaEngine, KvTypeErrorsNameTheCombination) {

@@ -487,6 +487,25 @@ section_prefill_kv() {
   done
 }
 
+# Typed KV pools in prefill (issue 7): fa2 reading q8_0 (and q4_0 V) pages
+# in place vs fa2 on gather_kv's f16 copy (the path before), and auto (fa3
+# + gather) for scale; one 32k prompt in chunks of 4096, pages of 16.
+section_prefill_kvq() {
+  local t=${MODEL_TYPES%% *} kv attn mode
+  for kv in "q8_0 q8_0" "q8_0 q4_0"; do
+    for attn in fa2 auto; do
+      for mode in pages gather; do
+        [ "$attn" = auto ] && [ "$mode" = pages ] && continue  # auto on sm_90 is fa3: gather either way
+        set -- $kv
+        RUNLM_PREFILL_KV=$mode timeout 150 "$RUNLM" bench -m "$MODEL_DIR/llama2-7b-$t.gguf" -npl 1 -npp 32768 -ntg 16 \
+          -b 4096 --kv paged --block-size 16 -ctk $1 -ctv $2 --attn $attn -o md 2>"$OUT/prefill_kvq.err" |
+          grep -E '^\| (random|llama)' | sed "s/\$/ K=$1 V=$2 --attn $attn, $mode/"
+        grep -E 'rror|prefill attention' "$OUT/prefill_kvq.err" || true
+      done
+    done
+  done
+}
+
 # runlm bench's parallel-sequences mode (llama-batched-bench columns).
 section_bench_npl() {
   local t

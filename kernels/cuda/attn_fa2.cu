@@ -10,15 +10,29 @@
 // v2 32 rows a warp as FA2; v3 ex2.approx and one scale per row max; v4
 // (this) ldmatrix addresses from per-thread XOR offsets and P packed per
 // k16 step, which took the d128 spill from 92 to 12 bytes.
-// Paged K/V (attention.h; kPaged, a separate instantiation so the contiguous
-// kernel is unchanged): the cp.async tile loads find each key row's pool slot
-// through the sequence's block table; nothing else differs.
+// Paged K/V (attention.h; Fa2Mode::kPaged, a separate instantiation so the
+// contiguous kernel is unchanged): the cp.async tile loads find each key
+// row's pool slot through the sequence's block table; nothing else differs.
+// Typed pools (issue 7; Fa2Mode::kTyped, dtype f16 only): K and V each of
+// f16, bf16, q8_0, fp8 or q4_0, chosen at run time (one instantiation per
+// head dim and variant, a uniform switch in the conversion step instead of
+// 25 type pairs of templates). The ring stages hold a tile's raw page bytes
+// (quants, then the rows' f16 scales), cp.async'd through the table as in
+// kPaged; after the stage lands, every thread decodes its chunks (kv_codec's
+// register decoders, value * scale in fp32, rounded once to f16: bit for bit
+// what gather_kv writes) into one f16 tile per operand in the swizzled
+// layout ldmatrix reads, and one more barrier publishes it. bf16 converts in
+// place (same size); f16 is read from the stage as in kPaged. fa3 keeps
+// reading typed pools through gather_kv: its TMA copies raw tiles.
 #include <cfloat>
 #include <cstdlib>
+#include <type_traits>
 
 #include "cuda/attn_kernels.h"
 #include "cuda/common.cuh"
+#include "cuda/kv_codec.cuh"
 #include "cuda/mma_sm80.cuh"
+#include "paged_kv.h"
 
 namespace runlm {
 
@@ -39,6 +53,21 @@ struct Fa2Args {
   int max_blocks_per_seq;
   int log2_bs;                  // paged only: log2(block_size)
 };
+
+// Typed pools only (Fa2Mode::kTyped): the pools' types and layouts, and
+// where each operand's ring stages and f16 tile sit in shared memory (byte
+// offsets from the start; fa2_typed_smem). A struct of its own so that the
+// other kernels' parameters (and machine code) stay as they were.
+struct Fa2TypedArgs : Fa2Args {
+  KvType k_type, v_type;
+  KvPoolLayout lk, lv;
+  uint32_t k_ring, k_stage, k_tile, v_ring, v_stage, v_tile;
+};
+
+// Contiguous K/V, paged pools in the dtype, typed paged pools (see the top).
+enum class Fa2Mode { kContig, kPaged, kTyped };
+template <Fa2Mode M>
+using Fa2ArgsOf = std::conditional_t<M == Fa2Mode::kTyped, Fa2TypedArgs, Fa2Args>;
 
 // Tile shape per head dim and variant: kWarps warps of 16*kMT rows each, BN
 // keys a tile. Variant 0 (default) for d64/d128: 32 rows a warp, half the
@@ -131,9 +160,131 @@ __device__ __forceinline__ void load_tile_paged(uint32_t dst, const T* src, int 
   }
 }
 
-template <typename T, int D, int V, bool kPaged>
+// 4/8/16-byte global -> shared copy (scale rows: head_dim / 16 bytes);
+// src_bytes = 0 writes zeros.
+template <int N>
+__device__ __forceinline__ void cp_async_small(uint32_t dst, const void* src, int src_bytes) {
+  if constexpr (N == 16)
+    cp_async_16(dst, src, src_bytes);
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(N), "r"(src_bytes));
+}
+
+// Raw bytes of an R-row tile of a typed pool (type t, layout l) into a ring
+// stage at dst. f16 / bf16: the swizzled [R][D] tile of load_tile_paged.
+// q8_0 / fp8 / q4_0: quants [R][D * bits / 8] row after row, then scales
+// [R][D / 32] f16. Rows past the last key and rows of released pages (-1)
+// are zero-filled, quants and scales: they decode to +-0, never NaN.
+template <int D, int R, int kThreads>
+__device__ __forceinline__ void load_tile_typed(uint32_t dst, const uint8_t* pool, KvType t, const KvPoolLayout& l,
+                                                int kvh, const int32_t* table, int log2_bs, int n0, int valid) {
+  if (!kv_type_quantized(t)) {
+    load_tile_paged<D, R, kThreads>(dst, reinterpret_cast<const __half*>(pool) + kvh * D, int(l.q_row / 2), table,
+                                    log2_bs, n0, valid);
+    return;
+  }
+  const int bs_mask = (1 << log2_bs) - 1;
+  // Chunks of 16 quant bytes a row: D / 16 (q8_0, fp8) or D / 32 (q4_0).
+  const int log2_qch = t == KvType::Q4_0 ? __ffs(D / 32) - 1 : __ffs(D / 16) - 1;
+  const int qbytes = 16 << log2_qch;
+  const uint8_t* quants = pool + int64_t(kvh) * qbytes;
+  const uint8_t* scales = pool + int64_t(l.block_size) * l.q_row + kvh * (D / 16);
+  for (int idx = threadIdx.x; idx < (R << log2_qch); idx += kThreads) {
+    const int row = idx >> log2_qch, c = idx & ((1 << log2_qch) - 1);
+    const void* s = pool;
+    int bytes = 0;
+    if (row < valid) {
+      const int j = n0 + row;
+      const int page = __ldg(table + (j >> log2_bs));
+      if (page >= 0) {
+        s = quants + page * l.page + (j & bs_mask) * l.q_row + c * 16;
+        bytes = 16;
+      }
+    }
+    cp_async_16(dst + row * qbytes + c * 16, s, bytes);
+  }
+  for (int row = threadIdx.x; row < R; row += kThreads) {
+    const void* s = pool;
+    int bytes = 0;
+    if (row < valid) {
+      const int j = n0 + row;
+      const int page = __ldg(table + (j >> log2_bs));
+      if (page >= 0) {
+        s = scales + page * l.page + (j & bs_mask) * l.s_row;
+        bytes = D / 16;
+      }
+    }
+    cp_async_small<D / 16>(dst + R * qbytes + row * (D / 16), s, bytes);
+  }
+}
+
+__device__ __forceinline__ uint32_t pack_half2(float a, float b) {
+  const __half2 h = __floats2half2_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// 8 values, a scale, into one 16-byte chunk of f16: value * d in fp32 (exact:
+// a small integer or an e4m3 value times an f16), rounded once to f16, as
+// gather_kv does (kv_decode_elem then __float2half_rn).
+__device__ __forceinline__ uint4 pack_chunk(const float (&f)[8], float d) {
+  return make_uint4(pack_half2(f[0] * d, f[1] * d), pack_half2(f[2] * d, f[3] * d), pack_half2(f[4] * d, f[5] * d),
+                    pack_half2(f[6] * d, f[7] * d));
+}
+
+// Decodes the ring stage at raw (load_tile_typed's layout for type t) into
+// the swizzled f16 [R][D] tile at tile; bf16 in place (tile == raw). A
+// thread takes 16-byte output chunks (row, ch): elements 8ch..8ch+7 of a
+// row, all in block ch / 4. t is uniform over the CTA: one branch, then a
+// loop without any. smem: the generic pointer of the dynamic shared memory.
+template <int D, int R, int kThreads>
+__device__ __forceinline__ void convert_tile(uint8_t* smem, uint32_t raw, uint32_t tile, KvType t) {
+  constexpr int kChunks = D / 8, kIters = R * kChunks / kThreads;
+  static_assert(R * kChunks % kThreads == 0, "chunks split evenly over the threads");
+  const uint16_t* sc = reinterpret_cast<const uint16_t*>(smem + raw + R * (t == KvType::Q4_0 ? D / 2 : D));
+  auto scale = [&](int row, int ch) { return __half2float(__ushort_as_half(sc[row * (D / 32) + ch / 4])); };
+  if (t == KvType::BF16) {
+#pragma unroll 4
+    for (int i = 0; i < kIters; ++i) {
+      const int idx = threadIdx.x + i * kThreads, row = idx / kChunks, ch = idx % kChunks;
+      uint4* p = reinterpret_cast<uint4*>(smem + raw + swz_offset<D>(row, ch));
+      float f[8];
+      KvBf16::to_float(*p, f);
+      *p = pack_chunk(f, 1.0f);
+    }
+  } else if (t == KvType::Q4_0) {
+#pragma unroll 4
+    for (int i = 0; i < kIters; ++i) {
+      const int idx = threadIdx.x + i * kThreads, row = idx / kChunks, ch = idx % kChunks;
+      // Block ch / 4, elements e0..e0+7 (e0 = 8 (ch % 4)): the low nibbles
+      // of bytes e0..e0+7 for e0 < 16, else the high ones of bytes e0-16...
+      const uint2 w = *reinterpret_cast<const uint2*>(smem + raw + row * (D / 2) + (ch / 4) * 16 + (ch & 1) * 8);
+      const int sh = (ch & 2) * 2;
+      constexpr float kMagic = 8388608.0f + 8.0f;
+      const uint32_t nib[2] = {(w.x >> sh) & 0x0F0F0F0Fu, (w.y >> sh) & 0x0F0F0F0Fu};
+      float f[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) f[e] = __uint_as_float(__byte_perm(nib[e / 4], 0x4B00u, 0x5440u | (e % 4))) - kMagic;
+      *reinterpret_cast<uint4*>(smem + tile + swz_offset<D>(row, ch)) = pack_chunk(f, scale(row, ch));
+    }
+  } else {
+#pragma unroll 4
+    for (int i = 0; i < kIters; ++i) {
+      const int idx = threadIdx.x + i * kThreads, row = idx / kChunks, ch = idx % kChunks;
+      const uint2 w = *reinterpret_cast<const uint2*>(smem + raw + row * D + ch * 8);
+      float f[8];
+      if (t == KvType::Q8_0)
+        KvQ8::to_float(w, f);
+      else
+        KvFp8::to_float(w, f);
+      *reinterpret_cast<uint4*>(smem + tile + swz_offset<D>(row, ch)) = pack_chunk(f, scale(row, ch));
+    }
+  }
+}
+
+template <typename T, int D, int V, Fa2Mode kMode>
 __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>::kMinBlocks)
-    attn_fa2_fwd(Fa2Args a) {
+    attn_fa2_fwd(Fa2ArgsOf<kMode> a) {
+  constexpr bool kPaged = kMode != Fa2Mode::kContig, kTyped = kMode == Fa2Mode::kTyped;
   using Tr = ElemTraits<T>;
   constexpr int kWarps = Fa2Traits<D, V>::kWarps, kMT = Fa2Traits<D, V>::kMT, BN = Fa2Traits<D, V>::kBN;
   constexpr int BM = fa2_bm<D, V>(), kThreads = kWarps * 32;
@@ -141,8 +292,9 @@ __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>:
   constexpr int kDT = D / 8;   // n8 tiles of O per m-tile
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t sQ = smem_u32(smem);
-  const uint32_t sK = sQ + BM * D * 2;               // [2][BN][D]
-  const uint32_t sV = sK + 2 * BN * D * 2;           // [2][BN][D]
+  // [2][BN][D] each; typed: [2] ring stages of a.k_stage / a.v_stage bytes.
+  uint32_t sK = sQ + BM * D * 2, sV = sK + 2 * BN * D * 2;
+  if constexpr (kTyped) sK = sQ + a.k_ring, sV = sQ + a.v_ring;
 
   // Heavy query tiles (late rows under causal) are launched first.
   const int m_block = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
@@ -194,9 +346,16 @@ __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>:
     l_run[mt][0] = l_run[mt][1] = 0.0f;
   }
 
+  // Typed: the pools' bytes (the kv head is applied inside load_tile_typed).
+  const uint8_t* kpool = static_cast<const uint8_t*>(a.k);
+  const uint8_t* vpool = static_cast<const uint8_t*>(a.v);
+
   if (t_lo < t_hi) {
     load_tile<D, BM, kThreads>(sQ, qg, q_stride, sq - m0);
-    if constexpr (kPaged) {
+    if constexpr (kTyped) {
+      load_tile_typed<D, BN, kThreads>(sK, kpool, a.k_type, a.lk, kvh, table, a.log2_bs, t_lo * BN, sk - t_lo * BN);
+      load_tile_typed<D, BN, kThreads>(sV, vpool, a.v_type, a.lv, kvh, table, a.log2_bs, t_lo * BN, sk - t_lo * BN);
+    } else if constexpr (kPaged) {
       load_tile_paged<D, BN, kThreads>(sK, kg, a.n_kv_heads * D, table, a.log2_bs, t_lo * BN, sk - t_lo * BN);
       load_tile_paged<D, BN, kThreads>(sV, vg, a.n_kv_heads * D, table, a.log2_bs, t_lo * BN, sk - t_lo * BN);
     } else {
@@ -211,7 +370,12 @@ __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>:
     if (t + 1 < t_hi) {
       // The other stage was last read in iteration t-1, which ended with a barrier.
       const int n1 = (t + 1) * BN;
-      if constexpr (kPaged) {
+      if constexpr (kTyped) {
+        load_tile_typed<D, BN, kThreads>(sK + (stage ^ 1) * a.k_stage, kpool, a.k_type, a.lk, kvh, table, a.log2_bs, n1,
+                                         sk - n1);
+        load_tile_typed<D, BN, kThreads>(sV + (stage ^ 1) * a.v_stage, vpool, a.v_type, a.lv, kvh, table, a.log2_bs, n1,
+                                         sk - n1);
+      } else if constexpr (kPaged) {
         load_tile_paged<D, BN, kThreads>(sK + (stage ^ 1) * BN * D * 2, kg, a.n_kv_heads * D, table, a.log2_bs, n1,
                                          sk - n1);
         load_tile_paged<D, BN, kThreads>(sV + (stage ^ 1) * BN * D * 2, vg, a.n_kv_heads * D, table, a.log2_bs, n1,
@@ -226,7 +390,25 @@ __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>:
       cp_async_wait<0>();
     }
     __syncthreads();  // this stage's copies (and Q) are visible to all warps
-    const uint32_t sKs = sK + stage * BN * D * 2, sVs = sV + stage * BN * D * 2;
+    uint32_t sKs = sK + stage * BN * D * 2, sVs = sV + stage * BN * D * 2;
+    if constexpr (kTyped) {
+      sKs = sK + stage * a.k_stage;
+      sVs = sV + stage * a.v_stage;
+      // Decode the stage's raw bytes into the f16 tiles (quantized: a.k_tile /
+      // a.v_tile; bf16: in place). The tiles were last read in iteration t-1,
+      // which ended with a barrier; this one publishes them to every warp.
+      if (a.k_type != KvType::F16) {
+        const uint32_t dst = kv_type_quantized(a.k_type) ? a.k_tile : sKs - sQ;
+        convert_tile<D, BN, kThreads>(smem, sKs - sQ, dst, a.k_type);
+        sKs = sQ + dst;
+      }
+      if (a.v_type != KvType::F16) {
+        const uint32_t dst = kv_type_quantized(a.v_type) ? a.v_tile : sVs - sQ;
+        convert_tile<D, BN, kThreads>(smem, sVs - sQ, dst, a.v_type);
+        sVs = sQ + dst;
+      }
+      __syncthreads();
+    }
 
     // S = Q K^T for this warp's rows.
     float s[kMT][kNT][4];
@@ -358,26 +540,65 @@ __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>:
   }
 }
 
-template <typename T, int D, int V, bool kPaged>
+// Bytes of one ring stage of a typed operand: the swizzled f16 tile for f16
+// and bf16, else quants + scales rounded up to 128 (every stage and tile
+// starts on a 128-byte boundary, as the swizzle assumes).
+template <int D, int V>
+uint32_t fa2_typed_stage_bytes(KvType t) {
+  constexpr int BN = Fa2Traits<D, V>::kBN;
+  if (!kv_type_quantized(t)) return BN * D * 2;
+  const uint32_t q = (t == KvType::Q4_0 ? D / 2 : D) + D / 16;  // quants + scales of a row
+  return (BN * q + 127) / 128 * 128;
+}
+
+// Shared memory of a typed launch: Q, K's ring, V's ring, then an f16 tile
+// for each quantized operand. Fills a's offsets; returns the total.
+template <int D, int V>
+size_t fa2_typed_smem(Fa2TypedArgs& a) {
+  constexpr int BN = Fa2Traits<D, V>::kBN;
+  uint32_t at = fa2_bm<D, V>() * D * 2;
+  a.k_stage = fa2_typed_stage_bytes<D, V>(a.k_type);
+  a.v_stage = fa2_typed_stage_bytes<D, V>(a.v_type);
+  a.k_ring = at, at += 2 * a.k_stage;
+  a.v_ring = at, at += 2 * a.v_stage;
+  a.k_tile = at, at += kv_type_quantized(a.k_type) ? BN * D * 2 : 0;
+  a.v_tile = at, at += kv_type_quantized(a.v_type) ? BN * D * 2 : 0;
+  return at;
+}
+
+template <typename T, int D, int V, Fa2Mode kMode>
 void launch_fa2(const AttnParams& p) {
   constexpr int BM = fa2_bm<D, V>();
-  constexpr size_t smem = fa2_smem_bytes<D, V>();
+  size_t smem = fa2_smem_bytes<D, V>();
   RUNLM_CHECK(p.n_heads <= 65535 && p.batch <= 65535, "fa2: n_heads=%d batch=%d unsupported; supported: <= 65535 each",
               p.n_heads, p.batch);
   if (p.max_seqlen_q == 0) return;
-  cudaCheck(
-      cudaFuncSetAttribute(attn_fa2_fwd<T, D, V, kPaged>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   int log2_bs = 0;
-  if (kPaged) {
+  if (kMode != Fa2Mode::kContig) {
     while ((1 << log2_bs) < p.block_size) ++log2_bs;
     RUNLM_CHECK((1 << log2_bs) == p.block_size, "fa2: paged K/V block_size=%d unsupported; supported: powers of two",
                 p.block_size);
   }
-  Fa2Args a{p.q,       p.k,          p.v,           p.out,         p.lse,    p.cu_seqlens_q,
-            p.cu_seqlens_k, p.total_q, p.n_heads, p.n_kv_heads, p.window_left, p.causal, p.scale * kLog2e,
-            p.block_tables, p.max_blocks_per_seq, log2_bs};
+  Fa2ArgsOf<kMode> a{};
+  static_cast<Fa2Args&>(a) = Fa2Args{p.q,       p.k,          p.v,           p.out,         p.lse,    p.cu_seqlens_q,
+                                     p.cu_seqlens_k, p.total_q, p.n_heads, p.n_kv_heads, p.window_left, p.causal,
+                                     p.scale * kLog2e, p.block_tables, p.max_blocks_per_seq, log2_bs};
+  if constexpr (kMode == Fa2Mode::kTyped) {
+    a.k_type = attn_kv_type(p, false);
+    a.v_type = attn_kv_type(p, true);
+    a.lk = kv_pool_layout(a.k_type, p.block_size, p.n_kv_heads, D);
+    a.lv = kv_pool_layout(a.v_type, p.block_size, p.n_kv_heads, D);
+    smem = fa2_typed_smem<D, V>(a);
+    int dev = 0, max_smem = 0;
+    cudaCheck(cudaGetDevice(&dev));
+    cudaCheck(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    RUNLM_CHECK(smem <= size_t(max_smem),
+                "fa2: paged K=%s V=%s at head_dim=%d need %zu bytes of shared memory; this device has %d",
+                kv_type_name(a.k_type), kv_type_name(a.v_type), D, smem, max_smem);
+  }
+  cudaCheck(cudaFuncSetAttribute(attn_fa2_fwd<T, D, V, kMode>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   dim3 grid(ceil_div(p.max_seqlen_q, BM), p.n_heads, p.batch);
-  attn_fa2_fwd<T, D, V, kPaged><<<grid, Fa2Traits<D, V>::kWarps * 32, smem, static_cast<cudaStream_t>(p.stream)>>>(a);
+  attn_fa2_fwd<T, D, V, kMode><<<grid, Fa2Traits<D, V>::kWarps * 32, smem, static_cast<cudaStream_t>(p.stream)>>>(a);
   cudaCheckLaunch();
 }
 
@@ -389,20 +610,23 @@ int fa2_variant() {
   return v;
 }
 
-template <typename T, int D, bool kPaged>
+template <typename T, int D, Fa2Mode kMode>
 void launch_fa2_variant(const AttnParams& p) {
   if (fa2_variant() == 1)
-    launch_fa2<T, D, 1, kPaged>(p);
+    launch_fa2<T, D, 1, kMode>(p);
   else
-    launch_fa2<T, D, 0, kPaged>(p);
+    launch_fa2<T, D, 0, kMode>(p);
 }
 
 template <typename T, int D>
 void launch_fa2_dim(const AttnParams& p) {
-  if (p.block_tables)
-    launch_fa2_variant<T, D, true>(p);
-  else
-    launch_fa2_variant<T, D, false>(p);
+  if (!p.block_tables) return launch_fa2_variant<T, D, Fa2Mode::kContig>(p);
+  if (!attn_kv_typed(p)) return launch_fa2_variant<T, D, Fa2Mode::kPaged>(p);
+  // Typed pools decode to the f16 tiles the mma reads: dtype f16 only, so
+  // bf16 attention needs no instantiation of its own.
+  if constexpr (std::is_same_v<T, __half>) return launch_fa2_variant<T, D, Fa2Mode::kTyped>(p);
+  fail("fa2: paged K/V types K=%s V=%s with dtype %s unsupported; supported: dtype f16",
+       kv_type_name(attn_kv_type(p, false)), kv_type_name(attn_kv_type(p, true)), dtype_name(p.dtype));
 }
 
 template <typename T>

@@ -39,7 +39,8 @@ __global__ void gather_kv_kernel(const uint4* __restrict__ k_pool, const uint4* 
 // Quantized or bf16 pools (issue 7): decode to f16 on the way. One block per
 // destination row, a thread per element. This is an extra pass over the
 // prefill items' K/V (read the pool, write f16, read again in attention);
-// the issue wants fa2/fa3 to read the quantized pool directly later.
+// fa2 and naive read typed pools in place and skip it; the engine keeps it
+// for fa3, whose TMA copies raw tiles (kernels/cuda/NOTES.md).
 __device__ __forceinline__ void decode_row_f16(KvType t, const uint8_t* pool, const KvPoolLayout& l, int64_t slot,
                                                int kv_dim, __half* out) {
   const uint8_t* q = pool + l.quant_offset(slot);

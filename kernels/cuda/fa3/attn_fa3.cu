@@ -13,6 +13,12 @@
 // Paged K/V (attention.h) is a separate instantiation (kPaged): the K/V
 // tensor maps span the pool and the producer warp assembles each tile from
 // one TMA box per page run (mainloop.cuh); the contiguous kernel is unchanged.
+// Typed pools (issue 7: bf16 / q8_0 / q4_0 / fp8 K or V under f16 attention)
+// are not read here: TMA copies raw tiles straight into the wgmma layout, so
+// dequantizing would need a converting stage between producer and consumers.
+// The table refuses them (kv_types = false, attention.cpp) and the engine
+// decodes them to contiguous f16 with gather_kv first; fa2 and naive read
+// them in place.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
