@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();  // barriers initialised before anyone waits on them
 
-  const StaticTileScheduler sched{a.n_m_blocks, a.n_heads, a.batch, a.heads_per_group};
+  const StaticTileScheduler sched{a.n_m_blocks, a.n_heads, a.batch, a.heads_per_group, a.snake};
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     regs_dealloc<kPaged ? kProducerRegsPaged : kProducerRegs>();
@@ -209,6 +209,11 @@ void launch_fa3(const AttnParams& p) {
   a.batch = p.batch;
   a.heads_per_group =
       choose_heads_per_group(p.n_heads, p.n_kv_heads, p.batch, p.max_seqlen_k, D, p.causal, a.n_m_blocks);
+  static const bool snake = [] {  // read once, not per launch
+    const char* e = std::getenv("RUNLM_FA3_SNAKE");
+    return !(e && std::string(e) == "0");
+  }();
+  a.snake = snake;
   a.block_tables = p.block_tables;
   a.max_blocks_per_seq = p.max_blocks_per_seq;
   a.log2_bs = log2_bs;

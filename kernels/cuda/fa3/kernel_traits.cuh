@@ -86,6 +86,7 @@ struct Args {
   float scale_log2;
   int n_m_blocks, batch;
   int heads_per_group;  // see StaticTileScheduler
+  bool snake;           // see StaticTileScheduler
   // Paged K/V only (the K/V tensor maps then span the whole pool):
   const int32_t* block_tables;  // [batch, max_blocks_per_seq] page indices
   int max_blocks_per_seq;

@@ -3,7 +3,11 @@
 // numbered heaviest first: the query block index runs from the last block
 // (under causal masking the one that sees the most keys) down to block 0,
 // so each CTA takes long tiles first and short ones last, which balances the
-// causal triangle (longest-processing-time-first). The producer warp and
+// causal triangle (longest-processing-time-first). The rounds of the
+// stride run in alternate directions (snake): with a plain stride CTA 0 took
+// the heaviest tile of every round and CTA gridDim-1 the lightest, a bias
+// that adds up over the ~16 rounds of a causal 8k problem; alternating
+// cancels it round by round. The producer warp and
 // the consumer warpgroups walk the same sequence independently: the schedule
 // is a pure function of the tile counter, so they need not talk.
 #pragma once
@@ -29,10 +33,19 @@ struct StaticTileScheduler {
   // 268 MB problem). Groups sized so their K/V fit in part of L2 keep the
   // reuse and still balance inside each group (choose_heads_per_group).
   int heads_per_group;
+  bool snake;  // alternate the direction of every other round (RUNLM_FA3_SNAKE=0: off, for comparison)
 
   __device__ __forceinline__ int num_tiles() const { return n_m_blocks * n_heads * batch; }
   __device__ __forceinline__ int get_initial_work() const { return blockIdx.x; }
-  __device__ __forceinline__ int get_next_work(int t) const { return t + gridDim.x; }
+  // With snake, CTA i takes tiles i, 2G - 1 - i, 2G + i, 4G - 1 - i, ... (G
+  // = gridDim.x): tile r G + i on even rounds, r G + G - 1 - i on odd ones,
+  // a bijection on every round (the last one's valid tiles go to the CTAs at
+  // one end). An even round is one where t % G == i.
+  __device__ __forceinline__ int get_next_work(int t) const {
+    const int g = gridDim.x, i = blockIdx.x;
+    if (!snake) return t + g;
+    return t % g == i ? t + 2 * (g - i) - 1 : t + 2 * i + 1;
+  }
   __device__ __forceinline__ bool valid(int t) const { return t < num_tiles(); }
   __device__ __forceinline__ WorkTile tile(int t) const {
     const int n_hb = n_heads * batch;
