@@ -16,8 +16,10 @@
 //     by version = 3 only until measured. See "version 3" further down.
 //   4 gemm_q_wgmma_v4_kernel (n_tokens > 64; below, as auto): version 3's
 //     loop on 256-row tiles (4 warpgroups, 512 threads) over a persistent
-//     stream-K grid; sm_90a, version = 4 only until measured. See
-//     "version 4" further down.
+//     stream-K grid; sm_90a, auto's choice past 64 tokens in launches of
+//     many row tiles (auto_version). See "version 4" further down.
+// Every version takes 1 to 3 matrices of one type and cols reading the same
+// x in one launch (gemm_fused_q_multi; MatSet below).
 //
 // Tile: a CTA computes kBM = 128 weight rows (the mma M side) x BN tokens
 // (N side, BN in {16, 32, 64, 128} picked from n_tokens) over a range of

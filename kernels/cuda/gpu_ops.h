@@ -130,9 +130,10 @@ void gemm_fused_q(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_tok
 // (stream-K units, or row tiles x token tiles x column slices), each output
 // written to its own y [n_tokens, rows_i]. Versions, splits and scratch as
 // above, for the launch as a whole (auto counts the row tiles of all the
-// matrices). With the same column slices (splits > 0; version 4: splits
-// whose ranges are whole halves etc. of a tile, i.e. ceil(k_tiles / splits)
-// divides k_tiles) each y is bit-equal to gemm_fused_q's alone.
+// matrices). With the same column slices (splits > 0; for version 4 only
+// where ceil(k_tiles / splits) divides k_tiles, so that every tile is cut at
+// the same columns) each y is bit-equal to gemm_fused_q's alone; at splits
+// 0 the slices follow the launch's tile count, so the bits may differ.
 void gemm_fused_q_multi(const GemmOut* outs, int n_outs, const uint16_t* x_f16, int n_tokens, void* scratch,
                         size_t scratch_bytes, Stream stream, int splits = 0, int version = 0);
 // Largest n_tokens gemm() sends to gemm_fused_q: RUNLM_GEMM_FUSED_MAX_TOKENS
