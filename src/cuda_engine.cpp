@@ -885,21 +885,28 @@ class CudaEngine final : public Engine {
     check(cudaMemcpy(gemm_ptrs_.get(), h.data(), h.size() * sizeof(void*), cudaMemcpyHostToDevice), "copy gemm groups");
   }
 
-  // y = W x for each out, x = xh_ (f16, m rows): one batched call for a group.
-  void project_gemm(const GemmGroup& g, std::initializer_list<std::pair<const gpu::GpuMatrix*, float*>> outs, int m) {
+  // y = W x for each out, x = xh_ (f16, m rows): one batched call for an
+  // F16 group; else gemm_multi, which makes Q4_0 / Q8_0 matrices of one
+  // type and width one fused launch (their row tiles side by side: q/k/v at
+  // 256 tokens give 96 tiles of 128 rows where one gives 32) and runs the
+  // rest one gemm each.
+  void project_gemm(const GemmGroup& g, std::initializer_list<gpu::GemmOut> outs, int m) {
     if (g.n > 0) {
       void** p = gemm_ptrs_.get() + g.at;
       gpu::gemm_batched(p, reinterpret_cast<const uint16_t* const*>(p + g.n), reinterpret_cast<float* const*>(p + 2 * g.n),
                         g.n, g.rows, g.cols, m, stream_);
       return;
     }
-    for (const auto& [w, y] : outs) gpu::gemm(*w, xh_.get(), y, m, gemm_scratch_.get(), stream_);
+    gpu::gemm_multi(outs.begin(), static_cast<int>(outs.size()), xh_.get(), m, gemm_scratch_.get(), stream_);
   }
 
   void project_qkv_gemm(const GpuLayer& g, int m) {
     if (g.qkv.n > 0) return project_gemm(g.qkv, {}, m);
-    gpu::gemm(g.wq, xh_.get(), q_.get(), m, gemm_scratch_.get(), stream_);
-    project_gemm(g.kv, {{&g.wk, k_.get()}, {&g.wv, v_.get()}}, m);
+    if (g.kv.n > 0) {  // F16 with GQA: q alone, k/v batched
+      gpu::gemm(g.wq, xh_.get(), q_.get(), m, gemm_scratch_.get(), stream_);
+      return project_gemm(g.kv, {}, m);
+    }
+    project_gemm(g.qkv, {{&g.wq, q_.get()}, {&g.wk, k_.get()}, {&g.wv, v_.get()}}, m);
   }
 
   // Transformer layers for a long chunk: f16 activations into tensor-core

@@ -574,6 +574,141 @@ TEST(GpuOps, GemmFusedQuantAgainstMatmul) {
   }
 }
 
+// Several Q4_0 / Q8_0 matrices of one type and cols, different row counts,
+// in one launch (gemm_fused_q_multi: q/k/v, gate/up). Every version and the
+// auto choice (0): each output against the float64 product (tolerance of
+// GemmFusedQuantAgainstMatmul), auto splits repeatable bit for bit; at
+// forced column slices (1, 2; version 4: 1 = whole tiles, 2 = half tiles,
+// k-tiles even here) each output bit-equal to that matrix's launch alone
+// (same slices, same wgmma order, same fixup order). Outputs poisoned, with
+// a poisoned guard after each y that must stay untouched (no matrix's tile
+// writes into another's y). gemm_multi (the engine's entry) against gemm().
+TEST(GpuOps, GemmFusedQuantMulti) {
+  REQUIRE_GPU();
+  constexpr double kTol = 2e-3;
+  constexpr size_t kGuard = 4096;  // floats after each y
+  struct Group {
+    std::vector<int64_t> rows;
+    int64_t cols;
+  };
+  std::vector<Group> groups = {{{1000, 272, 200}, 1024}, {{200, 1000}, 960}};
+  if (!small_only()) groups.push_back({{4096 + 48, 1024, 1024}, 2048});
+  std::vector<int> versions = {0, 1};
+  if (gpu::gemm_fused_has_wgmma()) versions.insert(versions.end(), {2, 3, 4});
+  const size_t scratch_bytes = size_t(64) << 20;  // every forced slice count fits: no slice capped
+  DevBuf scratch(scratch_bytes);
+  for (DType t : {DType::Q4_0, DType::Q8_0}) {
+    for (const Group& gr : groups) {
+      const int k = static_cast<int>(gr.rows.size());
+      std::vector<std::vector<float>> wf;
+      std::vector<gpu::GpuMatrix> gms;
+      for (int i = 0; i < k; ++i) {
+        const HostMatrix hm = make_matrix(t, gr.rows[i], gr.cols, 7000 + 10 * static_cast<uint32_t>(t) + i);
+        wf.push_back(dequantize(hm.q));
+        gms.push_back(gpu::upload_matrix(hm.q));
+      }
+      for (int n : {1, 16, 64, 128, 200, 256, 300, 512}) {
+        const std::vector<float> x = randn(static_cast<size_t>(n * gr.cols), 31 + n);
+        std::vector<uint16_t> xh(x.size());
+        std::vector<float> xr(x.size());
+        for (size_t i = 0; i < x.size(); ++i) {
+          xh[i] = fp32_to_fp16(x[i]);
+          xr[i] = fp16_to_fp32(xh[i]);
+        }
+        auto dx = upload(xh);
+        std::vector<std::vector<double>> refs;
+        std::vector<std::unique_ptr<DevBuf>> ys, ys1;  // multi launch's outputs, single launches'
+        std::vector<gpu::GemmOut> outs, outs1;
+        for (int i = 0; i < k; ++i) {
+          refs.push_back(ref_matmul(wf[i], gr.rows[i], gr.cols, xr, n));
+          const size_t bytes = sizeof(float) * (size_t(n) * gr.rows[i] + kGuard);
+          ys.push_back(std::make_unique<DevBuf>(bytes));
+          ys1.push_back(std::make_unique<DevBuf>(bytes));
+          outs.push_back({&gms[i], ys.back()->as<float>()});
+          outs1.push_back({&gms[i], ys1.back()->as<float>()});
+        }
+        auto read = [&](DevBuf& b, int i, bool* guard_ok) {
+          std::vector<float> all = b.get<float>(size_t(n) * gr.rows[i] + kGuard);
+          uint32_t bad = 0;
+          for (size_t j = size_t(n) * gr.rows[i]; j < all.size(); ++j) {
+            uint32_t u;
+            std::memcpy(&u, &all[j], 4);
+            bad |= u ^ 0xFFFFFFFFu;
+          }
+          *guard_ok = bad == 0;
+          all.resize(size_t(n) * gr.rows[i]);
+          return all;
+        };
+        for (int version : versions) {
+          std::vector<std::vector<float>> first;
+          for (int splits : {0, 1, 2, 0}) {
+            for (auto& b : ys) b->poison();
+            gpu::gemm_fused_q_multi(outs.data(), k, dx->as<uint16_t>(), n, scratch.p, scratch_bytes, nullptr, splits,
+                                    version);
+            const bool compare_single = splits != 0 && version != 0;  // auto may pick other versions alone
+            if (compare_single) {
+              for (auto& b : ys1) b->poison();
+              for (int i = 0; i < k; ++i)
+                gpu::gemm_fused_q(gms[i], dx->as<uint16_t>(), outs1[i].y, n, scratch.p, scratch_bytes, nullptr, splits,
+                                  version);
+            }
+            const bool record = splits == 0 && first.empty();
+            for (int i = 0; i < k; ++i) {
+              const std::string what = std::string(dtype_name(t)) + " matrix " + std::to_string(i) + " of " +
+                                       std::to_string(k) + " (" + std::to_string(gr.rows[i]) + "x" +
+                                       std::to_string(gr.cols) + ") n=" + std::to_string(n) +
+                                       " splits=" + std::to_string(splits) + " version=" + std::to_string(version);
+              bool guard_ok = false;
+              const std::vector<float> y = read(*ys[i], i, &guard_ok);
+              EXPECT_TRUE(guard_ok) << "write past y: " << what;
+              EXPECT_LT(rel_err(y, refs[i]), kTol) << what;
+              if (record) {
+                first.push_back(y);
+              } else if (splits == 0) {
+                EXPECT_EQ(0, std::memcmp(first[i].data(), y.data(), y.size() * sizeof(float)))
+                    << "auto split not repeatable: " << what;
+              }
+              if (compare_single) {
+                bool guard1 = false;
+                const std::vector<float> y1 = read(*ys1[i], i, &guard1);
+                EXPECT_TRUE(guard1) << "single launch wrote past y: " << what;
+                EXPECT_EQ(0, std::memcmp(y1.data(), y.data(), y.size() * sizeof(float)))
+                    << "multi launch differs from the single launch: " << what;
+              }
+            }
+          }
+        }
+        // gemm_multi (the engine's call) against the products.
+        const bool fused = n <= gpu::gemm_fused_max_tokens() && gpu::gemm_fused_fits_device(gms[0]);
+        EXPECT_EQ(fused, gpu::gemm_multi_fused(outs.data(), k, n)) << "n=" << n;
+        for (auto& b : ys) b->poison();
+        gpu::gemm_multi(outs.data(), k, dx->as<uint16_t>(), n, scratch.p, nullptr);
+        for (int i = 0; i < k; ++i) {
+          bool guard_ok = false;
+          const std::vector<float> y = read(*ys[i], i, &guard_ok);
+          EXPECT_TRUE(guard_ok) << "gemm_multi wrote past y " << i << " n=" << n;
+          EXPECT_LT(rel_err(y, refs[i]), kTol) << "gemm_multi " << dtype_name(t) << " matrix " << i << " n=" << n;
+        }
+      }
+      for (auto& m : gms) gpu::free_matrix(m);
+    }
+  }
+  // One launch takes one type and cols; names what it needs.
+  const HostMatrix a = make_matrix(DType::Q4_0, 64, 512, 7100), b = make_matrix(DType::Q4_0, 64, 1024, 7101);
+  gpu::GpuMatrix ga = gpu::upload_matrix(a.q), gb = gpu::upload_matrix(b.q);
+  DevBuf x(1024 * 2 * 4), y(64 * 4 * 4 * 2);
+  const gpu::GemmOut outs[2] = {{&ga, y.as<float>()}, {&gb, y.as<float>() + 256}};
+  EXPECT_FALSE(gpu::gemm_multi_fused(outs, 2, 4));
+  try {
+    gpu::gemm_fused_q_multi(outs, 2, x.as<uint16_t>(), 4, nullptr, 0, nullptr);
+    FAIL() << "gemm_fused_q_multi took cols 512 and 1024 in one launch";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("one type and cols"), std::string::npos) << e.what();
+  }
+  gpu::free_matrix(ga);
+  gpu::free_matrix(gb);
+}
+
 // Three f16 matrices of one shape in one batched call (q/k/v, gate/up): each
 // output against the float64 product, same tolerance as gemm above; a
 // different x per matrix checks that the pointer arrays are not mixed up.
@@ -1377,6 +1512,69 @@ TEST(GpuOpsBench, GemmFusedQuantShapes) {
         cols3(fused_ms[4], 8);
         cols3(cublas_ms, 9);
         std::printf(" | %6.2fx %8.1e\n", cublas_ms / best, diff);
+      }
+      gpu::free_matrix(base);
+    }
+  }
+  // Several matrices in one launch (gemm_fused_q_multi, what the engine runs
+  // for q/k/v and gate/up) against the same matrices one launch each: us of
+  // the singles at auto (summed: the launches run back to back), of the
+  // multi launch at auto, version 3 and version 4, and singles / best multi.
+  if (!wg) return;
+  std::printf("[bench] multi %-5s %15s %4s | %10s | %9s %9s %9s | %7s %8s\n", "type", "matrices", "n", "singles us",
+              "auto us", "v3 us", "v4 us", "speedup", "rel diff");
+  for (DType t : {DType::Q4_0, DType::Q8_0}) {
+    for (const auto& [k, s] : {std::pair{3, kLlama7b[0]}, std::pair{2, kLlama7b[1]}}) {
+      const HostMatrix hm = bench_matrix(t, s.rows, s.cols, 80);
+      gpu::GpuMatrix base = gpu::upload_matrix(hm.q);
+      const RotatedCopies rot(base);
+      const std::vector<gpu::GpuMatrix>& ms = rot.ms;
+      const int copies = static_cast<int>(ms.size());
+      const size_t scratch_bytes = gpu::gemm_scratch_bytes(base);  // what gemm_multi passes
+      DevBuf scratch(scratch_bytes);
+      std::vector<uint16_t> xh(size_t(kMaxTokens) * s.cols);
+      const std::vector<float> x = randn(xh.size(), 8);
+      for (size_t i = 0; i < x.size(); ++i) xh[i] = fp32_to_fp16(x[i]);
+      auto dx = upload(xh);
+      std::vector<std::unique_ptr<DevBuf>> ys, ys1;
+      for (int j = 0; j < k; ++j) {
+        ys.push_back(std::make_unique<DevBuf>(sizeof(float) * kMaxTokens * s.rows));
+        ys1.push_back(std::make_unique<DevBuf>(sizeof(float) * kMaxTokens * s.rows));
+      }
+      for (int n : {128, 256, 512}) {
+        auto outs_of = [&](int i, std::vector<std::unique_ptr<DevBuf>>& y) {
+          std::vector<gpu::GemmOut> o;
+          for (int j = 0; j < k; ++j) o.push_back({&ms[(k * i + j) % copies], y[j]->as<float>()});
+          return o;
+        };
+        const float single_ms = time_ms(
+            [&](int i) {
+              for (const gpu::GemmOut& o : outs_of(i, ys1))
+                gpu::gemm_fused_q(*o.w, dx->as<uint16_t>(), o.y, n, scratch.p, scratch_bytes, nullptr, 0, 0);
+            },
+            20);
+        float multi_ms[3] = {0, 0, 0};  // auto, v3, v4
+        double diff = 0;
+        for (int vi = 0; vi < 3; ++vi) {
+          multi_ms[vi] = time_ms(
+              [&](int i) {
+                const std::vector<gpu::GemmOut> o = outs_of(i, ys);
+                gpu::gemm_fused_q_multi(o.data(), k, dx->as<uint16_t>(), n, scratch.p, scratch_bytes, nullptr, 0,
+                                        vi == 0 ? 0 : vi + 2);
+              },
+              20);
+          // Every copy holds the same matrix: the last outputs of both compare.
+          for (int j = 0; j < k; ++j) {
+            const size_t outs = static_cast<size_t>(n) * s.rows;
+            diff = std::max(diff, rel_err(ys[j]->get<float>(outs), ys1[j]->get<float>(outs)));
+          }
+        }
+        const float best = std::min({multi_ms[0], multi_ms[1], multi_ms[2]});
+        char name[32];
+        std::snprintf(name, sizeof(name), "%dx%lldx%lld", k, static_cast<long long>(s.rows),
+                      static_cast<long long>(s.cols));
+        std::printf("[bench] multi %-5s %15s %4d | %10.1f | %9.1f %9.1f %9.1f | %6.2fx %8.1e\n", dtype_name(t), name, n,
+                    single_ms * 1e3, multi_ms[0] * 1e3, multi_ms[1] * 1e3, multi_ms[2] * 1e3, single_ms / best, diff);
       }
       gpu::free_matrix(base);
     }

@@ -338,8 +338,7 @@ section_paged_v6() {
 
 # The end-to-end batch job of issue 6: 256 prompts of 128 tokens, 128 new
 # tokens each (EOS ignored), on the random 7B models.
-section_batch_model() {
-  local t rc=0
+write_batch_prompts() {
   python3 - "$OUT/batch_prompts.jsonl" <<'PY'
 import json, random, sys
 random.seed(1)
@@ -349,6 +348,11 @@ with open(sys.argv[1], "w") as f:
         # ~128 tokens: about 100 common words (some split into two tokens).
         f.write(json.dumps({"id": i, "prompt": " ".join(random.choice(words) for _ in range(100))}) + "\n")
 PY
+}
+
+section_batch_model() {
+  local t rc=0
+  write_batch_prompts
   for t in $MODEL_TYPES; do
     /usr/bin/time -f "batch $t wall %e s" "$RUNLM" batch -m "$MODEL_DIR/llama2-7b-$t.gguf" -f "$OUT/batch_prompts.jsonl" \
       -o "$OUT/batch_out_$t.jsonl" -n 128 --ignore-eos --temp 0 -np "${BATCH_PARALLEL:-256}" -c 512 -b 4096 \
@@ -373,7 +377,30 @@ section_gemm_fused() {
   RUNLM_BENCH_GPU_OPS=1 timeout "$BENCH_TIMEOUT" "$TESTS" --gtest_filter='GpuOpsBench.GemmFusedQuantShapes' \
     >"$OUT/gemm_fused_bench.log" 2>&1
   local rc=$?
-  grep -E '^\[bench\]' "$OUT/gemm_fused_bench.log" | head -40
+  grep -E '^\[bench\]' "$OUT/gemm_fused_bench.log" | head -60
+  return $rc
+}
+
+# Several Q4_0/Q8_0 matrices in one fused launch (q/k/v, gate/up:
+# gemm_fused_q_multi) and auto's version 4 routing: the tests, the bench
+# (singles vs multi rows, after the per-shape table) and the Q4_0 batch job
+# three ways: before (one launch each, version 4 forced), auto routing
+# alone (RUNLM_GEMM_MULTI=0), auto + multi (default).
+section_gemm_multi() {
+  local rc=0 v
+  timeout 900 "$TESTS" --gtest_filter='GpuOps.GemmFused*:CudaEngine.Llama7BShape*:CudaEngine.Batched*' \
+    >"$OUT/gemm_multi_tests.log" 2>&1 || rc=1
+  grep -E '^\[  (PASSED|FAILED) |Failure|Expected|Which is' "$OUT/gemm_multi_tests.log" | head -20
+  RUNLM_BENCH_GPU_OPS=1 timeout "$BENCH_TIMEOUT" "$TESTS" --gtest_filter='GpuOpsBench.GemmFusedQuantShapes' \
+    >"$OUT/gemm_multi_bench.log" 2>&1 || rc=1
+  grep -E '^\[bench\]' "$OUT/gemm_multi_bench.log" | grep -E 'multi|(4096x4096|11008x4096|4096x11008) +(128|256|512) '
+  write_batch_prompts
+  for v in "RUNLM_GEMM_MULTI=0 RUNLM_GEMM_FUSED_VERSION=4" "RUNLM_GEMM_MULTI=0" "RUNLM_GEMM_MULTI=1"; do
+    env $v /usr/bin/time -f "batch q4_0 [$v] wall %e s" "$RUNLM" batch -m "$MODEL_DIR/llama2-7b-q4_0.gguf" \
+      -f "$OUT/batch_prompts.jsonl" -o "$OUT/batch_multi_out.jsonl" -n 128 --ignore-eos --temp 0 -np 256 -c 512 \
+      -b 4096 >"$OUT/batch_multi.log" 2>&1 || rc=1
+    tail -2 "$OUT/batch_multi.log"
+  done
   return $rc
 }
 

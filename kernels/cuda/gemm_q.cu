@@ -25,6 +25,9 @@
 // outside a capture (the engine's warm-up does that).
 #include <cublas_v2.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 
 #include "cuda/common.cuh"
@@ -132,6 +135,31 @@ void gemm(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_tokens, voi
     return;
   }
   gemm_cublas(w, x_f16, y, n_tokens, scratch, stream);
+}
+
+bool gemm_multi_fused(const GemmOut* outs, int n_outs, int n_tokens) {
+  static const bool enabled = [] {
+    const char* e = std::getenv("RUNLM_GEMM_MULTI");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  if (!enabled || n_outs < 2 || n_outs > kMaxGemmOuts || n_tokens > gemm_fused_max_tokens()) return false;
+  for (int i = 0; i < n_outs; ++i) {
+    const GpuMatrix& w = *outs[i].w;
+    if (!w.data || !gemm_fused_supports(w) || !gemm_fused_fits_device(w) || w.type != outs[0].w->type ||
+        w.cols != outs[0].w->cols)
+      return false;
+  }
+  return true;
+}
+
+void gemm_multi(const GemmOut* outs, int n_outs, const uint16_t* x_f16, int n_tokens, void* scratch, Stream stream) {
+  if (!gemm_multi_fused(outs, n_outs, n_tokens)) {
+    for (int i = 0; i < n_outs; ++i) gemm(*outs[i].w, x_f16, outs[i].y, n_tokens, scratch, stream);
+    return;
+  }
+  size_t scratch_bytes = 0;
+  for (int i = 0; i < n_outs; ++i) scratch_bytes = std::max(scratch_bytes, gemm_scratch_bytes(*outs[i].w));
+  gemm_fused_q_multi(outs, n_outs, x_f16, n_tokens, scratch, scratch ? scratch_bytes : 0, stream);
 }
 
 void gemm_cublas(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_tokens, void* scratch, Stream stream) {

@@ -16,8 +16,10 @@
 //     by version = 3 only until measured. See "version 3" further down.
 //   4 gemm_q_wgmma_v4_kernel (n_tokens > 64; below, as auto): version 3's
 //     loop on 256-row tiles (4 warpgroups, 512 threads) over a persistent
-//     stream-K grid; sm_90a, version = 4 only until measured. See
-//     "version 4" further down.
+//     stream-K grid; sm_90a, auto's choice past 64 tokens in launches of
+//     many row tiles (auto_version). See "version 4" further down.
+// Every version takes 1 to 3 matrices of one type and cols reading the same
+// x in one launch (gemm_fused_q_multi; MatSet below).
 //
 // Tile: a CTA computes kBM = 128 weight rows (the mma M side) x BN tokens
 // (N side, BN in {16, 32, 64, 128} picked from n_tokens) over a range of
@@ -87,6 +89,7 @@
 //           default threshold 256 (gpu_ops.h) with margin.
 // 4096 x 4096: about a third of these times, split-K included.
 #include <algorithm>
+#include <climits>
 #include <cstdlib>
 #include <mutex>
 
@@ -140,14 +143,43 @@ struct MmaTraits {
   static_assert(kWN % 8 == 0 && kMT >= 1, "gemm_q_mma: warp tile");
 };
 
+// One weight matrix of a launch. A launch runs 1 to kMaxMats matrices of one
+// type and cols that read the same x (q/k/v, gate/up: gemm_fused_q_multi),
+// their row tiles concatenated in order, so several 4096-row matrices give
+// the grid of one matrix of their summed rows (more tiles, fewer column
+// slices or stream-K cuts) in one launch. Each keeps its own y.
+constexpr int kMaxMats = kMaxGemvOuts;
+struct MatView {
+  const uint8_t* q;  // [rows][cols/2] (q4_0) or [rows][cols] (q8_0)
+  const __half* d;   // [rows][cols/32]
+  float* y;          // [n][rows]
+  int rows;
+};
+struct MatSet {
+  MatView m[kMaxMats];
+  int tile1, tile2;  // first row tile of matrices 1 and 2 (INT_MAX where absent)
+  // The matrix of (launch) row tile rt, and rt made its own. Compares and
+  // selects: an index computed at run time into kernel parameters would
+  // copy them to local memory.
+  __device__ __forceinline__ MatView pick(int& rt) const {
+    if (rt >= tile2) {
+      rt -= tile2;
+      return m[2];
+    }
+    if (rt >= tile1) {
+      rt -= tile1;
+      return m[1];
+    }
+    return m[0];
+  }
+};
+
 struct MmaArgs {
-  const uint8_t* q;    // [rows][cols/2] (q4_0) or [rows][cols] (q8_0)
-  const __half* d;     // [rows][cols/32]
+  MatSet w;
   const __half* x;     // [n][cols]
-  float* y;            // [n][rows]
   float* partial;      // split-K: [tiles][splits][kMT*kNT][kThreads] float4
   int* tickets;        // split-K: [tiles], zero on entry, left zero
-  int rows, cols, n;
+  int cols, n;
   int k_tiles, k_tiles_per_split, splits;
 };
 
@@ -227,8 +259,8 @@ __device__ __forceinline__ uint32_t x_swz128(int j, int c) {
 // Issues the cp.async copies of k-tile kt into one stage (kWg: version 2's
 // x layout; kPrefetch: quants with the L2::256B hint, version 3).
 template <DType kT, int BN, bool kWg = false, bool kPrefetch = false>
-__device__ __forceinline__ void load_stage(const MmaArgs& a, uint32_t sq, uint32_t ss, uint32_t sx, int m0, int n0,
-                                           int kt) {
+__device__ __forceinline__ void load_stage(const MmaArgs& a, const MatView& w, uint32_t sq, uint32_t ss, uint32_t sx,
+                                           int m0, int n0, int kt) {
   using QT = QuantTile<kT>;
   constexpr int kChunksRow = QT::kRowBytes / 16;
   const int k0 = kt * kBK;
@@ -241,8 +273,8 @@ __device__ __forceinline__ void load_stage(const MmaArgs& a, uint32_t sq, uint32
     const int i = tid + it * kThreads;
     const int r = i / kChunksRow, c = i % kChunksRow;
     const int row = m0 + r, col = k0 + c * QT::kChunkCols;
-    const bool ok = row < a.rows && col < a.cols;
-    const uint8_t* src = ok ? a.q + row * q_row_bytes + col * QT::kRowBytes / kBK : a.q;
+    const bool ok = row < w.rows && col < a.cols;
+    const uint8_t* src = ok ? w.q + row * q_row_bytes + col * QT::kRowBytes / kBK : w.q;
     if constexpr (kPrefetch)
       cp_async_16_pf256(sq + quant_swz<kT>(r, c), src, ok ? 16 : 0);
     else
@@ -252,8 +284,8 @@ __device__ __forceinline__ void load_stage(const MmaArgs& a, uint32_t sq, uint32
   {
     const int r = tid >> 1, p = tid & 1;
     const int row = m0 + r, col = k0 + 64 * p;
-    const bool ok = row < a.rows && col < a.cols;
-    const __half* src = ok ? a.d + int64_t(row) * (a.cols / 32) + col / 32 : a.d;
+    const bool ok = row < w.rows && col < a.cols;
+    const __half* src = ok ? w.d + int64_t(row) * (a.cols / 32) + col / 32 : w.d;
     cp_async_4(ss + r * kBlocks * 2 + p * 4, src, ok ? 4 : 0);
   }
 #pragma unroll
@@ -272,8 +304,8 @@ __device__ __forceinline__ void load_stage(const MmaArgs& a, uint32_t sq, uint32
 // c2, c3 at row + 8; tiles 16 rows and 8 tokens apart from row0, tok0) go
 // to y, through the split-K reduction when the columns are split.
 template <int kMT, int kNT>
-__device__ __forceinline__ void finish_tile(const MmaArgs& a, float (&acc)[kMT][kNT][4], int row0, int tok0,
-                                            int split) {
+__device__ __forceinline__ void finish_tile(const MmaArgs& a, const MatView& w, float (&acc)[kMT][kNT][4], int row0,
+                                            int tok0, int split) {
   const int tid = threadIdx.x;
   const int tile = blockIdx.y * gridDim.x + blockIdx.x;
   if (a.splits > 1) {
@@ -325,9 +357,9 @@ __device__ __forceinline__ void finish_tile(const MmaArgs& a, float (&acc)[kMT][
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = row + 8 * h;
-        if (r >= a.rows) continue;
-        if (tok < a.n) a.y[int64_t(tok) * a.rows + r] = acc[mt][nt][2 * h];
-        if (tok + 1 < a.n) a.y[int64_t(tok + 1) * a.rows + r] = acc[mt][nt][2 * h + 1];
+        if (r >= w.rows) continue;
+        if (tok < a.n) w.y[int64_t(tok) * w.rows + r] = acc[mt][nt][2 * h];
+        if (tok + 1 < a.n) w.y[int64_t(tok + 1) * w.rows + r] = acc[mt][nt][2 * h + 1];
       }
     }
 }
@@ -342,7 +374,9 @@ __global__ void __launch_bounds__(kThreads, MmaTraits<kT, BN>::kMinBlocks) gemm_
   auto ss_of = [&](int st) { return s0 + st * Tr::kStageBytes + Tr::kQBytes; };
   auto sx_of = [&](int st) { return s0 + st * Tr::kStageBytes + Tr::kQBytes + Tr::kSBytes; };
 
-  const int m0 = blockIdx.x * kBM, n0 = blockIdx.y * BN, split = blockIdx.z;
+  int rt = blockIdx.x;  // launch row tile -> its matrix's
+  const MatView w = a.w.pick(rt);
+  const int m0 = rt * kBM, n0 = blockIdx.y * BN, split = blockIdx.z;
   const int kt0 = split * a.k_tiles_per_split;
   const int kt1 = min(a.k_tiles, kt0 + a.k_tiles_per_split);
   const int nk = kt1 - kt0;  // >= 1 (the host sizes splits so none is empty)
@@ -363,7 +397,7 @@ __global__ void __launch_bounds__(kThreads, MmaTraits<kT, BN>::kMinBlocks) gemm_
   // empty) so wait_group counts stay uniform.
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
-    if (st < nk) load_stage<kT, BN>(a, sq_of(st), ss_of(st), sx_of(st), m0, n0, kt0 + st);
+    if (st < nk) load_stage<kT, BN>(a, w, sq_of(st), ss_of(st), sx_of(st), m0, n0, kt0 + st);
     cp_async_commit();
   }
 
@@ -375,7 +409,7 @@ __global__ void __launch_bounds__(kThreads, MmaTraits<kT, BN>::kMinBlocks) gemm_
     __syncthreads();
     {
       const int j = i + kStages - 1, st = j % kStages;
-      if (j < nk) load_stage<kT, BN>(a, sq_of(st), ss_of(st), sx_of(st), m0, n0, kt0 + j);
+      if (j < nk) load_stage<kT, BN>(a, w, sq_of(st), ss_of(st), sx_of(st), m0, n0, kt0 + j);
       cp_async_commit();
     }
     const int st = i % kStages;
@@ -437,7 +471,7 @@ __global__ void __launch_bounds__(kThreads, MmaTraits<kT, BN>::kMinBlocks) gemm_
     }
   }
   cp_async_wait<0>();  // only empty groups can be left; drained before exit
-  finish_tile<kMT, kNT>(a, acc, m0 + arow, n0 + wn * Tr::kWN + 2 * t, split);
+  finish_tile<kMT, kNT>(a, w, acc, m0 + arow, n0 + wn * Tr::kWN + 2 * t, split);
 }
 
 // ---- version 2: wgmma (sm_90a) ------------------------------------------------
@@ -520,7 +554,9 @@ __global__ void __launch_bounds__(kThreads, WgTraits<kT, BN>::kMinBlocks) gemm_q
   auto sq_of = [&](int st) { return s0 + st * Tr::kStageBytes + Tr::kXBytes; };
   auto ss_of = [&](int st) { return s0 + st * Tr::kStageBytes + Tr::kXBytes + Tr::kQBytes; };
 
-  const int m0 = blockIdx.x * kBM, n0 = blockIdx.y * BN, split = blockIdx.z;
+  int rt = blockIdx.x;  // launch row tile -> its matrix's
+  const MatView w = a.w.pick(rt);
+  const int m0 = rt * kBM, n0 = blockIdx.y * BN, split = blockIdx.z;
   const int kt0 = split * a.k_tiles_per_split;
   const int nk = min(a.k_tiles, kt0 + a.k_tiles_per_split) - kt0;
 
@@ -537,7 +573,7 @@ __global__ void __launch_bounds__(kThreads, WgTraits<kT, BN>::kMinBlocks) gemm_q
 
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
-    if (st < nk) load_stage<kT, BN, true>(a, sq_of(st), ss_of(st), sx_of(st), m0, n0, kt0 + st);
+    if (st < nk) load_stage<kT, BN, true>(a, w, sq_of(st), ss_of(st), sx_of(st), m0, n0, kt0 + st);
     cp_async_commit();
   }
 
@@ -549,7 +585,7 @@ __global__ void __launch_bounds__(kThreads, WgTraits<kT, BN>::kMinBlocks) gemm_q
     __syncthreads();
     {
       const int j = i + kStages - 1, st = j % kStages;
-      if (j < nk) load_stage<kT, BN, true>(a, sq_of(st), ss_of(st), sx_of(st), m0, n0, kt0 + j);
+      if (j < nk) load_stage<kT, BN, true>(a, w, sq_of(st), ss_of(st), sx_of(st), m0, n0, kt0 + j);
       cp_async_commit();
     }
     const int st = i % kStages;
@@ -574,7 +610,7 @@ __global__ void __launch_bounds__(kThreads, WgTraits<kT, BN>::kMinBlocks) gemm_q
   }
   cp_async_wait<0>();
   // wgmma's m64nN accumulator is the mma C layout per warp, n8 tile i at acc[4i .. 4i+3].
-  finish_tile<1, BN / 8>(a, *reinterpret_cast<float(*)[1][BN / 8][4]>(&acc), m0 + arow, n0 + 2 * t, split);
+  finish_tile<1, BN / 8>(a, w, *reinterpret_cast<float(*)[1][BN / 8][4]>(&acc), m0 + arow, n0 + 2 * t, split);
 #endif
 }
 
@@ -643,7 +679,9 @@ __global__ void __launch_bounds__(kThreads, Wg3Traits<kT, BN>::kMinBlocks) gemm_
   auto sq_of = [&](int st) { return s0 + st * Wg::kStageBytes + Wg::kXBytes; };
   auto ss_of = [&](int st) { return s0 + st * Wg::kStageBytes + Wg::kXBytes + Wg::kQBytes; };
 
-  const int m0 = blockIdx.x * kBM, n0 = blockIdx.y * BN, split = blockIdx.z;
+  int rt = blockIdx.x;  // launch row tile -> its matrix's
+  const MatView w = a.w.pick(rt);
+  const int m0 = rt * kBM, n0 = blockIdx.y * BN, split = blockIdx.z;
   const int kt0 = split * a.k_tiles_per_split;
   const int nk = min(a.k_tiles, kt0 + a.k_tiles_per_split) - kt0;
 
@@ -660,7 +698,7 @@ __global__ void __launch_bounds__(kThreads, Wg3Traits<kT, BN>::kMinBlocks) gemm_
 
 #pragma unroll
   for (int st = 0; st < kAhead; ++st) {
-    if (st < nk) load_stage<kT, BN, true, true>(a, sq_of(st), ss_of(st), sx_of(st), m0, n0, kt0 + st);
+    if (st < nk) load_stage<kT, BN, true, true>(a, w, sq_of(st), ss_of(st), sx_of(st), m0, n0, kt0 + st);
     cp_async_commit();
   }
 
@@ -673,7 +711,7 @@ __global__ void __launch_bounds__(kThreads, Wg3Traits<kT, BN>::kMinBlocks) gemm_
     __syncthreads();
     {
       const int j = i + kAhead, st = j % kStages;
-      if (j < nk) load_stage<kT, BN, true, true>(a, sq_of(st), ss_of(st), sx_of(st), m0, n0, kt0 + j);
+      if (j < nk) load_stage<kT, BN, true, true>(a, w, sq_of(st), ss_of(st), sx_of(st), m0, n0, kt0 + j);
       cp_async_commit();
     }
     const int st = i % kStages;
@@ -702,7 +740,7 @@ __global__ void __launch_bounds__(kThreads, Wg3Traits<kT, BN>::kMinBlocks) gemm_
   fa3::wgmma_wait<0>();
   fa3::fence_regs(acc);
   cp_async_wait<0>();
-  finish_tile<1, BN / 8>(a, *reinterpret_cast<float(*)[1][BN / 8][4]>(&acc), m0 + arow, n0 + 2 * t, split);
+  finish_tile<1, BN / 8>(a, w, *reinterpret_cast<float(*)[1][BN / 8][4]>(&acc), m0 + arow, n0 + 2 * t, split);
 #endif
 }
 
@@ -759,21 +797,19 @@ struct Wg4Traits {
 };
 
 struct SkArgs {
-  const uint8_t* q;
-  const __half* d;
+  MatSet w;  // row tiles of kM rows
   const __half* x;
-  float* y;
   float* partial;  // [2 * grid][kNT][kThr] float4: slot 2c = CTA c's first tile, 2c + 1 its last
   int* tickets;    // [tiles], zero on entry, left zero
-  int rows, cols, n;
+  int cols, n;
   int k_tiles, tiles_n, units, per;  // units = tiles * k_tiles; CTA c: [c * per, min(units, (c + 1) * per))
 };
 
 // Version 4's stage copies: version 3's (L2::256B hint on the quants, x in
 // the 128-byte swizzle) for kM rows and kThr threads.
 template <DType kT, int BN>
-__device__ __forceinline__ void load_stage_v4(const SkArgs& a, uint32_t sq, uint32_t ss, uint32_t sx, int m0, int n0,
-                                              int kt) {
+__device__ __forceinline__ void load_stage_v4(const SkArgs& a, const MatView& w, uint32_t sq, uint32_t ss,
+                                              uint32_t sx, int m0, int n0, int kt) {
   using Tr = Wg4Traits<kT, BN>;
   using QT = QuantTile<kT>;
   constexpr int kChunksRow = QT::kRowBytes / 16, kThr = Tr::kThr;
@@ -787,15 +823,15 @@ __device__ __forceinline__ void load_stage_v4(const SkArgs& a, uint32_t sq, uint
     const int i = tid + it * kThr;
     const int r = i / kChunksRow, c = i % kChunksRow;
     const int row = m0 + r, col = k0 + c * QT::kChunkCols;
-    const bool ok = row < a.rows && col < a.cols;
-    const uint8_t* src = ok ? a.q + row * q_row_bytes + col * QT::kRowBytes / kBK : a.q;
+    const bool ok = row < w.rows && col < a.cols;
+    const uint8_t* src = ok ? w.q + row * q_row_bytes + col * QT::kRowBytes / kBK : w.q;
     cp_async_16_pf256(sq + quant_swz<kT>(r, c), src, ok ? 16 : 0);
   }
   {
     const int r = tid >> 1, p = tid & 1;
     const int row = m0 + r, col = k0 + 64 * p;
-    const bool ok = row < a.rows && col < a.cols;
-    const __half* src = ok ? a.d + int64_t(row) * (a.cols / 32) + col / 32 : a.d;
+    const bool ok = row < w.rows && col < a.cols;
+    const __half* src = ok ? w.d + int64_t(row) * (a.cols / 32) + col / 32 : w.d;
     cp_async_4(ss + r * kBlocks * 2 + p * 4, src, ok ? 4 : 0);
   }
 #pragma unroll
@@ -832,7 +868,9 @@ __global__ void __launch_bounds__(Wg4Traits<kT, BN>::kThr, 1) gemm_q_wgmma_v4_ke
   const int first_tile = u_begin / K;
   for (int u = u_begin; u < u_end;) {
     const int tile = u / K, kb = u % K, ke = min(K, kb + (u_end - u)), nk = ke - kb;
-    const int m0 = (tile / a.tiles_n) * Tr::kM, n0 = (tile % a.tiles_n) * BN;
+    int rt = tile / a.tiles_n;  // launch row tile -> its matrix's
+    const MatView w = a.w.pick(rt);
+    const int m0 = rt * Tr::kM, n0 = (tile % a.tiles_n) * BN;
 
     float acc[BN / 2];
 #pragma unroll
@@ -841,7 +879,7 @@ __global__ void __launch_bounds__(Wg4Traits<kT, BN>::kThr, 1) gemm_q_wgmma_v4_ke
 
 #pragma unroll
     for (int st = 0; st < kAhead; ++st) {
-      if (st < nk) load_stage_v4<kT, BN>(a, sq_of(st), ss_of(st), sx_of(st), m0, n0, kb + st);
+      if (st < nk) load_stage_v4<kT, BN>(a, w, sq_of(st), ss_of(st), sx_of(st), m0, n0, kb + st);
       cp_async_commit();
     }
     for (int i = 0; i < nk; ++i) {
@@ -852,7 +890,7 @@ __global__ void __launch_bounds__(Wg4Traits<kT, BN>::kThr, 1) gemm_q_wgmma_v4_ke
       __syncthreads();
       {
         const int j = i + kAhead, st = j % kStages;
-        if (j < nk) load_stage_v4<kT, BN>(a, sq_of(st), ss_of(st), sx_of(st), m0, n0, kb + j);
+        if (j < nk) load_stage_v4<kT, BN>(a, w, sq_of(st), ss_of(st), sx_of(st), m0, n0, kb + j);
         cp_async_commit();
       }
       const int st = i % kStages;
@@ -959,9 +997,9 @@ __global__ void __launch_bounds__(Wg4Traits<kT, BN>::kThr, 1) gemm_q_wgmma_v4_ke
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int r = m0 + arow + 8 * h;
-          if (r >= a.rows) continue;
-          if (tok < a.n) a.y[int64_t(tok) * a.rows + r] = acc[4 * nt + 2 * h];
-          if (tok + 1 < a.n) a.y[int64_t(tok + 1) * a.rows + r] = acc[4 * nt + 2 * h + 1];
+          if (r >= w.rows) continue;
+          if (tok < a.n) w.y[int64_t(tok) * w.rows + r] = acc[4 * nt + 2 * h];
+          if (tok + 1 < a.n) w.y[int64_t(tok + 1) * w.rows + r] = acc[4 * nt + 2 * h + 1];
         }
       }
     }
@@ -1000,9 +1038,35 @@ DeviceInfo device_info() {
   return d;
 }
 
+// A launch's matrices on the host (1 to kMaxMats, one type and cols).
+struct Mats {
+  WView v[kMaxMats];
+  float* y[kMaxMats];
+  int count = 0;
+  // The kernels' MatSet for row tiles of tile_rows rows; row_tiles = the
+  // launch's, every matrix's concatenated. Absent entries repeat matrix 0
+  // (valid pointers) behind a first tile of INT_MAX.
+  MatSet set(int tile_rows, int& row_tiles) const {
+    MatSet m;
+    int first[kMaxMats] = {0, INT_MAX, INT_MAX};
+    row_tiles = 0;
+    for (int i = 0; i < kMaxMats; ++i) {
+      const int j = i < count ? i : 0;
+      m.m[i] = MatView{v[j].q, reinterpret_cast<const __half*>(v[j].a), y[j], static_cast<int>(v[j].rows)};
+      if (i < count) {
+        first[i] = row_tiles;
+        row_tiles += ceil_div(static_cast<int>(v[i].rows), tile_rows);
+      }
+    }
+    m.tile1 = first[1];
+    m.tile2 = first[2];
+    return m;
+  }
+};
+
 template <DType kT, int BN, int kVer>
-void launch_fused(const WView& v, const uint16_t* x, float* y, int n, void* scratch, size_t scratch_bytes,
-                  int force_splits, cudaStream_t s) {
+void launch_fused(const Mats& ms, const uint16_t* x, int n, void* scratch, size_t scratch_bytes, int force_splits,
+                  cudaStream_t s) {
   constexpr int kSmem = kVer == 3   ? Wg3Traits<kT, BN>::kSmem
                        : kVer == 2 ? WgTraits<kT, BN>::kSmem
                                    : MmaTraits<kT, BN>::kSmem;
@@ -1026,8 +1090,10 @@ void launch_fused(const WView& v, const uint16_t* x, float* y, int n, void* scra
     return std::max(b, 1);
   }();
 
-  const int rows = static_cast<int>(v.rows), cols = static_cast<int>(v.cols);
-  const int tiles_m = ceil_div(rows, kBM), tiles_n = ceil_div(n, BN), tiles = tiles_m * tiles_n;
+  const int cols = static_cast<int>(ms.v[0].cols);
+  int tiles_m = 0;
+  const MatSet set = ms.set(kBM, tiles_m);
+  const int tiles_n = ceil_div(n, BN), tiles = tiles_m * tiles_n;
   const int k_tiles = ceil_div(cols, kBK);
   // Slices: about one wave of CTAs, at least 2 k-tiles a slice (so the ring
   // has something to overlap), and no more than the scratch holds.
@@ -1054,8 +1120,7 @@ void launch_fused(const WView& v, const uint16_t* x, float* y, int n, void* scra
   const int per_split = ceil_div(k_tiles, splits);
   splits = ceil_div(k_tiles, per_split);  // no empty slice
 
-  MmaArgs a{v.q, reinterpret_cast<const __half*>(v.a), reinterpret_cast<const __half*>(x), y, nullptr, nullptr,
-            rows, cols, n, k_tiles, per_split, splits};
+  MmaArgs a{set, reinterpret_cast<const __half*>(x), nullptr, nullptr, cols, n, k_tiles, per_split, splits};
   if (splits > 1) {
     a.tickets = static_cast<int*>(scratch);
     a.partial = reinterpret_cast<float*>(static_cast<uint8_t*>(scratch) + ticket_bytes);
@@ -1063,6 +1128,7 @@ void launch_fused(const WView& v, const uint16_t* x, float* y, int n, void* scra
     cudaCheck(cudaMemsetAsync(a.tickets, 0, size_t(tiles) * sizeof(int), s));
   }
   RUNLM_CHECK(tiles_n <= 65535 && splits <= 65535, "gemm_fused_q: n_tokens=%d too large for the grid", n);
+  RUNLM_CHECK(tiles_m <= INT32_MAX / 2, "gemm_fused_q: %d row tiles too many for the grid", tiles_m);
   kernel<<<dim3(tiles_m, tiles_n, splits), kThreads, kSmem, s>>>(a);
   cudaCheckLaunch();
 }
@@ -1072,8 +1138,8 @@ void launch_fused(const WView& v, const uint16_t* x, float* y, int n, void* scra
 // partials), at least kMinPer k-tiles a CTA, and ranges lengthened until
 // the partial slots they use fit the scratch (none: whole tiles).
 template <DType kT>
-void launch_v4(const WView& v, const uint16_t* x, float* y, int n, void* scratch, size_t scratch_bytes,
-               int force_splits, cudaStream_t s) {
+void launch_v4(const Mats& ms, const uint16_t* x, int n, void* scratch, size_t scratch_bytes, int force_splits,
+               cudaStream_t s) {
   constexpr int BN = 128, kMinPer = 4;
   using Tr = Wg4Traits<kT, BN>;
   const DeviceInfo dev = device_info();
@@ -1086,8 +1152,10 @@ void launch_v4(const WView& v, const uint16_t* x, float* y, int n, void* scratch
     cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmem));
     smem_set[dev.index] = true;
   }
-  const int rows = static_cast<int>(v.rows), cols = static_cast<int>(v.cols);
-  const int tiles_n = ceil_div(n, BN), tiles = ceil_div(rows, Tr::kM) * tiles_n;
+  const int cols = static_cast<int>(ms.v[0].cols);
+  int tiles_m = 0;
+  const MatSet set = ms.set(Tr::kM, tiles_m);
+  const int tiles_n = ceil_div(n, BN), tiles = tiles_m * tiles_n;
   const int k_tiles = ceil_div(cols, kBK);
   const int units = tiles * k_tiles;
   const int grid0 = force_splits > 0 ? tiles * force_splits : std::min(dev.sms, ceil_div(units, kMinPer));
@@ -1111,8 +1179,7 @@ void launch_v4(const WView& v, const uint16_t* x, float* y, int n, void* scratch
   int per = ceil_div(units, std::max(1, std::min(grid0, units)));
   while (slots_needed(per) > slots) ++per;  // ends by per % k_tiles == 0 (no cut tile) at the latest
   const int grid = ceil_div(units, per);
-  SkArgs a{v.q, reinterpret_cast<const __half*>(v.a), reinterpret_cast<const __half*>(x), y, nullptr, nullptr,
-           rows, cols, n, k_tiles, tiles_n, units, per};
+  SkArgs a{set, reinterpret_cast<const __half*>(x), nullptr, nullptr, cols, n, k_tiles, tiles_n, units, per};
   if (per % k_tiles != 0) {  // some tile is cut: partials and tickets
     a.tickets = static_cast<int*>(scratch);
     a.partial = reinterpret_cast<float*>(static_cast<uint8_t*>(scratch) + ticket_bytes);
@@ -1123,32 +1190,65 @@ void launch_v4(const WView& v, const uint16_t* x, float* y, int n, void* scratch
 }
 
 template <DType kT, int kVer>
-void launch_fused_tokens(const WView& v, const uint16_t* x, float* y, int n, void* scratch, size_t scratch_bytes,
+void launch_fused_tokens(const Mats& ms, const uint16_t* x, int n, void* scratch, size_t scratch_bytes,
                          int force_splits, cudaStream_t s) {
   if (n <= 16)
-    launch_fused<kT, 16, kVer>(v, x, y, n, scratch, scratch_bytes, force_splits, s);
+    launch_fused<kT, 16, kVer>(ms, x, n, scratch, scratch_bytes, force_splits, s);
   else if (n <= 32)
-    launch_fused<kT, 32, kVer>(v, x, y, n, scratch, scratch_bytes, force_splits, s);
+    launch_fused<kT, 32, kVer>(ms, x, n, scratch, scratch_bytes, force_splits, s);
   else if (n <= 64)
-    launch_fused<kT, 64, kVer>(v, x, y, n, scratch, scratch_bytes, force_splits, s);
+    launch_fused<kT, 64, kVer>(ms, x, n, scratch, scratch_bytes, force_splits, s);
   else
-    launch_fused<kT, 128, kVer>(v, x, y, n, scratch, scratch_bytes, force_splits, s);
+    launch_fused<kT, 128, kVer>(ms, x, n, scratch, scratch_bytes, force_splits, s);
 }
 
 template <DType kT>
-void launch_fused_version(int ver, const WView& v, const uint16_t* x, float* y, int n, void* scratch,
-                          size_t scratch_bytes, int force_splits, cudaStream_t s) {
+void launch_fused_version(int ver, const Mats& ms, const uint16_t* x, int n, void* scratch, size_t scratch_bytes,
+                          int force_splits, cudaStream_t s) {
   // Version 4 runs from 65 tokens; below, what auto picks (3, and 2 up to 16).
   if (ver == 4 && n > 64)
-    launch_v4<kT>(v, x, y, n, scratch, scratch_bytes, force_splits, s);
+    launch_v4<kT>(ms, x, n, scratch, scratch_bytes, force_splits, s);
   else if (ver == 4 && n <= 16)
-    launch_fused_tokens<kT, 2>(v, x, y, n, scratch, scratch_bytes, force_splits, s);
+    launch_fused_tokens<kT, 2>(ms, x, n, scratch, scratch_bytes, force_splits, s);
   else if (ver >= 3)
-    launch_fused_tokens<kT, 3>(v, x, y, n, scratch, scratch_bytes, force_splits, s);
+    launch_fused_tokens<kT, 3>(ms, x, n, scratch, scratch_bytes, force_splits, s);
   else if (ver == 2)
-    launch_fused_tokens<kT, 2>(v, x, y, n, scratch, scratch_bytes, force_splits, s);
+    launch_fused_tokens<kT, 2>(ms, x, n, scratch, scratch_bytes, force_splits, s);
   else
-    launch_fused_tokens<kT, 1>(v, x, y, n, scratch, scratch_bytes, force_splits, s);
+    launch_fused_tokens<kT, 1>(ms, x, n, scratch, scratch_bytes, force_splits, s);
+}
+
+// Auto on sm_90 (version 0 without RUNLM_GEMM_FUSED_VERSION), from
+// GpuOpsBench.GemmFusedQuantShapes on the H100 (132 SMs), Q4_0 Llama-2-7B
+// shapes, us:
+//   rows x cols    n     v2     v3     v4
+//   4096 x 4096   128   25.9   25.2   29.4
+//                 256   37.8   33.6   33.9
+//                 512   52.0   43.1   48.1
+//   11008 x 4096  128   54.6   50.6   45.1
+//                 256   96.9  104.8   67.3
+//                 512  142.3  123.2  115.0
+//   4096 x 11008  128   46.2   41.0   49.6
+//                 256   78.0   64.7   68.1
+//                 512  127.4  106.1  109.8
+// (Q8_0 the same pattern: 11008 x 4096 at 256, v3 113.4, v4 74.1.)
+// Version 2 up to 16 tokens (v3's extra stage only adds latency there:
+// 1.10-1.13x v2's time), version 3 past 16, and past 64 tokens version 4
+// where the launch has many row tiles: v3's 128-row tiles (all matrices of
+// the launch) at least half the SMs. There v3's grid of row tiles x token
+// tiles x column slices lands badly on the SMs (11008 rows = 86 tiles: 0.65
+// of a wave at 128 tokens, 1.3 waves at 256, before its 3 column slices and
+// their fixups), and stream-K's even split wins by 1.1-1.6x. With fewer
+// (4096 rows = 32 tiles) v3's slices make a wave of 128 CTAs almost exactly
+// (32 x 4, 64 x 2, 128 x 1), while stream-K cuts each 256-row tile into 2-8
+// pieces: v3 ahead by 3-15%. Several 4096-row matrices in one launch
+// (gemm_fused_q_multi: q/k/v = 96 tiles) are the many-tile case.
+int auto_version(const Mats& ms, int n_tokens, const DeviceInfo& dev) {
+  if (!dev.sm90) return 1;
+  if (n_tokens <= 16) return 2;
+  int row_tiles = 0;
+  for (int i = 0; i < ms.count; ++i) row_tiles += ceil_div(static_cast<int>(ms.v[i].rows), kBM);
+  return n_tokens > 64 && 2 * row_tiles >= dev.sms ? 4 : 3;
 }
 
 }  // namespace
@@ -1183,12 +1283,30 @@ int gemm_fused_max_tokens() {
 
 void gemm_fused_q(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_tokens, void* scratch,
                   size_t scratch_bytes, Stream stream, int splits, int version) {
-  RUNLM_CHECK(w.data != nullptr, "gemm_fused_q: matrix not uploaded");
+  const GemmOut out{&w, y};
+  gemm_fused_q_multi(&out, 1, x_f16, n_tokens, scratch, scratch_bytes, stream, splits, version);
+}
+
+void gemm_fused_q_multi(const GemmOut* outs, int n_outs, const uint16_t* x_f16, int n_tokens, void* scratch,
+                        size_t scratch_bytes, Stream stream, int splits, int version) {
+  RUNLM_CHECK(n_outs >= 1 && n_outs <= kMaxMats, "gemm_fused_q: %d matrices; supported: 1 to %d", n_outs, kMaxMats);
   RUNLM_CHECK(n_tokens >= 1, "gemm_fused_q: n_tokens=%d", n_tokens);
-  RUNLM_CHECK(gemm_fused_supports(w),
-              "gemm_fused_q: %s %lld x %lld unsupported; supported: q4_0, q8_0 with cols %% %d == 0", dtype_name(w.type),
-              static_cast<long long>(w.rows), static_cast<long long>(w.cols), kColAlign);
   RUNLM_CHECK(reinterpret_cast<uintptr_t>(x_f16) % 16 == 0, "gemm_fused_q: x must be 16-byte aligned");
+  Mats ms;
+  for (int i = 0; i < n_outs; ++i) {
+    const GpuMatrix& w = *outs[i].w;
+    RUNLM_CHECK(w.data != nullptr, "gemm_fused_q: matrix not uploaded");
+    RUNLM_CHECK(gemm_fused_supports(w),
+                "gemm_fused_q: %s %lld x %lld unsupported; supported: q4_0, q8_0 with cols %% %d == 0",
+                dtype_name(w.type), static_cast<long long>(w.rows), static_cast<long long>(w.cols), kColAlign);
+    RUNLM_CHECK(w.type == outs[0].w->type && w.cols == outs[0].w->cols,
+                "gemm_fused_q: matrices of one launch differ (%s x %lld, %s x %lld); they need one type and cols",
+                dtype_name(outs[0].w->type), static_cast<long long>(outs[0].w->cols), dtype_name(w.type),
+                static_cast<long long>(w.cols));
+    ms.v[i] = make_view(w);
+    ms.y[i] = outs[i].y;
+  }
+  ms.count = n_outs;
   // version 0: RUNLM_GEMM_FUSED_VERSION (read once; for measuring end to end), else auto.
   static const int env_version = [] {
     const char* e = std::getenv("RUNLM_GEMM_FUSED_VERSION");
@@ -1197,21 +1315,15 @@ void gemm_fused_q(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_tok
   if (version == 0) version = env_version;
   RUNLM_CHECK(version >= 0 && version <= 4,
               "gemm_fused_q: version %d unsupported; supported: 0 (auto), 1, 2, 3, 4", version);
-  const bool sm90 = device_info().sm90;
-  RUNLM_CHECK(version < 2 || sm90, "gemm_fused_q: version %d (wgmma) needs sm_90; this device runs version 1",
+  const DeviceInfo dev = device_info();
+  RUNLM_CHECK(version < 2 || dev.sm90, "gemm_fused_q: version %d (wgmma) needs sm_90; this device runs version 1",
               version);
-  // Auto on sm_90: version 3 past 16 tokens, version 2 at 16 and fewer
-  // (H100, GpuOpsBench.GemmFusedQuantShapes, Q4_0 Llama-2-7B shapes: v3
-  // 0.90-0.97x v2's time at 64-128 tokens and 0.74-0.86x at 512, but
-  // 1.10-1.13x at 16, where the two have the same parallelism and v3's
-  // extra stage only adds latency).
-  const int ver = version != 0 ? version : sm90 ? (n_tokens > 16 ? 3 : 2) : 1;
-  const WView v = make_view(w);
+  const int ver = version != 0 ? version : auto_version(ms, n_tokens, dev);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (w.type == DType::Q4_0)
-    launch_fused_version<DType::Q4_0>(ver, v, x_f16, y, n_tokens, scratch, scratch_bytes, splits, s);
+  if (outs[0].w->type == DType::Q4_0)
+    launch_fused_version<DType::Q4_0>(ver, ms, x_f16, n_tokens, scratch, scratch_bytes, splits, s);
   else
-    launch_fused_version<DType::Q8_0>(ver, v, x_f16, y, n_tokens, scratch, scratch_bytes, splits, s);
+    launch_fused_version<DType::Q8_0>(ver, ms, x_f16, n_tokens, scratch, scratch_bytes, splits, s);
 }
 
 }  // namespace runlm::gpu

@@ -91,6 +91,16 @@ void gemm(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_tokens, voi
 // gemm()'s other path for every type and n_tokens: W dequantized to an f16
 // copy in scratch (none for f16), then cuBLAS.
 void gemm_cublas(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_tokens, void* scratch, Stream stream);
+// Several matrices reading the same x (q/k/v, gate/up): out i gets y_i =
+// W_i x as gemm() would. One fused launch (gemm_fused_q_multi) when gemm()
+// would send every one to the fused kernel and they share type and cols
+// (row counts may differ: GQA's k/v), else one gemm() each. scratch: at
+// least the largest gemm_scratch_bytes of the matrices. RUNLM_GEMM_MULTI=0
+// (read once) makes it one gemm() each always, for measuring.
+using GemmOut = GemvOut;
+constexpr int kMaxGemmOuts = kMaxGemvOuts;
+bool gemm_multi_fused(const GemmOut* outs, int n_outs, int n_tokens);  // whether gemm_multi makes one launch
+void gemm_multi(const GemmOut* outs, int n_outs, const uint16_t* x_f16, int n_tokens, void* scratch, Stream stream);
 
 // ---- fused quantized GEMM (kernels/cuda/gemm_q_mma.cu) ----------------------
 //
@@ -107,13 +117,25 @@ void gemm_cublas(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_toke
 // 4 = version 3's loop on 256-row tiles over a stream-K persistent grid,
 // past 64 tokens (sm_90 only; at 64 and fewer it runs what auto runs; for
 // version 4, splits > 0 means splits x tiles CTAs),
-// 0 = RUNLM_GEMM_FUSED_VERSION if set (gemm() passes 0), else on sm_90 3
-// past 16 tokens and 2 up to 16 (measured), else 1.
+// 0 = RUNLM_GEMM_FUSED_VERSION if set (gemm() passes 0), else on sm_90 2
+// up to 16 tokens, past 16 3, and past 64 4 where the launch has many row
+// tiles (the table and the rule: auto_version in gemm_q_mma.cu), else 1.
 bool gemm_fused_supports(const GpuMatrix& w);
 bool gemm_fused_fits_device(const GpuMatrix& w);
 bool gemm_fused_has_wgmma();
 void gemm_fused_q(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_tokens, void* scratch,
                   size_t scratch_bytes, Stream stream, int splits = 0, int version = 0);
+// gemm_fused_q for 1 to kMaxGemmOuts matrices of one type and cols reading
+// the same x, in one launch: their row tiles are concatenated into one grid
+// (stream-K units, or row tiles x token tiles x column slices), each output
+// written to its own y [n_tokens, rows_i]. Versions, splits and scratch as
+// above, for the launch as a whole (auto counts the row tiles of all the
+// matrices). With the same column slices (splits > 0; for version 4 only
+// where ceil(k_tiles / splits) divides k_tiles, so that every tile is cut at
+// the same columns) each y is bit-equal to gemm_fused_q's alone; at splits
+// 0 the slices follow the launch's tile count, so the bits may differ.
+void gemm_fused_q_multi(const GemmOut* outs, int n_outs, const uint16_t* x_f16, int n_tokens, void* scratch,
+                        size_t scratch_bytes, Stream stream, int splits = 0, int version = 0);
 // Largest n_tokens gemm() sends to gemm_fused_q: RUNLM_GEMM_FUSED_MAX_TOKENS
 // (read once; 0 disables the fused path), else kGemmFusedMaxTokensDefault.
 // 256, from GpuOpsBench.GemmFusedQuantShapes on the H100 (Llama-2-7B
