@@ -459,6 +459,17 @@ class CudaEngine final : public Engine {
     const char* rope_sep = std::getenv("RUNLM_DECODE_ROPE_FUSED");  // =0: separate RoPE launch, for comparison
     rope_in_attention_ = !(rope_sep && std::strcmp(rope_sep, "0") == 0);
     x8_.allocate(gpu::x8_bytes(kMaxGemvTokens, static_cast<int64_t>(widest)));
+    // The gate/up GEMV writes SwiGLU's int8 x itself (gpu::gemv_x8_swiglu),
+    // into its own buffer: x8_ is still being read by that launch.
+    // RUNLM_GEMV_SWIGLU_FUSED=0: separate swiglu_x8 launch, for comparison.
+    const char* swiglu_sep = std::getenv("RUNLM_GEMV_SWIGLU_FUSED");
+    swiglu_in_gemv_ = !(swiglu_sep && std::strcmp(swiglu_sep, "0") == 0) && hidden_ % 32 == 0;
+    if (swiglu_in_gemv_) {
+      x8_ffn_.allocate(gpu::x8_bytes(gpu::kGemvSwigluMaxTokens, static_cast<int64_t>(hidden_)));
+      swiglu_tickets_.allocate(gpu::gemv_x8_swiglu_tickets(hidden_));
+      check(cudaMemset(swiglu_tickets_.get(), 0, gpu::gemv_x8_swiglu_tickets(hidden_) * sizeof(unsigned)),
+            "cudaMemset (swiglu tickets)");  // each launch leaves them zero again
+    }
     // Layers whose GEMM reads the weights once (F16 through cuBLAS, Q4_0 and
     // Q8_0 through the fused kernel, gemm_q_mma.cu) beat the GEMV from a few
     // tokens on: a 16-sequence F16 step took 25.6 ms by GEMV, slower per
@@ -798,13 +809,20 @@ class CudaEngine final : public Engine {
       }
       project_gemv({{&g.wo, xb_.get()}}, att_.get(), m, att_x8);
       norm_for_gemv(g.ffn_norm, xb_.get(), m, uses_x8(g.w_gate) || uses_x8(g.w_up));
-      project_gemv({{&g.w_gate, gate_.get()}, {&g.w_up, up_.get()}}, xb_.get(), m, true);
-      if (uses_x8(g.w_down)) {
-        gpu::swiglu_x8(gate_.get(), up_.get(), x8_.get(), m, hidden_, stream_);
-        project_gemv({{&g.w_down, xb_.get()}}, gate_.get(), m, true);
+      if (fuse_swiglu(g, m)) {  // SwiGLU's int8 x comes out of the gate/up launch
+        const gpu::GemvOut gate_up[2] = {{&g.w_gate, gate_.get()}, {&g.w_up, up_.get()}};
+        gpu::gemv_x8_swiglu(gate_up, x8_.get(), m, x8_ffn_.get(), swiglu_tickets_.get(), stream_);
+        const gpu::GemvOut down{&g.w_down, xb_.get()};
+        gpu::gemv_x8(&down, 1, x8_ffn_.get(), m, stream_);
       } else {
-        gpu::swiglu(gate_.get(), up_.get(), nullptr, static_cast<int64_t>(m) * hidden_, stream_);
-        project_gemv({{&g.w_down, xb_.get()}}, gate_.get(), m);
+        project_gemv({{&g.w_gate, gate_.get()}, {&g.w_up, up_.get()}}, xb_.get(), m, true);
+        if (uses_x8(g.w_down)) {
+          gpu::swiglu_x8(gate_.get(), up_.get(), x8_.get(), m, hidden_, stream_);
+          project_gemv({{&g.w_down, xb_.get()}}, gate_.get(), m, true);
+        } else {
+          gpu::swiglu(gate_.get(), up_.get(), nullptr, static_cast<int64_t>(m) * hidden_, stream_);
+          project_gemv({{&g.w_down, xb_.get()}}, gate_.get(), m);
+        }
       }
       pending = xb_.get();
     }
@@ -812,6 +830,14 @@ class CudaEngine final : public Engine {
   }
 
   bool uses_x8(const gpu::GpuMatrix& w) const { return gemv_x8_ && gpu::gemv_x8_supports(w.type); }
+
+  // Gate/up, SwiGLU and down as gemv_x8_swiglu + gemv_x8 (no swiglu_x8
+  // launch): all three int8-x matrices, gate and up in one launch.
+  bool fuse_swiglu(const GpuLayer& g, int m) const {
+    return swiglu_in_gemv_ && m <= gpu::kGemvSwigluMaxTokens && uses_x8(g.w_gate) && uses_x8(g.w_down) &&
+           g.w_up.type == g.w_gate.type && g.w_up.cols == g.w_gate.cols && g.w_gate.rows == hidden_ &&
+           g.w_up.rows == hidden_ && cfg_.dim % 32 == 0;
+  }
 
   // xb = rmsnorm(x += add) in f32, and into x8_ too when a reader wants int8.
   void norm_for_gemv(const DeviceBuffer<float>& w, const float* add, int m, bool want_x8) {
@@ -1002,6 +1028,9 @@ class CudaEngine final : public Engine {
   DeviceBuffer<uint8_t> gemm_scratch_;
   DeviceBuffer<void*> gemm_ptrs_;  // the GemmGroups' pointer arrays (build_gemm_groups)
   DeviceBuffer<uint8_t> x8_;  // x quantized for gemv_x8 ([16, widest] int8 + scales)
+  DeviceBuffer<uint8_t> x8_ffn_;  // SwiGLU's int8 x from gemv_x8_swiglu ([4, hidden] int8 + scales)
+  DeviceBuffer<unsigned> swiglu_tickets_;  // gemv_x8_swiglu's counters, [hidden / 32], zero between launches
+  bool swiglu_in_gemv_ = true;  // RUNLM_GEMV_SWIGLU_FUSED
   bool gemv_x8_ = true;
   bool rope_in_attention_ = true;  // decode_attention_rope in layers_gemv (RUNLM_DECODE_ROPE_FUSED)
   int gemv_max_tokens_ = kMaxGemvTokens;  // longer chunks take the GEMM path

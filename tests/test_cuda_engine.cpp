@@ -162,6 +162,46 @@ TEST(CudaEngine, Llama7BShapeLogitsMatchTheCpu) {
   }
 }
 
+// The gate/up GEMV with SwiGLU in its epilogue (gpu::gemv_x8_swiglu, the
+// default) against the separate swiglu_x8 launch (RUNLM_GEMV_SWIGLU_FUSED=0):
+// bit-equal int8 x, so bit-equal logits for a 4- and a 3-token step (the
+// GEMV path, 1..4 tokens fused) and 5 single-token steps (CUDA graph, whose
+// replays reuse the ticket counters).
+TEST(CudaEngine, GemvSwigluFusedEqualsSeparateSwiglu) {
+  REQUIRE_GPU();
+  for (const char* type : {"q4_0", "q8_0"}) {
+    TempPath path(".gguf");
+    const CommandResult made = run_command(std::string(RUNLM_RANDOM_MODEL_BINARY) + " --preset llama2-7b --layers 2 --type " +
+                                           type + " --tokenizer " + shared_model("llama2-tokenizer.model") + " -o " +
+                                           path.str());
+    ASSERT_EQ(made.exit_code, 0) << made.err;
+    auto model = Model::load(path.str());
+    std::vector<int> ids;
+    for (int i = 0; i < 12; ++i) ids.push_back(1 + (i * 7919) % 31999);
+    const int nv = model->config().n_vocab;
+    auto logits = [&](const char* fused) {
+      setenv("RUNLM_GEMV_SWIGLU_FUSED", fused, 1);
+      auto gpu = engine_on(Device::Cuda, *model, 64);
+      unsetenv("RUNLM_GEMV_SWIGLU_FUSED");
+      std::vector<float> all, b(nv);
+      auto step = [&](int pos, int n) {
+        std::fill(b.begin(), b.end(), NAN);
+        gpu->forward(&ids[pos], n, pos, b.data(), false);
+        all.insert(all.end(), b.begin(), b.end());
+      };
+      step(0, 4);
+      step(4, 3);
+      for (int i = 7; i < 12; ++i) step(i, 1);
+      return all;
+    };
+    const std::vector<float> fused = logits("1"), separate = logits("0");
+    ASSERT_EQ(fused.size(), separate.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < fused.size(); ++i) differ += !(fused[i] == separate[i]);  // NaN counts as a difference
+    EXPECT_EQ(differ, 0u) << type << ": logits differ between the fused and the separate SwiGLU";
+  }
+}
+
 // The paged cache and batched steps on the GPU: each request's greedy tokens
 // equal the contiguous single-sequence run (decode kernel and paged prefill
 // attention against the contiguous kernels).

@@ -399,6 +399,87 @@ TEST(GpuOps, GemvX8MultiEqualsSingleLaunches) {
   for (auto& m : gm) gpu::free_matrix(m);
 }
 
+// gemv_x8_swiglu: gate and up bit-equal to the plain gemv_x8 launch, and
+// its int8 x bit-equal (q and (d, d sum q), every byte) to swiglu_x8 of
+// those gate/up, for both types, a Llama-2-7B shape and a small one with
+// odd blocks per row, 1..4 tokens. Outputs are poisoned before each run;
+// three runs on the same ticket counters check that each launch leaves
+// them at zero (graph replays and the next layer reuse them).
+TEST(GpuOps, GemvX8SwigluEqualsGemvThenSwiglu) {
+  REQUIRE_GPU();
+  struct Shape { int64_t rows, cols; };
+  for (DType t : {DType::Q4_0, DType::Q8_0}) {
+    for (const Shape& s : {Shape{96, 1056}, Shape{11008, 4096}}) {
+      if (small_only() && s.rows > 1000) continue;
+      const HostMatrix hg = make_matrix(t, s.rows, s.cols, 90 + static_cast<uint32_t>(t));
+      const HostMatrix hu = make_matrix(t, s.rows, s.cols, 190 + static_cast<uint32_t>(t));
+      gpu::GpuMatrix gg = gpu::upload_matrix(hg.q), gu = gpu::upload_matrix(hu.q);
+      constexpr int kMaxTok = gpu::kGemvSwigluMaxTokens;
+      auto dx = upload(randn(static_cast<size_t>(kMaxTok * s.cols), 13, 2.0f));
+      DevBuf x8(gpu::x8_bytes(kMaxTok, s.cols));
+      const size_t ny = static_cast<size_t>(kMaxTok * s.rows);
+      DevBuf g_ref(ny * 4), u_ref(ny * 4), g(ny * 4), u(ny * 4);
+      DevBuf x8_ref(gpu::x8_bytes(kMaxTok, s.rows)), x8_out(gpu::x8_bytes(kMaxTok, s.rows));
+      DevBuf tickets(gpu::gemv_x8_swiglu_tickets(s.rows) * sizeof(unsigned));
+      ck(cudaMemset(tickets.p, 0, tickets.n), "cudaMemset");
+      for (int n = 1; n <= kMaxTok; ++n) {
+        const std::string what = std::string(dtype_name(t)) + " " + std::to_string(s.rows) + "x" +
+                                  std::to_string(s.cols) + " n=" + std::to_string(n);
+        gpu::quantize_x8(dx->as<float>(), n, s.cols, x8.p, nullptr);
+        g_ref.poison();
+        u_ref.poison();
+        x8_ref.poison();
+        const gpu::GemvOut ref[2] = {{&gg, g_ref.as<float>()}, {&gu, u_ref.as<float>()}};
+        gpu::gemv_x8(ref, 2, x8.p, n, nullptr);
+        gpu::swiglu_x8(g_ref.as<float>(), u_ref.as<float>(), x8_ref.p, n, s.rows, nullptr);
+        const size_t n_y = static_cast<size_t>(n) * s.rows, n_x8 = gpu::x8_bytes(n, s.rows);
+        const std::vector<float> want_g = g_ref.get<float>(n_y), want_u = u_ref.get<float>(n_y);
+        const std::vector<uint8_t> want_x8 = x8_ref.get<uint8_t>(n_x8);
+        for (int run = 0; run < 3; ++run) {
+          g.poison();
+          u.poison();
+          x8_out.poison();
+          const gpu::GemvOut outs[2] = {{&gg, g.as<float>()}, {&gu, u.as<float>()}};
+          gpu::gemv_x8_swiglu(outs, x8.p, n, x8_out.p, static_cast<unsigned*>(tickets.p), nullptr);
+          EXPECT_EQ(g.get<float>(n_y), want_g) << what << " run " << run;
+          EXPECT_EQ(u.get<float>(n_y), want_u) << what << " run " << run;
+          const std::vector<uint8_t> got_x8 = x8_out.get<uint8_t>(n_x8);
+          size_t differ = 0;
+          for (size_t i = 0; i < n_x8; ++i) differ += got_x8[i] != want_x8[i];
+          EXPECT_EQ(differ, 0u) << what << " run " << run << ": x8 bytes differ from swiglu_x8's";
+          const std::vector<unsigned> left = tickets.get<unsigned>(gpu::gemv_x8_swiglu_tickets(s.rows));
+          EXPECT_EQ(std::count(left.begin(), left.end(), 0u), static_cast<long>(left.size()))
+              << what << " run " << run << ": ticket counters not reset";
+        }
+      }
+      gpu::free_matrix(gg);
+      gpu::free_matrix(gu);
+    }
+  }
+}
+
+// gemv_x8_swiglu refuses what it cannot do, naming it.
+TEST(GpuOps, GemvX8SwigluRejects) {
+  REQUIRE_GPU();
+  const HostMatrix a = make_matrix(DType::Q4_0, 64, 256, 5), b = make_matrix(DType::Q4_0, 96, 256, 6);
+  const HostMatrix odd = make_matrix(DType::Q4_0, 40, 256, 7);
+  gpu::GpuMatrix ga = gpu::upload_matrix(a.q), gb = gpu::upload_matrix(b.q), go = gpu::upload_matrix(odd.q);
+  DevBuf x8(gpu::x8_bytes(8, 256)), y(8 * 96 * 4), y2(8 * 96 * 4), out(gpu::x8_bytes(8, 96));
+  DevBuf tickets(64);
+  ck(cudaMemset(tickets.p, 0, tickets.n), "cudaMemset");
+  auto* tk = static_cast<unsigned*>(tickets.p);
+  const gpu::GemvOut ok[2] = {{&ga, y.as<float>()}, {&ga, y2.as<float>()}};
+  const gpu::GemvOut uneven[2] = {{&ga, y.as<float>()}, {&gb, y2.as<float>()}};
+  const gpu::GemvOut not32[2] = {{&go, y.as<float>()}, {&go, y2.as<float>()}};
+  EXPECT_THROW(gpu::gemv_x8_swiglu(ok, x8.p, 5, out.p, tk, nullptr), Error);  // 1..4 tokens
+  EXPECT_THROW(gpu::gemv_x8_swiglu(uneven, x8.p, 1, out.p, tk, nullptr), Error);
+  EXPECT_THROW(gpu::gemv_x8_swiglu(not32, x8.p, 1, out.p, tk, nullptr), Error);
+  EXPECT_THROW(gpu::gemv_x8_swiglu(ok, x8.p, 1, x8.p, tk, nullptr), Error);  // out_x8 is the x8 read
+  gpu::free_matrix(ga);
+  gpu::free_matrix(gb);
+  gpu::free_matrix(go);
+}
+
 TEST(GpuOps, UnsupportedTypeAndArgumentsThrow) {
   REQUIRE_GPU();
   std::vector<uint8_t> bytes(dtype_row_bytes(DType::Q4_1, 64) * 4, 1);

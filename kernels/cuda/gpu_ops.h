@@ -79,6 +79,17 @@ void swiglu_x8(const float* gate, const float* up, void* out_x8, int n_rows, int
 // y_i[t, r] = sum_c W_i[r, c] * x8[t, c] for each out (same type and width
 // = the quantized cols), n_tokens 1..16.
 void gemv_x8(const GemvOut* outs, int n_outs, const void* x8, int n_tokens, Stream stream);
+// gemv_x8 of gate_up[0] (gate) and gate_up[1] (up) in one launch that also
+// writes swiglu_x8(gate, up) to out_x8 (x8_bytes(n_tokens, rows); not x8),
+// bit-equal to the two calls, without the swiglu_x8 launch. Gate and up
+// have the same rows, a multiple of 32; n_tokens 1..kGemvSwigluMaxTokens.
+// tickets: gemv_x8_swiglu_tickets(rows) unsigned counters of device memory,
+// zero before the first call and left zero by each; one launch at a time
+// may use them.
+constexpr int kGemvSwigluMaxTokens = 4;
+size_t gemv_x8_swiglu_tickets(int64_t rows);
+void gemv_x8_swiglu(const GemvOut* gate_up, const void* x8, int n_tokens, void* out_x8, unsigned* tickets,
+                    Stream stream);
 
 // Prefill: y[t, r] = W[r, :] . x[t, :] for any n_tokens, x f16 [n_tokens,
 // cols], y f32 [n_tokens, rows]; tensor cores, fp32 accumulation. `scratch`

@@ -79,9 +79,8 @@ __global__ void swiglu_x8_kernel(const float* __restrict__ gate, const float* __
   allow_next_kernel();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const float g = gate[i];
-  const float r = g / (1.0f + expf(-g)) * up[i];  // as swiglu_kernel (fused_ops.cu)
-  warp_quantize_x8(r, q + i, ds + i / kX8Block);
+  // swiglu_value: as swiglu_kernel (fused_ops.cu) and gemv_x8_swiglu's epilogue
+  warp_quantize_x8(swiglu_value(gate[i], up[i]), q + i, ds + i / kX8Block);
 }
 
 }  // namespace

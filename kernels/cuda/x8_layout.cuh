@@ -1,6 +1,7 @@
 // The int8 activations that gemv_x8 reads (kernels/cuda/gemv_x8.cu) and
 // the per-warp quantizer every producer of them uses (quantize_x8, the
-// fused RMSNorm and SwiGLU of norm_quant.cu), so all of them round alike.
+// fused RMSNorm and SwiGLU of norm_quant.cu, the gate/up GEMV's SwiGLU
+// epilogue), so all of them round alike.
 //
 // Layout of n rows of cols values (cols % 32 == 0), one allocation:
 //   q  int8 [n][cols]                 q = round(x / d)
@@ -49,6 +50,11 @@ __device__ __forceinline__ int warp_sum(int v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
+
+// SwiGLU of one value, silu(g) * u: every kernel that quantizes it for
+// gemv_x8 (swiglu_x8, the fused gate/up GEMV) calls this one function, so
+// their int8 x is bit-equal (the same expf and IEEE division).
+__device__ __forceinline__ float swiglu_value(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
 // A full warp holds 32 consecutive values of one 32-value block, lane l
 // value l: writes its int8 to *q and lane 0 the block's (d, d sum q) to *ds.
