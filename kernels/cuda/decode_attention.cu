@@ -1,13 +1,12 @@
 // Decode attention over the contiguous f16 KV cache (the simple kernel of
 // issue 4; the paged flash-decoding kernel replaces it later).
 //
-// Version 1: one block of 8 warps per (query token, head). Warp w takes
-// keys first + 4w.., four keys per step, so each lane has 4 K and 4 V loads
-// in flight before the first use; lane l holds head elements l, l + 32, ...
-// (kPerLane of them). Each warp keeps an online softmax (running max m, sum
-// l, output o) in fp32; the warps' partial states are merged through shared
-// memory at the end. Now 16 warps of 8 keys a step (kKeysPerStep): twice the
-// loads in flight per warp and twice the warps. The position is read on the device
+// Version 1 (this): one block of 8 warps per (query token, head). Warp w
+// takes keys first + 4w.., four keys per step, so each lane has 4 K and 4 V
+// loads in flight before the first use; lane l holds head elements
+// l, l + 32, ... (kPerLane of them). Each warp keeps an online softmax
+// (running max m, sum l, output o) in fp32; the 8 partial states are merged
+// through shared memory at the end. The position is read on the device
 // (*pos0 + token), so a captured graph replays at any position; a position
 // outside [0, max_ctx) writes NaN rather than reading past the cache.
 //
@@ -41,13 +40,8 @@ namespace runlm::gpu {
 
 namespace {
 
-constexpr int kWarps = 16;
-// Keys a warp loads per step: 8 (16 with hd > 128, where a lane holds twice
-// the values and registers would spill). 16 warps x 8 keys = 128 keys per
-// round trip to memory: a decode step at a short context (tg128) makes one
-// or two dependent trips instead of four (8 warps x 4 keys, version 1).
-template <int kPerLane>
-constexpr int kKeysPerStep = kPerLane <= 4 ? 8 : 4;
+constexpr int kWarps = 8;
+constexpr int kKeysPerStep = 4;
 constexpr int kMaxHeadDim = 256;
 constexpr int kMaxTokens = 16;
 
@@ -133,10 +127,10 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
   for (int j = 0; j < kPerLane; ++j) o[j] = 0.0f;
 
-  for (int base = first + warp * kKeysPerStep<kPerLane>; base <= p; base += kWarps * kKeysPerStep<kPerLane>) {
-    float kx[kKeysPerStep<kPerLane>][kPerLane], vx[kKeysPerStep<kPerLane>][kPerLane];
+  for (int base = first + warp * kKeysPerStep; base <= p; base += kWarps * kKeysPerStep) {
+    float kx[kKeysPerStep][kPerLane], vx[kKeysPerStep][kPerLane];
 #pragma unroll
-    for (int i = 0; i < kKeysPerStep<kPerLane>; ++i) {
+    for (int i = 0; i < kKeysPerStep; ++i) {
       const int key = min(base + i, p);  // past p: a valid row, masked below
       // Rope version: a key of this step comes from s_new. The cache load is
       // still issued (of row min(key, new_first - 1), or 0: in bounds) and
@@ -152,7 +146,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
     if constexpr (kRope) {
 #pragma unroll
-      for (int i = 0; i < kKeysPerStep<kPerLane>; ++i) {
+      for (int i = 0; i < kKeysPerStep; ++i) {
         const int key = min(base + i, p);
         if (key < new_first) continue;  // the whole warp agrees: one key per i
 #pragma unroll
@@ -163,9 +157,9 @@ __global__ void __launch_bounds__(kWarps * 32)
         }
       }
     }
-    float s[kKeysPerStep<kPerLane>];
+    float s[kKeysPerStep];
 #pragma unroll
-    for (int i = 0; i < kKeysPerStep<kPerLane>; ++i) {
+    for (int i = 0; i < kKeysPerStep; ++i) {
       float acc = 0.0f;
 #pragma unroll
       for (int j = 0; j < kPerLane; ++j) acc = fmaf(qv[j], kx[i][j], acc);
@@ -174,10 +168,10 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1)
 #pragma unroll
-      for (int i = 0; i < kKeysPerStep<kPerLane>; ++i) s[i] += __shfl_xor_sync(0xffffffffu, s[i], off);
+      for (int i = 0; i < kKeysPerStep; ++i) s[i] += __shfl_xor_sync(0xffffffffu, s[i], off);
     float step_max = m;
 #pragma unroll
-    for (int i = 0; i < kKeysPerStep<kPerLane>; ++i) {
+    for (int i = 0; i < kKeysPerStep; ++i) {
       if (base + i > p) s[i] = -INFINITY;
       step_max = fmaxf(step_max, s[i]);
     }
@@ -186,7 +180,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) o[j] *= corr;
 #pragma unroll
-    for (int i = 0; i < kKeysPerStep<kPerLane>; ++i) {
+    for (int i = 0; i < kKeysPerStep; ++i) {
       const float pr = expf(s[i] - step_max);  // masked keys: exp(-inf) = 0
       l += pr;
 #pragma unroll
