@@ -162,8 +162,9 @@ TEST(CudaEngine, Llama7BShapeLogitsMatchTheCpu) {
   }
 }
 
-// The gate/up GEMV with SwiGLU in its epilogue (gpu::gemv_x8_swiglu, the
-// default) against the separate swiglu_x8 launch (RUNLM_GEMV_SWIGLU_FUSED=0):
+// The gate/up GEMV with SwiGLU in its epilogue (gpu::gemv_x8_swiglu,
+// RUNLM_GEMV_SWIGLU_FUSED=1) against the separate swiglu_x8 launch (the
+// default, =0):
 // bit-equal int8 x, so bit-equal logits for a 4- and a 3-token step (the
 // GEMV path, 1..4 tokens fused) and 5 single-token steps (CUDA graph, whose
 // replays reuse the ticket counters).
