@@ -213,7 +213,9 @@ void launch_fa3(const AttnParams& p) {
     const char* e = std::getenv("RUNLM_FA3_SNAKE");
     return !(e && std::string(e) == "0");
   }();
-  a.snake = snake;
+  // Only where tile costs differ (causal, several query blocks): elsewhere
+  // the order is a permutation of equal tiles and keeps the plain stride.
+  a.snake = snake && p.causal && a.n_m_blocks > 1;
   a.block_tables = p.block_tables;
   a.max_blocks_per_seq = p.max_blocks_per_seq;
   a.log2_bs = log2_bs;
