@@ -256,21 +256,24 @@ __device__ __forceinline__ uint32_t x_swz128(int j, int c) {
   return static_cast<uint32_t>((c >> 3) * BN * 128 + j * 128 + (((c & 7) ^ (j & 7)) << 4));
 }
 
-// Issues the cp.async copies of k-tile kt into one stage (kWg: version 2's
-// x layout; kPrefetch: quants with the L2::256B hint, version 3).
-template <DType kT, int BN, bool kWg = false, bool kPrefetch = false>
-__device__ __forceinline__ void load_stage(const MmaArgs& a, const MatView& w, uint32_t sq, uint32_t ss, uint32_t sx,
+// Issues the cp.async copies of k-tile kt into one stage of kRows weight
+// rows with kThr threads (kWg: version 2's x layout; kPrefetch: quants with
+// the L2::256B hint, version 3; version 4 passes its 256 rows and 512
+// threads). Args: MmaArgs or SkArgs (cols, n, x).
+template <DType kT, int BN, bool kWg = false, bool kPrefetch = false, int kRows = kBM, int kThr = kThreads,
+          typename Args = MmaArgs>
+__device__ __forceinline__ void load_stage(const Args& a, const MatView& w, uint32_t sq, uint32_t ss, uint32_t sx,
                                            int m0, int n0, int kt) {
   using QT = QuantTile<kT>;
   constexpr int kChunksRow = QT::kRowBytes / 16;
   const int k0 = kt * kBK;
   const int64_t q_row_bytes = kT == DType::Q4_0 ? a.cols / 2 : a.cols;
   const int tid = threadIdx.x;
-  static_assert(kBM * kChunksRow % kThreads == 0 && BN * (kBK / 8) % kThreads == 0 && kBM * 2 == kThreads,
+  static_assert(kRows * kChunksRow % kThr == 0 && BN * (kBK / 8) % kThr == 0 && kRows * 2 == kThr,
                 "load_stage: copies split evenly over the threads");
 #pragma unroll
-  for (int it = 0; it < kBM * kChunksRow / kThreads; ++it) {
-    const int i = tid + it * kThreads;
+  for (int it = 0; it < kRows * kChunksRow / kThr; ++it) {
+    const int i = tid + it * kThr;
     const int r = i / kChunksRow, c = i % kChunksRow;
     const int row = m0 + r, col = k0 + c * QT::kChunkCols;
     const bool ok = row < w.rows && col < a.cols;
@@ -289,8 +292,8 @@ __device__ __forceinline__ void load_stage(const MmaArgs& a, const MatView& w, u
     cp_async_4(ss + r * kBlocks * 2 + p * 4, src, ok ? 4 : 0);
   }
 #pragma unroll
-  for (int it = 0; it < BN * (kBK / 8) / kThreads; ++it) {
-    const int i = tid + it * kThreads;
+  for (int it = 0; it < BN * (kBK / 8) / kThr; ++it) {
+    const int i = tid + it * kThr;
     const int j = i / (kBK / 8), c = i % (kBK / 8);
     const int tok = n0 + j, col = k0 + 8 * c;
     const bool ok = tok < a.n && col < a.cols;
@@ -805,46 +808,6 @@ struct SkArgs {
   int k_tiles, tiles_n, units, per;  // units = tiles * k_tiles; CTA c: [c * per, min(units, (c + 1) * per))
 };
 
-// Version 4's stage copies: version 3's (L2::256B hint on the quants, x in
-// the 128-byte swizzle) for kM rows and kThr threads.
-template <DType kT, int BN>
-__device__ __forceinline__ void load_stage_v4(const SkArgs& a, const MatView& w, uint32_t sq, uint32_t ss,
-                                              uint32_t sx, int m0, int n0, int kt) {
-  using Tr = Wg4Traits<kT, BN>;
-  using QT = QuantTile<kT>;
-  constexpr int kChunksRow = QT::kRowBytes / 16, kThr = Tr::kThr;
-  const int k0 = kt * kBK;
-  const int64_t q_row_bytes = kT == DType::Q4_0 ? a.cols / 2 : a.cols;
-  const int tid = threadIdx.x;
-  static_assert(Tr::kM * kChunksRow % kThr == 0 && BN * (kBK / 8) % kThr == 0 && Tr::kM * 2 == kThr,
-                "load_stage_v4: copies split evenly over the threads");
-#pragma unroll
-  for (int it = 0; it < Tr::kM * kChunksRow / kThr; ++it) {
-    const int i = tid + it * kThr;
-    const int r = i / kChunksRow, c = i % kChunksRow;
-    const int row = m0 + r, col = k0 + c * QT::kChunkCols;
-    const bool ok = row < w.rows && col < a.cols;
-    const uint8_t* src = ok ? w.q + row * q_row_bytes + col * QT::kRowBytes / kBK : w.q;
-    cp_async_16_pf256(sq + quant_swz<kT>(r, c), src, ok ? 16 : 0);
-  }
-  {
-    const int r = tid >> 1, p = tid & 1;
-    const int row = m0 + r, col = k0 + 64 * p;
-    const bool ok = row < w.rows && col < a.cols;
-    const __half* src = ok ? w.d + int64_t(row) * (a.cols / 32) + col / 32 : w.d;
-    cp_async_4(ss + r * kBlocks * 2 + p * 4, src, ok ? 4 : 0);
-  }
-#pragma unroll
-  for (int it = 0; it < BN * (kBK / 8) / kThr; ++it) {
-    const int i = tid + it * kThr;
-    const int j = i / (kBK / 8), c = i % (kBK / 8);
-    const int tok = n0 + j, col = k0 + 8 * c;
-    const bool ok = tok < a.n && col < a.cols;
-    const __half* src = ok ? a.x + int64_t(tok) * a.cols + col : a.x;
-    cp_async_16(sx + x_swz128<BN>(j, c), src, ok ? 16 : 0);
-  }
-}
-
 template <DType kT, int BN>
 __global__ void __launch_bounds__(Wg4Traits<kT, BN>::kThr, 1) gemm_q_wgmma_v4_kernel(SkArgs a) {
 #if RUNLM_FA3_DEVICE
@@ -879,7 +842,7 @@ __global__ void __launch_bounds__(Wg4Traits<kT, BN>::kThr, 1) gemm_q_wgmma_v4_ke
 
 #pragma unroll
     for (int st = 0; st < kAhead; ++st) {
-      if (st < nk) load_stage_v4<kT, BN>(a, w, sq_of(st), ss_of(st), sx_of(st), m0, n0, kb + st);
+      if (st < nk) load_stage<kT, BN, true, true, Wg4Traits<kT, BN>::kM, Wg4Traits<kT, BN>::kThr>(a, w, sq_of(st), ss_of(st), sx_of(st), m0, n0, kb + st);
       cp_async_commit();
     }
     for (int i = 0; i < nk; ++i) {
@@ -890,7 +853,7 @@ __global__ void __launch_bounds__(Wg4Traits<kT, BN>::kThr, 1) gemm_q_wgmma_v4_ke
       __syncthreads();
       {
         const int j = i + kAhead, st = j % kStages;
-        if (j < nk) load_stage_v4<kT, BN>(a, w, sq_of(st), ss_of(st), sx_of(st), m0, n0, kb + j);
+        if (j < nk) load_stage<kT, BN, true, true, Wg4Traits<kT, BN>::kM, Wg4Traits<kT, BN>::kThr>(a, w, sq_of(st), ss_of(st), sx_of(st), m0, n0, kb + j);
         cp_async_commit();
       }
       const int st = i % kStages;
