@@ -314,6 +314,29 @@ __device__ __forceinline__ void convert_tile(uint8_t* smem, uint32_t raw, uint32
   }
 }
 
+// The (head, sequence) pair of this CTA: n_heads * sequence + head.
+__device__ __forceinline__ int fa2_hb(const Fa2Args& a) {
+  const int unit = blockIdx.x;
+  if (a.order == kFa2OrderLpt) return unit % a.n_hb;
+  if (a.order == kFa2OrderPair) return unit / ((a.n_m_blocks + 1) / 2);
+  return unit / a.n_m_blocks;
+}
+
+// The query block of this CTA's pass (0, or 1 under kPair), -1 for none.
+// kPair: CTA i of a pair takes blocks nm - 1 - i and i of its sequence (nm
+// of its own length: a shorter sequence's CTAs with 2i >= nm have none).
+template <int BM, bool kAllowPair>
+__device__ __forceinline__ int fa2_m_block(const Fa2Args& a, int pass, int sq) {
+  const int unit = blockIdx.x;
+  if (a.order == kFa2OrderLpt) return pass == 0 ? a.n_m_blocks - 1 - unit / a.n_hb : -1;
+  if (kAllowPair && a.order == kFa2OrderPair) {
+    const int i = unit % ((a.n_m_blocks + 1) / 2), nm = ceil_div(sq, BM);
+    if (2 * i >= nm) return -1;
+    return pass == 0 ? nm - 1 - i : (2 * i + 1 < nm ? i : -1);
+  }
+  return pass == 0 ? a.n_m_blocks - 1 - unit % a.n_m_blocks : -1;
+}
+
 template <typename T, int D, int V, Fa2Mode kMode>
 __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>::kMinBlocks)
     attn_fa2_fwd(Fa2ArgsOf<kMode> a) {
@@ -329,28 +352,18 @@ __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>:
   uint32_t sK = sQ + BM * D * 2, sV = sK + 2 * BN * D * 2;
   if constexpr (kTyped) sK = sQ + a.k_ring, sV = sQ + a.v_ring;
 
-  // This CTA's query block(s) m_first (then m_second >= 0 under kPair),
-  // head h and sequence b (Fa2Order). Heaviest blocks first in every order.
-  const int unit = blockIdx.x;
-  int hb, m_first, m_second = -1;
-  if (a.order == kFa2OrderLpt) {
-    hb = unit % a.n_hb;
-    m_first = a.n_m_blocks - 1 - unit / a.n_hb;
-  } else if (a.order == kFa2OrderPair) {
-    hb = unit / ((a.n_m_blocks + 1) / 2);
-    m_first = unit % ((a.n_m_blocks + 1) / 2);  // i; resolved below against this sequence's blocks
+  // This CTA's head and sequence; its query block(s) come from
+  // fa2_m_block per pass (Fa2Order). Heaviest blocks first in every order.
+  // v4 (variant 2, the A/B baseline) keeps its grid: (block, head, sequence).
+  constexpr bool kV4 = V == 2;
+  int h, b;
+  if constexpr (kV4) {
+    h = blockIdx.y, b = blockIdx.z;
   } else {
-    hb = unit / a.n_m_blocks;
-    m_first = a.n_m_blocks - 1 - unit % a.n_m_blocks;
+    const int hb = fa2_hb(a);
+    h = hb % a.n_heads, b = hb / a.n_heads;
   }
-  const int h = hb % a.n_heads, b = hb / a.n_heads;
   const int q_start = a.cu_q[b], sq = a.cu_q[b + 1] - q_start;
-  if (!kPaged && a.order == kFa2OrderPair) {
-    const int nm = ceil_div(sq, BM), i = m_first;
-    if (2 * i >= nm) return;  // pairs of a shorter sequence: (nm - 1 - i, i) for 2i < nm
-    m_first = nm - 1 - i;
-    m_second = i < m_first ? i : -1;
-  }
   const int k_start = a.cu_k[b], sk = a.cu_k[b + 1] - k_start;
   const int offset = sk - sq;  // query i sits at key position i + offset
   const int kvh = h / (a.n_heads / a.n_kv_heads);
@@ -383,16 +396,24 @@ __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>:
 
   // One pass per query block. A second pass (kPair) reuses Q's buffer and
   // the ring: the first pass's last K/V iteration ended with a barrier after
-  // every warp's last read of them, and waited for all its copies. Paged and
-  // typed kernels have one pass (fa2_order gives them no kPair): the loop's
-  // live values spilled 44-120 bytes there at d128 (ptxas).
-  constexpr int kPasses = kPaged ? 1 : 2;
+  // every warp's last read of them, and waited for all its copies. Only the
+  // contiguous sm_90 kernels have it (fa2_two_pass: fa2_order gives the
+  // others no kPair). At 255 registers ptxas's spills swing with any change:
+  // d128 contiguous spills 36/64 bytes on sm_80 with the pass loop and 36/72
+  // on sm_90a without it, none the other way round; paged and typed spilled
+  // 44-120 bytes more with it.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  constexpr int kPasses = 1;
+#else
+  constexpr int kPasses = kPaged || kV4 ? 1 : 2;
+#endif
 #pragma unroll 1
   for (int pass = 0; pass < kPasses; ++pass) {
-    const int m_block = pass == 0 ? m_first : m_second;
-    if (m_block < 0) break;
+    // Recomputed from blockIdx and the parameters each pass rather than kept
+    // live across the first (registers: ptxas spilled with m_second held).
+    const int m_block = kV4 ? int(gridDim.x - 1 - blockIdx.x) : fa2_m_block<BM, kPasses == 2>(a, pass, sq);
     const int m0 = m_block * BM;
-    if (m0 >= sq) break;  // kHead / kLpt: a block past a shorter sequence's end (no second pass)
+    if (m_block < 0 || m0 >= sq) break;  // none, or past a shorter sequence's end
     const T* qg = static_cast<const T*>(a.q) + (int64_t(q_start + m0) * a.n_heads + h) * D;
 
     // Keys any row of this tile can see: [n_lo, n_hi).
@@ -698,6 +719,18 @@ int fa2_variant() {
   return v;
 }
 
+// Whether this launch's kernel has the second pass kPair needs: contiguous
+// K/V on sm_90+ (the kernel's kPasses).
+bool fa2_two_pass(const AttnParams& p) {
+  static const int major = [] {
+    int dev = 0, m = 0;
+    cudaCheck(cudaGetDevice(&dev));
+    cudaCheck(cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, dev));
+    return m;
+  }();
+  return p.block_tables == nullptr && major >= 9;
+}
+
 // Fa2Order for a launch: RUNLM_FA2_ORDER=head|lpt|pair forces one (A/B
 // runs). Default: v4 (variant 2) and problems whose blocks all cost the
 // same (non-causal, one block) keep kHead; causal problems of >= 64 query
@@ -711,13 +744,12 @@ int fa2_order(const AttnParams& p, int n_m_blocks, int variant) {
     const std::string v = e ? e : "";
     return v == "head" ? kFa2OrderHead : v == "lpt" ? kFa2OrderLpt : v == "pair" ? kFa2OrderPair : -1;
   }();
-  const bool paged = p.block_tables != nullptr;  // one pass a CTA there: kPair becomes kLpt
   int order = forced;
   if (order < 0) {
     if (variant == 2 || !p.causal || n_m_blocks < 2) return kFa2OrderHead;
     order = n_m_blocks >= 64 ? kFa2OrderLpt : kFa2OrderPair;
   }
-  return order == kFa2OrderPair && paged ? kFa2OrderLpt : order;
+  return order == kFa2OrderPair && !fa2_two_pass(p) ? kFa2OrderLpt : order;
 }
 
 template <typename T, int D, int V, Fa2Mode kMode>
@@ -742,6 +774,11 @@ void launch_fa2(const AttnParams& p) {
   const int64_t units = int64_t(a.order == kFa2OrderPair ? (n_m + 1) / 2 : n_m) * a.n_hb;
   RUNLM_CHECK(units < (int64_t(1) << 31), "fa2: %lld CTAs unsupported; supported: < 2^31",
               static_cast<long long>(units));
+  // v4's grid: (block, head, sequence), heaviest block first (blockIdx.x reversed).
+  const dim3 grid = V == 2 ? dim3(n_m, p.n_heads, p.batch) : dim3(unsigned(units));
+  RUNLM_CHECK(V != 2 || (p.n_heads <= 65535 && p.batch <= 65535),
+              "fa2: n_heads=%d batch=%d unsupported by RUNLM_FA2_VERSION=4; supported: <= 65535 each", p.n_heads,
+              p.batch);
   if constexpr (kMode == Fa2Mode::kTyped) {
     a.k_type = attn_kv_type(p, false);
     a.v_type = attn_kv_type(p, true);
@@ -757,7 +794,7 @@ void launch_fa2(const AttnParams& p) {
   }
   cudaCheck(cudaFuncSetAttribute(attn_fa2_fwd<T, D, V, kMode>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   attn_fa2_fwd<T, D, V, kMode>
-      <<<unsigned(units), Fa2Traits<D, V>::kWarps * 32, smem, static_cast<cudaStream_t>(p.stream)>>>(a);
+      <<<grid, Fa2Traits<D, V>::kWarps * 32, smem, static_cast<cudaStream_t>(p.stream)>>>(a);
   cudaCheckLaunch();
 }
 
