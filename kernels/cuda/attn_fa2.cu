@@ -395,8 +395,7 @@ __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>:
   const uint8_t* vpool = static_cast<const uint8_t*>(a.v);
 
   // One pass per query block. A second pass (kPair) reuses Q's buffer and
-  // the ring: the first pass's last K/V iteration ended with a barrier after
-  // every warp's last read of them, and waited for all its copies. Only the
+  // the ring (a barrier first; the first pass waited for all its copies). Only the
   // contiguous sm_90 kernels have it (fa2_two_pass: fa2_order gives the
   // others no kPair). At 255 registers ptxas's spills swing with any change:
   // d128 contiguous spills 36/64 bytes on sm_80 with the pass loop and 36/72
@@ -407,8 +406,13 @@ __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>:
 #else
   constexpr int kPasses = kPaged || kV4 ? 1 : 2;
 #endif
+  // v5: one barrier a K/V tile (at its top); v4 had a second at its end.
+  constexpr bool kOneBarrier = !kV4;
 #pragma unroll 1
   for (int pass = 0; pass < kPasses; ++pass) {
+    // Without v4's end-of-tile barrier a warp may still read the last tile
+    // (and Q) of the first pass: wait before the second overwrites them.
+    if (pass > 0) __syncthreads();
     // Recomputed from blockIdx and the parameters each pass rather than kept
     // live across the first (registers: ptxas spilled with m_second held).
     const int m_block = kV4 ? int(gridDim.x - 1 - blockIdx.x) : fa2_m_block<BM, kPasses == 2>(a, pass, sq);
@@ -450,8 +454,17 @@ __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>:
 
     for (int t = t_lo; t < t_hi; ++t) {
       const int stage = (t - t_lo) & 1;
+      if constexpr (kOneBarrier) {
+        cp_async_wait<0>();  // tile t: the only group in flight
+        // Tile t's copies (and Q) are visible to all warps, and every warp is
+        // done with tile t-1, so its stage can take tile t+1 (issued below,
+        // after the barrier: v4 issued it before and needed a second barrier
+        // at the end of each tile).
+        __syncthreads();
+      }
       if (t + 1 < t_hi) {
-        // The other stage was last read in iteration t-1, which ended with a barrier.
+        // The other stage was last read in iteration t-1: the barrier above
+        // (v4: the one that ended iteration t-1) says every warp is done.
         const int n1 = (t + 1) * BN;
         if constexpr (kTyped) {
           load_tile_typed<D, BN, kThreads>(sK + (stage ^ 1) * a.k_stage, kpool, a.k_type, a.lk, kvh, table,
@@ -468,18 +481,19 @@ __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>:
           load_tile<D, BN, kThreads>(sV + (stage ^ 1) * BN * D * 2, vg + int64_t(n1) * kv_stride, kv_stride, sk - n1);
         }
         cp_async_commit();
-        cp_async_wait<1>();
-      } else {
+        if constexpr (!kOneBarrier) cp_async_wait<1>();
+      } else if constexpr (!kOneBarrier) {
         cp_async_wait<0>();
       }
-      __syncthreads();  // this stage's copies (and Q) are visible to all warps
+      if constexpr (!kOneBarrier) __syncthreads();  // this stage's copies (and Q) are visible to all warps
       uint32_t sKs = sK + stage * BN * D * 2, sVs = sV + stage * BN * D * 2;
       if constexpr (kTyped) {
         sKs = sK + stage * a.k_stage;
         sVs = sV + stage * a.v_stage;
         // Decode the stage's raw bytes into the f16 tiles (quantized: a.k_tile /
         // a.v_tile; bf16: in place). The tiles were last read in iteration t-1,
-        // which ended with a barrier; this one publishes them to every warp.
+        // which every warp has finished (the barrier at this tile's top; v4:
+        // the one ending t-1); the barrier below publishes them to every warp.
         if (a.k_type != KvType::F16) {
           const uint32_t dst = kv_type_quantized(a.k_type) ? a.k_tile : sKs - sQ;
           convert_tile<D, BN, kThreads>(smem, sKs - sQ, dst, a.k_type);
@@ -652,7 +666,7 @@ __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>:
           }
         }
       }
-      __syncthreads();  // all warps are done with this stage before it is refilled
+      if constexpr (!kOneBarrier) __syncthreads();  // all warps are done with this stage before it is refilled
     }
 
     // Epilogue: finish the row sums across the quad, normalise, store.
