@@ -842,6 +842,44 @@ TEST(AttentionGpuDispatch, UnsupportedCombosThrow) {
 }
 
 
+// Scores whose row maxima keep growing along the keys: key row j of every
+// sequence is scaled by 1 + j / 32 (then rounded to the dtype, so the
+// reference sees the kernel's inputs), which moves a row's max by ~2^8 every
+// tile or two. fa2 v5 moves its running max only on growth > 2^8 and
+// rescales O then (kFa2RescaleLog2); on N(0, 1) inputs the max settles in
+// the first tile and that path would go untested. Mixed lengths (several
+// query blocks, a short sequence), causal and not, GQA.
+TEST(AttentionGpuRescale, GrowingScoresMatchReference) {
+  std::string why;
+  if (!have_cuda_device(&why)) GTEST_SKIP() << why;
+  for (DType t : {DType::BF16, DType::F16})
+    for (int hd : {64, 128, 256})
+      for (bool causal : {false, true}) {
+        Problem p = make_problem({300, 70}, {300, 70}, 4, 2, hd, causal, -1, 4000u + hd + causal, &t);
+        for (int b = 0; b < p.batch(); ++b)
+          for (int j = 0; j < p.cu_k[b + 1] - p.cu_k[b]; ++j)
+            for (int e = 0; e < p.n_kv_heads * hd; ++e) {
+              float& x = p.k[(size_t(p.cu_k[b]) + j) * p.n_kv_heads * hd + e];
+              x *= 1.0f + j / 32.0f;
+              x = t == DType::BF16 ? bf16_to_fp32(fp32_to_bf16(x)) : fp16_to_fp32(fp32_to_fp16(x));
+            }
+        RefResult ref;
+        ref.prob = p;
+        run_ref(p, ref.out, ref.lse);
+        for (AttnBackend be : {AttnBackend::Fa2, AttnBackend::Fa3}) {
+          AttnParams probe;
+          probe.head_dim = hd;
+          probe.dtype = t;
+          probe.causal = causal;
+          if (!attn_unsupported_reason(be, probe, device_sm()).empty()) continue;
+          SCOPED_TRACE(std::string(attn_backend_name(be)) + " " + dtype_name(t) + " d" + std::to_string(hd) +
+                       (causal ? " causal" : ""));
+          expect_matches_ref(run_gpu(be, p, t), ref);
+        }
+      }
+}
+
+
 // ---------------------------------------------------------------- paged K/V on the GPU
 
 // The reference for a paged case: attention_ref on the contiguous K/V, which

@@ -552,6 +552,56 @@ section_fa3_sched() {
   done
 }
 
+# fa2 v5 against v4 (issue 5), one run: the fa2 tests under each kernel
+# version and launch order (RUNLM_FA2_VERSION=4: v4, the old kernel;
+# RUNLM_FA2_ORDER=head|lpt|pair forces an order; the default is v5 with lpt
+# for causal problems of >= 64 query blocks, pair below), then bench-attn
+# fa2 d128 bf16 under each, torch's flash on the same shapes, one table.
+FA2_AB_SEQLEN=${FA2_AB_SEQLEN:-2048,8192,16384}
+section_fa2_ab() {
+  local rc=0 cfg name a
+  local filter='All/AttentionGpu.*fa2*:Paged/AttentionPagedGpu.*fa2*:Typed/AttentionPagedTypedGpu.*fa2*:AttentionGpuRescale.*'
+  for cfg in RUNLM_FA2_VERSION=4 RUNLM_FA2_ORDER=head RUNLM_FA2_ORDER=lpt RUNLM_FA2_ORDER=pair RUNLM_FA2_DEFAULT=1; do
+    printf -- '-- tests %-22s ' "$cfg"
+    env "$cfg" timeout "$TEST_TIMEOUT" "$TESTS" --gtest_filter="$filter" >"$OUT/fa2_ab_test_${cfg#*=}_${cfg%%=*}.log" 2>&1 || rc=1
+    grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/fa2_ab_test_${cfg#*=}_${cfg%%=*}.log" | tr '\n' ' '; echo
+  done
+  for cfg in RUNLM_FA2_VERSION=4 RUNLM_FA2_ORDER=head RUNLM_FA2_ORDER=lpt RUNLM_FA2_ORDER=pair RUNLM_FA2_DEFAULT=1; do
+    name=${cfg#RUNLM_FA2_}
+    env "$cfg" "$RUNLM" bench-attn --attn fa2 --hdim 128 --seqlen "$FA2_AB_SEQLEN" -o json \
+      >"$OUT/fa2_ab_$name.jsonl" 2>"$OUT/fa2_ab_$name.err" || rc=1
+  done
+  a=$(anchor_script) && PYTHONUNBUFFERED=1 python3 "$a" prefill --hdim 128 --seqlen "$FA2_AB_SEQLEN" \
+    >"$OUT/fa2_ab_torch.jsonl" 2>"$OUT/fa2_ab_torch.err"
+  python3 - "$OUT" <<'PY'
+import glob, json, os, sys
+out = sys.argv[1]
+cols = ["VERSION=4", "ORDER=head", "ORDER=lpt", "ORDER=pair", "DEFAULT=1"]
+res = {}
+for c in cols:
+    for line in open(os.path.join(out, f"fa2_ab_{c}.jsonl")) if os.path.exists(os.path.join(out, f"fa2_ab_{c}.jsonl")) else []:
+        r = json.loads(line)
+        if r.get("status") == "ok":
+            res[(r["seqlen"], bool(r["causal"]), c)] = r["TFLOPs"]
+flash = {}
+p = os.path.join(out, "fa2_ab_torch.jsonl")
+for line in open(p) if os.path.exists(p) else []:
+    r = json.loads(line)
+    if r.get("what") == "prefill":
+        flash[(r["seqlen"], bool(r["causal"]))] = r.get("flash_TFLOPs")
+print("fa2 d128 bf16 TFLOP/s (v4 = old kernel; v5 under each order; default = v5's choice)")
+print("| seq | causal | v4 | v5 head | v5 lpt | v5 pair | v5 default | torch flash | v4/flash | default/flash |")
+print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+for s, c in sorted({(k[0], k[1]) for k in res}):
+    v = [res.get((s, c, col)) for col in cols]
+    f = flash.get((s, c))
+    ratio = lambda x: f"{x / f:.2f}" if x and f else "-"
+    print(f"| {s} | {'yes' if c else 'no'} | " + " | ".join(f"{x:.1f}" if x else "-" for x in v) +
+          f" | {f if f else '-'} | {ratio(v[0])} | {ratio(v[4])} |")
+PY
+  return $rc
+}
+
 # The last lines of the run: the engine's numbers in one place.
 section_final() {
   [ -s "$OUT/bench_model.md" ] && { echo "runlm bench (Llama-2-7B shape, random weights):"; grep -E '^\| (random|llama|model)' "$OUT/bench_model.md" | sort -u; }

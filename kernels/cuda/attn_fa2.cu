@@ -26,6 +26,7 @@
 // reading typed pools through gather_kv: its TMA copies raw tiles.
 #include <cfloat>
 #include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "cuda/attn_kernels.h"
@@ -52,7 +53,23 @@ struct Fa2Args {
   const int32_t* block_tables;  // paged only: [batch, max_blocks_per_seq]
   int max_blocks_per_seq;
   int log2_bs;                  // paged only: log2(block_size)
+  int n_m_blocks, n_hb;         // query blocks of the longest sequence; (head, sequence) pairs
+  int order;                    // Fa2Order: which query block(s), head and sequence a CTA takes
 };
+
+// CTA -> (query block(s), head, sequence). Under causal masking a query
+// block's cost grows with its index (block m sees m + 1 key tiles of BM), so
+// the order decides how even the last wave is (NOTES.md, "fa2 launch order").
+//   kHead: (head, sequence) slowest, heaviest block first inside it (v4).
+//     Keeps one head's K/V hot in L2, but every head's heavy blocks queue
+//     behind the previous head's light ones: the last head's heaviest block
+//     starts near the end and runs alone (~11% tail at 8k causal, d128).
+//   kLpt: query block slowest, heaviest first over all heads (longest
+//     processing time first: greedy dispatch of a sorted list). Best
+//     balance; the resident CTAs then span every head, K/V beyond L2.
+//   kPair: one CTA runs block nm-1-i, then block i, of one head: every CTA
+//     costs nm + 1 tiles, head-major order kept for L2.
+enum Fa2Order : int { kFa2OrderHead = 0, kFa2OrderLpt = 1, kFa2OrderPair = 2 };
 
 // Typed pools only (Fa2Mode::kTyped): the pools' types and layouts, and
 // where each operand's ring stages and f16 tile sit in shared memory (byte
@@ -101,6 +118,22 @@ template <>
 struct Fa2Traits<256, 1> {
   static constexpr int kWarps = 8, kMT = 1, kBN = 32, kMinBlocks = 1;
 };
+// Variant 2: variant 0's tiles with v4's softmax (O rescaled every tile),
+// kept so that RUNLM_FA2_VERSION=4 can A/B the old kernel in one run.
+template <int D>
+struct Fa2Traits<D, 2> : Fa2Traits<D, 0> {};
+
+// Lazy rescale (v5; variants 0 and 1): the running max m of a row moves only
+// when a tile's max exceeds it by more than kFa2RescaleLog2 (base 2), as
+// FlashAttention-4 does. Otherwise P = 2^(s - m) may reach 2^8 (fine in
+// bf16/f16 and in the fp32 O and l, which share the stale m, so O / l and
+// the LSE m + log2 l are unchanged), and the warp skips the 4 * kMT * kDT
+// multiplies of O and the exp2 of the correction: one vote a tile. v4
+// rescaled every tile (128 FMUL a thread at d128, on the path from the
+// softmax to the first P V mma).
+template <int V>
+constexpr bool kFa2LazyRescale = V != 2;
+constexpr float kFa2RescaleLog2 = 8.0f;
 
 template <int D, int V>
 constexpr int fa2_bm() {
@@ -281,6 +314,29 @@ __device__ __forceinline__ void convert_tile(uint8_t* smem, uint32_t raw, uint32
   }
 }
 
+// The (head, sequence) pair of this CTA: n_heads * sequence + head.
+__device__ __forceinline__ int fa2_hb(const Fa2Args& a) {
+  const int unit = blockIdx.x;
+  if (a.order == kFa2OrderLpt) return unit % a.n_hb;
+  if (a.order == kFa2OrderPair) return unit / ((a.n_m_blocks + 1) / 2);
+  return unit / a.n_m_blocks;
+}
+
+// The query block of this CTA's pass (0, or 1 under kPair), -1 for none.
+// kPair: CTA i of a pair takes blocks nm - 1 - i and i of its sequence (nm
+// of its own length: a shorter sequence's CTAs with 2i >= nm have none).
+template <int BM, bool kAllowPair>
+__device__ __forceinline__ int fa2_m_block(const Fa2Args& a, int pass, int sq) {
+  const int unit = blockIdx.x;
+  if (a.order == kFa2OrderLpt) return pass == 0 ? a.n_m_blocks - 1 - unit / a.n_hb : -1;
+  if (kAllowPair && a.order == kFa2OrderPair) {
+    const int i = unit % ((a.n_m_blocks + 1) / 2), nm = ceil_div(sq, BM);
+    if (2 * i >= nm) return -1;
+    return pass == 0 ? nm - 1 - i : (2 * i + 1 < nm ? i : -1);
+  }
+  return pass == 0 ? a.n_m_blocks - 1 - unit % a.n_m_blocks : -1;
+}
+
 template <typename T, int D, int V, Fa2Mode kMode>
 __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>::kMinBlocks)
     attn_fa2_fwd(Fa2ArgsOf<kMode> a) {
@@ -296,21 +352,21 @@ __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>:
   uint32_t sK = sQ + BM * D * 2, sV = sK + 2 * BN * D * 2;
   if constexpr (kTyped) sK = sQ + a.k_ring, sV = sQ + a.v_ring;
 
-  // Heavy query tiles (late rows under causal) are launched first.
-  const int m_block = gridDim.x - 1 - blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  // This CTA's head and sequence; its query block(s) come from
+  // fa2_m_block per pass (Fa2Order). Heaviest blocks first in every order.
+  // v4 (variant 2, the A/B baseline) keeps its grid: (block, head, sequence).
+  constexpr bool kV4 = V == 2;
+  int h, b;
+  if constexpr (kV4) {
+    h = blockIdx.y, b = blockIdx.z;
+  } else {
+    const int hb = fa2_hb(a);
+    h = hb % a.n_heads, b = hb / a.n_heads;
+  }
   const int q_start = a.cu_q[b], sq = a.cu_q[b + 1] - q_start;
-  const int m0 = m_block * BM;
-  if (m0 >= sq) return;
   const int k_start = a.cu_k[b], sk = a.cu_k[b + 1] - k_start;
   const int offset = sk - sq;  // query i sits at key position i + offset
   const int kvh = h / (a.n_heads / a.n_kv_heads);
-
-  // Keys any row of this tile can see: [n_lo, n_hi).
-  int n_hi = sk, n_lo = 0;
-  if (a.causal) n_hi = min(sk, m0 + BM - 1 + offset + 1);
-  if (a.window_left >= 0) n_lo = max(0, m0 + offset - a.window_left);
-  const int t_lo = n_lo / BN;
-  const int t_hi = n_hi > n_lo ? ceil_div(n_hi, BN) : t_lo;  // empty when nothing is visible
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t4 = lane & 3;
@@ -330,214 +386,312 @@ __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>:
   const uint32_t k_row = ((lane & 7) + (lane >> 4) * 8) * D * 2;           // + stage base
   const uint32_t v_row = ((lane & 7) + ((lane >> 3) & 1) * 8) * D * 2;     // + stage base
   const int64_t q_stride = int64_t(a.n_heads) * D, kv_stride = int64_t(a.n_kv_heads) * D;
-  const T* qg = static_cast<const T*>(a.q) + (int64_t(q_start + m0) * a.n_heads + h) * D;
   // Contiguous: the sequence's first key row; paged: the pool's slot 0.
   const T* kg = static_cast<const T*>(a.k) + (int64_t(kPaged ? 0 : k_start) * a.n_kv_heads + kvh) * D;
   const T* vg = static_cast<const T*>(a.v) + (int64_t(kPaged ? 0 : k_start) * a.n_kv_heads + kvh) * D;
   const int32_t* table = kPaged ? a.block_tables + int64_t(b) * a.max_blocks_per_seq : nullptr;
-
-  float o[kMT][kDT][4];
-  float m_run[kMT][2], l_run[kMT][2];  // running max (base-2, scaled) and partial row sums
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-    for (int dt = 0; dt < kDT; ++dt) o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.0f;
-    m_run[mt][0] = m_run[mt][1] = -INFINITY;
-    l_run[mt][0] = l_run[mt][1] = 0.0f;
-  }
-
   // Typed: the pools' bytes (the kv head is applied inside load_tile_typed).
   const uint8_t* kpool = static_cast<const uint8_t*>(a.k);
   const uint8_t* vpool = static_cast<const uint8_t*>(a.v);
 
-  if (t_lo < t_hi) {
-    load_tile<D, BM, kThreads>(sQ, qg, q_stride, sq - m0);
-    if constexpr (kTyped) {
-      load_tile_typed<D, BN, kThreads>(sK, kpool, a.k_type, a.lk, kvh, table, a.log2_bs, t_lo * BN, sk - t_lo * BN);
-      load_tile_typed<D, BN, kThreads>(sV, vpool, a.v_type, a.lv, kvh, table, a.log2_bs, t_lo * BN, sk - t_lo * BN);
-    } else if constexpr (kPaged) {
-      load_tile_paged<D, BN, kThreads>(sK, kg, a.n_kv_heads * D, table, a.log2_bs, t_lo * BN, sk - t_lo * BN);
-      load_tile_paged<D, BN, kThreads>(sV, vg, a.n_kv_heads * D, table, a.log2_bs, t_lo * BN, sk - t_lo * BN);
-    } else {
-      load_tile<D, BN, kThreads>(sK, kg + int64_t(t_lo * BN) * kv_stride, kv_stride, sk - t_lo * BN);
-      load_tile<D, BN, kThreads>(sV, vg + int64_t(t_lo * BN) * kv_stride, kv_stride, sk - t_lo * BN);
-    }
-    cp_async_commit();
-  }
+  // One pass per query block. A second pass (kPair) reuses Q's buffer and
+  // the ring (a barrier first; the first pass waited for all its copies). Only the
+  // contiguous sm_90 kernels have it (fa2_two_pass: fa2_order gives the
+  // others no kPair). At 255 registers ptxas's spills swing with any change:
+  // d128 contiguous spills 36/64 bytes on sm_80 with the pass loop and 36/72
+  // on sm_90a without it, none the other way round; paged and typed spilled
+  // 44-120 bytes more with it.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  constexpr int kPasses = 1;
+#else
+  constexpr int kPasses = kPaged || kV4 ? 1 : 2;
+#endif
+  // v5: one barrier a K/V tile (at its top); v4 had a second at its end.
+  constexpr bool kOneBarrier = !kV4;
+#pragma unroll 1
+  for (int pass = 0; pass < kPasses; ++pass) {
+    // Without v4's end-of-tile barrier a warp may still read the last tile
+    // (and Q) of the first pass: wait before the second overwrites them.
+    if (pass > 0) __syncthreads();
+    // Recomputed from blockIdx and the parameters each pass rather than kept
+    // live across the first (registers: ptxas spilled with m_second held).
+    const int m_block = kV4 ? int(gridDim.x - 1 - blockIdx.x) : fa2_m_block<BM, kPasses == 2>(a, pass, sq);
+    const int m0 = m_block * BM;
+    if (m_block < 0 || m0 >= sq) break;  // none, or past a shorter sequence's end
+    const T* qg = static_cast<const T*>(a.q) + (int64_t(q_start + m0) * a.n_heads + h) * D;
 
-  for (int t = t_lo; t < t_hi; ++t) {
-    const int stage = (t - t_lo) & 1;
-    if (t + 1 < t_hi) {
-      // The other stage was last read in iteration t-1, which ended with a barrier.
-      const int n1 = (t + 1) * BN;
+    // Keys any row of this tile can see: [n_lo, n_hi).
+    int n_hi = sk, n_lo = 0;
+    if (a.causal) n_hi = min(sk, m0 + BM - 1 + offset + 1);
+    if (a.window_left >= 0) n_lo = max(0, m0 + offset - a.window_left);
+    const int t_lo = n_lo / BN;
+    const int t_hi = n_hi > n_lo ? ceil_div(n_hi, BN) : t_lo;  // empty when nothing is visible
+
+    float o[kMT][kDT][4];
+    float m_run[kMT][2], l_run[kMT][2];  // running max (base-2, scaled) and partial row sums
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int dt = 0; dt < kDT; ++dt) o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.0f;
+      m_run[mt][0] = m_run[mt][1] = -INFINITY;
+      l_run[mt][0] = l_run[mt][1] = 0.0f;
+    }
+
+    if (t_lo < t_hi) {
+      load_tile<D, BM, kThreads>(sQ, qg, q_stride, sq - m0);
       if constexpr (kTyped) {
-        load_tile_typed<D, BN, kThreads>(sK + (stage ^ 1) * a.k_stage, kpool, a.k_type, a.lk, kvh, table, a.log2_bs, n1,
-                                         sk - n1);
-        load_tile_typed<D, BN, kThreads>(sV + (stage ^ 1) * a.v_stage, vpool, a.v_type, a.lv, kvh, table, a.log2_bs, n1,
-                                         sk - n1);
+        load_tile_typed<D, BN, kThreads>(sK, kpool, a.k_type, a.lk, kvh, table, a.log2_bs, t_lo * BN, sk - t_lo * BN);
+        load_tile_typed<D, BN, kThreads>(sV, vpool, a.v_type, a.lv, kvh, table, a.log2_bs, t_lo * BN, sk - t_lo * BN);
       } else if constexpr (kPaged) {
-        load_tile_paged<D, BN, kThreads>(sK + (stage ^ 1) * BN * D * 2, kg, a.n_kv_heads * D, table, a.log2_bs, n1,
-                                         sk - n1);
-        load_tile_paged<D, BN, kThreads>(sV + (stage ^ 1) * BN * D * 2, vg, a.n_kv_heads * D, table, a.log2_bs, n1,
-                                         sk - n1);
+        load_tile_paged<D, BN, kThreads>(sK, kg, a.n_kv_heads * D, table, a.log2_bs, t_lo * BN, sk - t_lo * BN);
+        load_tile_paged<D, BN, kThreads>(sV, vg, a.n_kv_heads * D, table, a.log2_bs, t_lo * BN, sk - t_lo * BN);
       } else {
-        load_tile<D, BN, kThreads>(sK + (stage ^ 1) * BN * D * 2, kg + int64_t(n1) * kv_stride, kv_stride, sk - n1);
-        load_tile<D, BN, kThreads>(sV + (stage ^ 1) * BN * D * 2, vg + int64_t(n1) * kv_stride, kv_stride, sk - n1);
+        load_tile<D, BN, kThreads>(sK, kg + int64_t(t_lo * BN) * kv_stride, kv_stride, sk - t_lo * BN);
+        load_tile<D, BN, kThreads>(sV, vg + int64_t(t_lo * BN) * kv_stride, kv_stride, sk - t_lo * BN);
       }
       cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();  // this stage's copies (and Q) are visible to all warps
-    uint32_t sKs = sK + stage * BN * D * 2, sVs = sV + stage * BN * D * 2;
-    if constexpr (kTyped) {
-      sKs = sK + stage * a.k_stage;
-      sVs = sV + stage * a.v_stage;
-      // Decode the stage's raw bytes into the f16 tiles (quantized: a.k_tile /
-      // a.v_tile; bf16: in place). The tiles were last read in iteration t-1,
-      // which ended with a barrier; this one publishes them to every warp.
-      if (a.k_type != KvType::F16) {
-        const uint32_t dst = kv_type_quantized(a.k_type) ? a.k_tile : sKs - sQ;
-        convert_tile<D, BN, kThreads>(smem, sKs - sQ, dst, a.k_type);
-        sKs = sQ + dst;
-      }
-      if (a.v_type != KvType::F16) {
-        const uint32_t dst = kv_type_quantized(a.v_type) ? a.v_tile : sVs - sQ;
-        convert_tile<D, BN, kThreads>(smem, sVs - sQ, dst, a.v_type);
-        sVs = sQ + dst;
-      }
-      __syncthreads();
     }
 
-    // S = Q K^T for this warp's rows.
-    float s[kMT][kNT][4];
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t qa[kMT][4];
+    for (int t = t_lo; t < t_hi; ++t) {
+      const int stage = (t - t_lo) & 1;
+      if constexpr (kOneBarrier) {
+        cp_async_wait<0>();  // tile t: the only group in flight
+        // Tile t's copies (and Q) are visible to all warps, and every warp is
+        // done with tile t-1, so its stage can take tile t+1 (issued below,
+        // after the barrier: v4 issued it before and needed a second barrier
+        // at the end of each tile).
+        __syncthreads();
+      }
+      if (t + 1 < t_hi) {
+        // The other stage was last read in iteration t-1: the barrier above
+        // (v4: the one that ended iteration t-1) says every warp is done.
+        const int n1 = (t + 1) * BN;
+        if constexpr (kTyped) {
+          load_tile_typed<D, BN, kThreads>(sK + (stage ^ 1) * a.k_stage, kpool, a.k_type, a.lk, kvh, table,
+                                           a.log2_bs, n1, sk - n1);
+          load_tile_typed<D, BN, kThreads>(sV + (stage ^ 1) * a.v_stage, vpool, a.v_type, a.lv, kvh, table,
+                                           a.log2_bs, n1, sk - n1);
+        } else if constexpr (kPaged) {
+          load_tile_paged<D, BN, kThreads>(sK + (stage ^ 1) * BN * D * 2, kg, a.n_kv_heads * D, table, a.log2_bs, n1,
+                                           sk - n1);
+          load_tile_paged<D, BN, kThreads>(sV + (stage ^ 1) * BN * D * 2, vg, a.n_kv_heads * D, table, a.log2_bs, n1,
+                                           sk - n1);
+        } else {
+          load_tile<D, BN, kThreads>(sK + (stage ^ 1) * BN * D * 2, kg + int64_t(n1) * kv_stride, kv_stride, sk - n1);
+          load_tile<D, BN, kThreads>(sV + (stage ^ 1) * BN * D * 2, vg + int64_t(n1) * kv_stride, kv_stride, sk - n1);
+        }
+        cp_async_commit();
+        if constexpr (!kOneBarrier) cp_async_wait<1>();
+      } else if constexpr (!kOneBarrier) {
+        cp_async_wait<0>();
+      }
+      if constexpr (!kOneBarrier) __syncthreads();  // this stage's copies (and Q) are visible to all warps
+      uint32_t sKs = sK + stage * BN * D * 2, sVs = sV + stage * BN * D * 2;
+      if constexpr (kTyped) {
+        sKs = sK + stage * a.k_stage;
+        sVs = sV + stage * a.v_stage;
+        // Decode the stage's raw bytes into the f16 tiles (quantized: a.k_tile /
+        // a.v_tile; bf16: in place). The tiles were last read in iteration t-1,
+        // which every warp has finished (the barrier at this tile's top; v4:
+        // the one ending t-1); the barrier below publishes them to every warp.
+        if (a.k_type != KvType::F16) {
+          const uint32_t dst = kv_type_quantized(a.k_type) ? a.k_tile : sKs - sQ;
+          convert_tile<D, BN, kThreads>(smem, sKs - sQ, dst, a.k_type);
+          sKs = sQ + dst;
+        }
+        if (a.v_type != KvType::F16) {
+          const uint32_t dst = kv_type_quantized(a.v_type) ? a.v_tile : sVs - sQ;
+          convert_tile<D, BN, kThreads>(smem, sVs - sQ, dst, a.v_type);
+          sVs = sQ + dst;
+        }
+        __syncthreads();
+      }
+
+      // S = Q K^T for this warp's rows.
+      float s[kMT][kNT][4];
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt)
-        ldmatrix_x4(q_row + mt * 16 * D * 2 + (kk / 4) * 128 + xhi[kk % 4], qa[mt][0], qa[mt][1], qa[mt][2],
-                    qa[mt][3]);
 #pragma unroll
-      for (int n2 = 0; n2 < kNT / 2; ++n2) {
-        uint32_t b0, b1, b2, b3;
-        ldmatrix_x4(sKs + k_row + n2 * 16 * D * 2 + (kk / 4) * 128 + xmid[kk % 4], b0, b1, b2, b3);
+        for (int nt = 0; nt < kNT; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          mma_16816<Tr::kIsBf16>(s[mt][2 * n2], qa[mt], b0, b1);
-          mma_16816<Tr::kIsBf16>(s[mt][2 * n2 + 1], qa[mt], b2, b3);
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t qa[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+          ldmatrix_x4(q_row + mt * 16 * D * 2 + (kk / 4) * 128 + xhi[kk % 4], qa[mt][0], qa[mt][1], qa[mt][2],
+                      qa[mt][3]);
+#pragma unroll
+        for (int n2 = 0; n2 < kNT / 2; ++n2) {
+          uint32_t b0, b1, b2, b3;
+          ldmatrix_x4(sKs + k_row + n2 * 16 * D * 2 + (kk / 4) * 128 + xmid[kk % 4], b0, b1, b2, b3);
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            mma_16816<Tr::kIsBf16>(s[mt][2 * n2], qa[mt], b0, b1);
+            mma_16816<Tr::kIsBf16>(s[mt][2 * n2 + 1], qa[mt], b2, b3);
+          }
         }
       }
-    }
 
-    // Mask only tiles that straddle a boundary (sequence end, diagonal, window edge).
-    const int n0 = t * BN;
-    const bool need_mask = n0 + BN > sk || (a.causal && n0 + BN - 1 > m0 + offset) ||
-                           (a.window_left >= 0 && n0 < m0 + BM - 1 + offset - a.window_left);
-    if (need_mask) {
+      // Mask only tiles that straddle a boundary (sequence end, diagonal, window edge).
+      const int n0 = t * BN;
+      const bool need_mask = n0 + BN > sk || (a.causal && n0 + BN - 1 > m0 + offset) ||
+                             (a.window_left >= 0 && n0 < m0 + BM - 1 + offset - a.window_left);
+      if (need_mask) {
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
+        for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          const int pos = m0 + (warp * kMT + mt) * 16 + g + hr * 8 + offset;
+          for (int hr = 0; hr < 2; ++hr) {
+            const int pos = m0 + (warp * kMT + mt) * 16 + g + hr * 8 + offset;
 #pragma unroll
-          for (int nt = 0; nt < kNT; ++nt)
+            for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-            for (int c = 0; c < 2; ++c) {
-              const int j = n0 + nt * 8 + t4 * 2 + c;
-              const bool vis = j < sk && (!a.causal || j <= pos) && (a.window_left < 0 || j >= pos - a.window_left);
-              if (!vis) s[mt][nt][hr * 2 + c] = -INFINITY;
+              for (int c = 0; c < 2; ++c) {
+                const int j = n0 + nt * 8 + t4 * 2 + c;
+                const bool vis = j < sk && (!a.causal || j <= pos) && (a.window_left < 0 || j >= pos - a.window_left);
+                if (!vis) s[mt][nt][hr * 2 + c] = -INFINITY;
+              }
+          }
+      }
+
+      // Online softmax, base 2: p = 2^(s*scale_log2 - m), O and l rescaled by 2^(m_old - m).
+      if constexpr (kFa2LazyRescale<V>) {
+        // Row maxima of the tile (raw scores, scaled once: scale > 0 keeps the order).
+        float mx_new[kMT][2];
+        bool grow = false;
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+          for (int hr = 0; hr < 2; ++hr) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][hr * 2], s[mt][nt][hr * 2 + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            mx_new[mt][hr] = mx * a.scale_log2;
+            // -inf + 8 = -inf: a row's first visible key always moves m; a row
+            // with nothing visible yet (-inf) never does.
+            grow |= mx_new[mt][hr] > m_run[mt][hr] + kFa2RescaleLog2;
+          }
+        // Warp-uniform: most tiles move no row's m by 2^8 and skip the O multiply.
+        if (__any_sync(0xffffffffu, grow)) {
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+            for (int hr = 0; hr < 2; ++hr) {
+              float corr = 1.0f;
+              if (mx_new[mt][hr] > m_run[mt][hr] + kFa2RescaleLog2) {
+                corr = fast_exp2(m_run[mt][hr] - mx_new[mt][hr]);  // 0 when m was -inf (O and l are 0 then)
+                m_run[mt][hr] = mx_new[mt][hr];
+              }
+              l_run[mt][hr] *= corr;
+#pragma unroll
+              for (int dt = 0; dt < kDT; ++dt) {
+                o[mt][dt][hr * 2] *= corr;
+                o[mt][dt][hr * 2 + 1] *= corr;
+              }
             }
         }
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+          for (int hr = 0; hr < 2; ++hr) {
+            // A row with nothing visible yet keeps m = -inf: subtract 0 instead (its p are 0).
+            const float m_use = m_run[mt][hr] == -INFINITY ? 0.0f : m_run[mt][hr];
+            float sum = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt) {
+              const float p0 = fast_exp2(fmaf(s[mt][nt][hr * 2], a.scale_log2, -m_use));
+              const float p1 = fast_exp2(fmaf(s[mt][nt][hr * 2 + 1], a.scale_log2, -m_use));
+              s[mt][nt][hr * 2] = p0;
+              s[mt][nt][hr * 2 + 1] = p1;
+              sum += p0 + p1;
+            }
+            l_run[mt][hr] += sum;
+          }
+      } else {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+          for (int hr = 0; hr < 2; ++hr) {
+            float mx = -INFINITY;  // raw scores first, scaled once (scale > 0 keeps the order)
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][hr * 2], s[mt][nt][hr * 2 + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            mx = fmaxf(m_run[mt][hr], mx * a.scale_log2);
+            // A row with nothing visible yet keeps max -inf: subtract 0 instead of -inf.
+            const float m_use = mx == -INFINITY ? 0.0f : mx;
+            const float corr = fast_exp2(m_run[mt][hr] - m_use);
+            m_run[mt][hr] = mx;
+            float sum = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt) {
+              const float p0 = fast_exp2(fmaf(s[mt][nt][hr * 2], a.scale_log2, -m_use));
+              const float p1 = fast_exp2(fmaf(s[mt][nt][hr * 2 + 1], a.scale_log2, -m_use));
+              s[mt][nt][hr * 2] = p0;
+              s[mt][nt][hr * 2 + 1] = p1;
+              sum += p0 + p1;
+            }
+            l_run[mt][hr] = l_run[mt][hr] * corr + sum;
+#pragma unroll
+            for (int dt = 0; dt < kDT; ++dt) {
+              o[mt][dt][hr * 2] *= corr;
+              o[mt][dt][hr * 2 + 1] *= corr;
+            }
+          }
+        }
+      }  // v4 softmax
+
+      // O += P V. P is packed one k16 step at a time, so S's registers die as
+      // the loop advances (packing all of P first spilled at d128). The C
+      // layout of two adjacent n8 tiles is the A layout of one k16 step.
+#pragma unroll
+      for (int k2 = 0; k2 < kNT / 2; ++k2) {
+        uint32_t pa[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          pa[mt][0] = Tr::pack2(s[mt][2 * k2][0], s[mt][2 * k2][1]);
+          pa[mt][1] = Tr::pack2(s[mt][2 * k2][2], s[mt][2 * k2][3]);
+          pa[mt][2] = Tr::pack2(s[mt][2 * k2 + 1][0], s[mt][2 * k2 + 1][1]);
+          pa[mt][3] = Tr::pack2(s[mt][2 * k2 + 1][2], s[mt][2 * k2 + 1][3]);
+        }
+#pragma unroll
+        for (int d2 = 0; d2 < kDT / 2; ++d2) {
+          uint32_t b0, b1, b2, b3;
+          ldmatrix_x4_trans(sVs + v_row + k2 * 16 * D * 2 + (d2 / 4) * 128 + xhi[d2 % 4], b0, b1, b2, b3);
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            mma_16816<Tr::kIsBf16>(o[mt][2 * d2], pa[mt], b0, b1);
+            mma_16816<Tr::kIsBf16>(o[mt][2 * d2 + 1], pa[mt], b2, b3);
+          }
+        }
+      }
+      if constexpr (!kOneBarrier) __syncthreads();  // all warps are done with this stage before it is refilled
     }
 
-    // Online softmax, base 2: p = 2^(s*scale_log2 - m), O and l rescaled by 2^(m_old - m).
+    // Epilogue: finish the row sums across the quad, normalise, store.
+    T* og = static_cast<T*>(a.out) + (int64_t(q_start) * a.n_heads + h) * D;
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
-        float mx = -INFINITY;  // raw scores first, scaled once (scale > 0 keeps the order)
+        float l = l_run[mt][hr];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // no visible key: out = 0
+        const int i = m0 + (warp * kMT + mt) * 16 + g + hr * 8;
+        if (i < sq) {
+          T* orow = og + int64_t(i) * q_stride;
 #pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][hr * 2], s[mt][nt][hr * 2 + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        mx = fmaxf(m_run[mt][hr], mx * a.scale_log2);
-        // A row with nothing visible yet keeps max -inf: subtract 0 instead of -inf.
-        const float m_use = mx == -INFINITY ? 0.0f : mx;
-        const float corr = fast_exp2(m_run[mt][hr] - m_use);
-        m_run[mt][hr] = mx;
-        float sum = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) {
-          const float p0 = fast_exp2(fmaf(s[mt][nt][hr * 2], a.scale_log2, -m_use));
-          const float p1 = fast_exp2(fmaf(s[mt][nt][hr * 2 + 1], a.scale_log2, -m_use));
-          s[mt][nt][hr * 2] = p0;
-          s[mt][nt][hr * 2 + 1] = p1;
-          sum += p0 + p1;
-        }
-        l_run[mt][hr] = l_run[mt][hr] * corr + sum;
-#pragma unroll
-        for (int dt = 0; dt < kDT; ++dt) {
-          o[mt][dt][hr * 2] *= corr;
-          o[mt][dt][hr * 2 + 1] *= corr;
+          for (int dt = 0; dt < kDT; ++dt)
+            *reinterpret_cast<uint32_t*>(orow + dt * 8 + t4 * 2) =
+                Tr::pack2(o[mt][dt][hr * 2] * inv, o[mt][dt][hr * 2 + 1] * inv);
+          if (a.lse && t4 == 0)
+            a.lse[int64_t(h) * a.total_q + q_start + i] = l > 0.0f ? (m_run[mt][hr] + log2f(l)) * kLn2 : -INFINITY;
         }
       }
     }
-
-    // O += P V. P is packed one k16 step at a time, so S's registers die as
-    // the loop advances (packing all of P first spilled at d128). The C
-    // layout of two adjacent n8 tiles is the A layout of one k16 step.
-#pragma unroll
-    for (int k2 = 0; k2 < kNT / 2; ++k2) {
-      uint32_t pa[kMT][4];
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-        pa[mt][0] = Tr::pack2(s[mt][2 * k2][0], s[mt][2 * k2][1]);
-        pa[mt][1] = Tr::pack2(s[mt][2 * k2][2], s[mt][2 * k2][3]);
-        pa[mt][2] = Tr::pack2(s[mt][2 * k2 + 1][0], s[mt][2 * k2 + 1][1]);
-        pa[mt][3] = Tr::pack2(s[mt][2 * k2 + 1][2], s[mt][2 * k2 + 1][3]);
-      }
-#pragma unroll
-      for (int d2 = 0; d2 < kDT / 2; ++d2) {
-        uint32_t b0, b1, b2, b3;
-        ldmatrix_x4_trans(sVs + v_row + k2 * 16 * D * 2 + (d2 / 4) * 128 + xhi[d2 % 4], b0, b1, b2, b3);
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          mma_16816<Tr::kIsBf16>(o[mt][2 * d2], pa[mt], b0, b1);
-          mma_16816<Tr::kIsBf16>(o[mt][2 * d2 + 1], pa[mt], b2, b3);
-        }
-      }
-    }
-    __syncthreads();  // all warps are done with this stage before it is refilled
-  }
-
-  // Epilogue: finish the row sums across the quad, normalise, store.
-  T* og = static_cast<T*>(a.out) + (int64_t(q_start) * a.n_heads + h) * D;
-#pragma unroll
-  for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      float l = l_run[mt][hr];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // no visible key: out = 0
-      const int i = m0 + (warp * kMT + mt) * 16 + g + hr * 8;
-      if (i < sq) {
-        T* orow = og + int64_t(i) * q_stride;
-#pragma unroll
-        for (int dt = 0; dt < kDT; ++dt)
-          *reinterpret_cast<uint32_t*>(orow + dt * 8 + t4 * 2) =
-              Tr::pack2(o[mt][dt][hr * 2] * inv, o[mt][dt][hr * 2 + 1] * inv);
-        if (a.lse && t4 == 0)
-          a.lse[int64_t(h) * a.total_q + q_start + i] = l > 0.0f ? (m_run[mt][hr] + log2f(l)) * kLn2 : -INFINITY;
-      }
-    }
-  }
+  }  // pass
 }
 
 // Bytes of one ring stage of a typed operand: the swizzled f16 tile for f16
@@ -566,12 +720,56 @@ size_t fa2_typed_smem(Fa2TypedArgs& a) {
   return at;
 }
 
+// Kernel variant (Fa2Traits): RUNLM_FA2_VARIANT=1 the 8-warp tiles;
+// RUNLM_FA2_VERSION=4 the v4 kernel (O rescaled every tile, head order)
+// for A/B runs; otherwise variant 0 (v5). Read once, not per launch.
+int fa2_variant() {
+  static const int v = [] {
+    const char* e = std::getenv("RUNLM_FA2_VARIANT");
+    if (e && std::atoi(e) == 1) return 1;
+    const char* ver = std::getenv("RUNLM_FA2_VERSION");
+    return ver && std::atoi(ver) == 4 ? 2 : 0;
+  }();
+  return v;
+}
+
+// Whether this launch's kernel has the second pass kPair needs: contiguous
+// K/V on sm_90+ (the kernel's kPasses).
+bool fa2_two_pass(const AttnParams& p) {
+  static const int major = [] {
+    int dev = 0, m = 0;
+    cudaCheck(cudaGetDevice(&dev));
+    cudaCheck(cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, dev));
+    return m;
+  }();
+  return p.block_tables == nullptr && major >= 9;
+}
+
+// Fa2Order for a launch: RUNLM_FA2_ORDER=head|lpt|pair forces one (A/B
+// runs). Default: v4 (variant 2) and problems whose blocks all cost the
+// same (non-causal, one block) keep kHead; causal problems of >= 64 query
+// blocks take kLpt (fa3's measured choice at that size: the balance is
+// worth more than the L2 reuse), shorter ones kPair (balanced and
+// head-major, since there every resident CTA on its own head would read
+// its K/V from DRAM).
+int fa2_order(const AttnParams& p, int n_m_blocks, int variant) {
+  static const int forced = [] {
+    const char* e = std::getenv("RUNLM_FA2_ORDER");
+    const std::string v = e ? e : "";
+    return v == "head" ? kFa2OrderHead : v == "lpt" ? kFa2OrderLpt : v == "pair" ? kFa2OrderPair : -1;
+  }();
+  int order = forced;
+  if (order < 0) {
+    if (variant == 2 || !p.causal || n_m_blocks < 2) return kFa2OrderHead;
+    order = n_m_blocks >= 64 ? kFa2OrderLpt : kFa2OrderPair;
+  }
+  return order == kFa2OrderPair && !fa2_two_pass(p) ? kFa2OrderLpt : order;
+}
+
 template <typename T, int D, int V, Fa2Mode kMode>
 void launch_fa2(const AttnParams& p) {
   constexpr int BM = fa2_bm<D, V>();
   size_t smem = fa2_smem_bytes<D, V>();
-  RUNLM_CHECK(p.n_heads <= 65535 && p.batch <= 65535, "fa2: n_heads=%d batch=%d unsupported; supported: <= 65535 each",
-              p.n_heads, p.batch);
   if (p.max_seqlen_q == 0) return;
   int log2_bs = 0;
   if (kMode != Fa2Mode::kContig) {
@@ -583,6 +781,18 @@ void launch_fa2(const AttnParams& p) {
   static_cast<Fa2Args&>(a) = Fa2Args{p.q,       p.k,          p.v,           p.out,         p.lse,    p.cu_seqlens_q,
                                      p.cu_seqlens_k, p.total_q, p.n_heads, p.n_kv_heads, p.window_left, p.causal,
                                      p.scale * kLog2e, p.block_tables, p.max_blocks_per_seq, log2_bs};
+  const int n_m = ceil_div(p.max_seqlen_q, BM);
+  a.n_m_blocks = n_m;
+  a.n_hb = p.n_heads * p.batch;
+  a.order = fa2_order(p, n_m, V);
+  const int64_t units = int64_t(a.order == kFa2OrderPair ? (n_m + 1) / 2 : n_m) * a.n_hb;
+  RUNLM_CHECK(units < (int64_t(1) << 31), "fa2: %lld CTAs unsupported; supported: < 2^31",
+              static_cast<long long>(units));
+  // v4's grid: (block, head, sequence), heaviest block first (blockIdx.x reversed).
+  const dim3 grid = V == 2 ? dim3(n_m, p.n_heads, p.batch) : dim3(unsigned(units));
+  RUNLM_CHECK(V != 2 || (p.n_heads <= 65535 && p.batch <= 65535),
+              "fa2: n_heads=%d batch=%d unsupported by RUNLM_FA2_VERSION=4; supported: <= 65535 each", p.n_heads,
+              p.batch);
   if constexpr (kMode == Fa2Mode::kTyped) {
     a.k_type = attn_kv_type(p, false);
     a.v_type = attn_kv_type(p, true);
@@ -597,25 +807,18 @@ void launch_fa2(const AttnParams& p) {
                 kv_type_name(a.k_type), kv_type_name(a.v_type), D, smem, max_smem);
   }
   cudaCheck(cudaFuncSetAttribute(attn_fa2_fwd<T, D, V, kMode>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  dim3 grid(ceil_div(p.max_seqlen_q, BM), p.n_heads, p.batch);
-  attn_fa2_fwd<T, D, V, kMode><<<grid, Fa2Traits<D, V>::kWarps * 32, smem, static_cast<cudaStream_t>(p.stream)>>>(a);
+  attn_fa2_fwd<T, D, V, kMode>
+      <<<grid, Fa2Traits<D, V>::kWarps * 32, smem, static_cast<cudaStream_t>(p.stream)>>>(a);
   cudaCheckLaunch();
-}
-
-int fa2_variant() {
-  static const int v = [] {
-    const char* e = std::getenv("RUNLM_FA2_VARIANT");
-    return e && std::atoi(e) == 1 ? 1 : 0;
-  }();
-  return v;
 }
 
 template <typename T, int D, Fa2Mode kMode>
 void launch_fa2_variant(const AttnParams& p) {
-  if (fa2_variant() == 1)
-    launch_fa2<T, D, 1, kMode>(p);
-  else
-    launch_fa2<T, D, 0, kMode>(p);
+  switch (fa2_variant()) {
+    case 1: return launch_fa2<T, D, 1, kMode>(p);
+    case 2: return launch_fa2<T, D, 2, kMode>(p);
+    default: return launch_fa2<T, D, 0, kMode>(p);
+  }
 }
 
 template <typename T, int D>
