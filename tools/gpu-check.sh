@@ -561,6 +561,8 @@ FA2_AB_SEQLEN=${FA2_AB_SEQLEN:-2048,8192,16384}
 section_fa2_ab() {
   local rc=0 cfg name a
   local filter='All/AttentionGpu.*fa2*:Paged/AttentionPagedGpu.*fa2*:Typed/AttentionPagedTypedGpu.*fa2*:AttentionGpuRescale.*'
+  # FA2_AB_TESTS=0: the table only (the tests ran elsewhere in the same run).
+  [ "${FA2_AB_TESTS:-1}" = 0 ] ||
   for cfg in RUNLM_FA2_VERSION=4 RUNLM_FA2_ORDER=head RUNLM_FA2_ORDER=lpt RUNLM_FA2_ORDER=pair RUNLM_FA2_DEFAULT=1; do
     printf -- '-- tests %-22s ' "$cfg"
     env "$cfg" timeout "$TEST_TIMEOUT" "$TESTS" --gtest_filter="$filter" >"$OUT/fa2_ab_test_${cfg#*=}_${cfg%%=*}.log" 2>&1 || rc=1
