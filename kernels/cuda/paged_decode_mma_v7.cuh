@@ -6,16 +6,23 @@
 // loads straight into registers, in a fragment order chosen so that the
 // loaded bytes convert in place, and the block scales folded into the f16
 // conversion. Pairs with an f16 side run version 4 (make_plan says so).
+// Version 8 (RUNLM_PAGED_DECODE_MMA=v8, same pairs): these loads and
+// conversions through version 5's register ring of 16-key tiles (kRing =
+// mma_v8_stages, 3-4 stages: 2-3 tiles in flight while a tile computes).
 //
 // Why (ncu of version 4, q8_0/q8_0, B=64 L=8192 hd 128): L2 throughput
 // 78.7% (the busiest unit) at 65.6% DRAM, L2 hit rate 41% on a pure stream,
-// stalls mostly L1TEX scoreboard. Version 4 loads each lane's mma fragment
-// share with 2-8 byte loads (~40 LDG a 16-key tile), and its V loads of
-// 4 bytes request the same 32-byte sectors in several instructions: the L2
-// serves several requests per DRAM sector. Here a lane's loads are 16-byte
-// chunks, and the lanes of one instruction cover whole sectors, each sector
-// requested once (hd 128 q8_0, per warp and 16-key tile: 4 + 4 LDG.128, 2
-// LDG.64 of K scales, 4 LDG.16 of V scales = 14 instructions, against ~40).
+// stalls mostly L1TEX scoreboard; version 5's extra bytes in flight gained
+// 3%, so the loads queue somewhere before the DRAM. Version 4 loads each
+// lane's mma fragment share with 2-8 byte loads (~40 LDG a 16-key tile),
+// whose lanes cover one 32-byte sector of each 128-byte line they touch
+// (K: 8 keys x one block; V: 4 keys x one block; q4_0 half a sector): one
+// L2 request per sector, 160 a tile. Here a lane loads 16-byte chunks and
+// one instruction covers 64 (K) or 128 (V) contiguous bytes of each key:
+// 64 requests for the same 160 sectors (hd 128 q8_0, per warp and 16-key
+// tile: 4 + 4 LDG.128, 2 + 2 LDG.64 of K and V scales = 12 instructions,
+// against ~40). (A key's K bytes stay at 64 an instruction: the mma
+// fragments give a key to 4 lanes.)
 // (Version 6 copied the same bytes through a shared-memory ring with
 // cp.async and was slower for the 8-bit types; this keeps version 4's
 // registers-only data path and changes the load shape and order only.)
@@ -60,8 +67,8 @@
 // Instructions per warp and 16 keys (hd 128, q8_0/q8_0), per lane:
 //   K: 4 LDG.128 + 2 LDG.64, 16 LOP3 + 32 PRMT + 32 HSUB2 + 32 HMUL2 +
 //      ~4 scale PRMT, 16 HMMA                                       ~140
-//   V: 4 LDG.128 + 4 LDG.16, 16 LOP3 + 48 PRMT + 32 HSUB2 + 32 HMUL2 +
-//      2 PRMT, 8 HMMA                                               ~150
+//   V: 4 LDG.128 + 2 LDG.64 + 4 SHFL (scales), 16 LOP3 + 48 PRMT +
+//      32 HSUB2 + 32 HMUL2 + 2 PRMT, 8 HMMA                          ~150
 //   softmax ~25, addresses and table ~30 (as version 4)
 // About version 4's count (~335), with ~3x fewer load instructions and
 // sector requests: the L2 request side, not issue, was the limit.
@@ -185,19 +192,22 @@ struct MmaV7Layout {
 
 // A 16-key tile's raw bytes as loaded (before any conversion): K of keys
 // 8j + g (lane t's quarter and the key's scale row), V of keys {2t, 2t+1,
-// 2t+8, 2t+9} (lane g's HD / 8 values and their block's scale). hd 128:
-// 40 registers (q8_0 / fp8 pairs), 28 (q4_0 pair).
+// 2t+8, 2t+9} (lane g's HD / 8 values) and the V scale rows of keys 8j + g
+// (loaded as K's: one LDG a key, 4 requests for 8 keys; compute_tile
+// shuffles each lane its keys' scales: 8 requests a tile fewer than 2-byte
+// loads of keys 2t + c, which touch 4 lines for 4 keys). hd 128: 40
+// registers (q8_0 / fp8 pairs), 24 (q4_0 pair).
 template <typename KP, typename VP, int HD>
 struct MmaV7TileRaw {
   uint32_t kw[2][MmaV7Layout<KP, HD>::kKWords];
   uint32_t ksw[2][HD / 64];
   uint32_t vw[4][MmaV7Layout<VP, HD>::kVWords];
-  uint32_t vs[4];
+  uint32_t vsw[2][HD / 64];
 };
 
 // Version 8's ring depth: the most stages (2-4) whose raw tiles stay <= 128
 // registers (ptxas, hd 128: q8_0 / fp8 pairs 3 stages at 243 registers,
-// q4_0 pair 4 at 231, 0 spill bytes at __launch_bounds__(128, 2)).
+// q4_0 pair 4 at 222, 240-249 for the others, 0 spill bytes at __launch_bounds__(128, 2)).
 template <typename KP, typename VP, int HD>
 constexpr int mma_v8_stages() {
   constexpr int words = int(sizeof(MmaV7TileRaw<KP, VP, HD>) / 4);
@@ -295,7 +305,12 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int k_head = kvh * HD * KP::kBits / 8;
   const int v_head = kvh * HD * VP::kBits / 8;
   const int sc_head = kvh * NB * 2;
-  const int v_sc = sc_head + 2 * VL::v_block(g);  // this lane's V scale in a slot's scale row
+  // V scales: lane (g, t) needs key 8j + 2t + c's scale of block vb; lane
+  // (g', t') offers word t' % 2 of key 8j + g''s scale row, so the source
+  // is lane 4 (2t + c) + vb / 2 (vb / 2 < 2), and the half is vb % 2.
+  const int vb = VL::v_block(g);
+  const int v_src = 8 * t + vb / 2;
+  const int v_half = vb & 1 ? 0x7632 : 0x5410;
 
   const int k_first = k_begin & ~7;
   auto group_page = [&](int key0) -> int { return __ldg(table + (min(key0, k_end - 1) >> bs_shift)); };
@@ -316,7 +331,10 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int c = 0; c < 2; ++c) {
         const int row = min(key0 + 8 * j + 2 * t + c, k_end - 1) & bs_mask;
         VL::v_load(vpg + row * v_qrow + v_head, g, r.vw[2 * j + c]);
-        r.vs[2 * j + c] = ldg_stream2(vpg + v_scales + row * s_row + v_sc);
+      }
+      {
+        const int row = min(key0 + 8 * j + g, k_end - 1) & bs_mask;
+        ldg_words<kScWords>(vpg + v_scales + row * s_row + sc_head, r.vsw[j]);
       }
     }
   };
@@ -381,8 +399,15 @@ __global__ void __launch_bounds__(kThreads, 2)
     const uint32_t p01 = pack_f16x2(pr[0][0], pr[0][1]);
     const uint32_t p89 = pack_f16x2(pr[1][0], pr[1][1]);
     // V scales of the key pairs (2t, 2t+1) and (2t+8, 2t+9) as half2.
-    const uint32_t s01 = __byte_perm(r.vs[0], r.vs[1], 0x5410);
-    const uint32_t s89 = __byte_perm(r.vs[2], r.vs[3], 0x5410);
+    uint32_t sv[2][2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const uint32_t offer = kScWords == 2 && (t & 1) ? r.vsw[j][kScWords - 1] : r.vsw[j][0];
+#pragma unroll
+      for (int c = 0; c < 2; ++c) sv[j][c] = __shfl_sync(0xffffffffu, offer, v_src + 4 * c);
+    }
+    const uint32_t s01 = __byte_perm(sv[0][0], sv[0][1], v_half);
+    const uint32_t s89 = __byte_perm(sv[1][0], sv[1][1], v_half);
 #pragma unroll
     for (int w = 0; w < VL::kVWords; ++w) {
       uint32_t x01[2 * VL::kMtPerWord], x89[2 * VL::kMtPerWord];
