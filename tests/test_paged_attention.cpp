@@ -533,11 +533,12 @@ double row_tolerance(const PagedDecodeParams& p) { return paged_decode_uses_tens
 
 // all_mma_versions: where the case runs on the tensor-core kernel, check
 // version 4, 5 (the pipelined key loop), 6 (the cp.async ring in shared
-// memory), 7 (16-byte register loads, scales in the conversion) and 8 (7
-// with a register ring; 7 and 8 run version 4 for pairs with an f16 side)
-// against the same reference (paged_decode_set_mma_version), then restore
-// the one in use. At head_dim 256 versions 5 to 8 run version 4: 4 and 6
-// there (the fallback is exercised, not repeated).
+// memory), 7 (16-byte register loads, scales in the conversion), 8 (7
+// with a register ring) and 9 (7 at 3 CTAs an SM; 7 to 9 run version 4
+// for pairs with an f16 side) against the same reference
+// (paged_decode_set_mma_version), then restore the one in use. At head_dim
+// 256 versions 5 to 9 run version 4: 4 and 6 there (the fallback is
+// exercised, not repeated).
 constexpr bool kAllMmaVersions = true;
 
 void check_case(const Case& c, std::vector<int> partitions = {-1}, bool all_mma_versions = false) {
@@ -548,7 +549,7 @@ void check_case(const Case& c, std::vector<int> partitions = {-1}, bool all_mma_
   const int in_use = paged_decode_mma_version();
   std::vector<int> versions = {in_use};
   if (all_mma_versions && paged_decode_uses_tensor_cores(dp.params()))
-    versions = c.hd <= 128 ? std::vector<int>{4, 5, 6, 7, 8} : std::vector<int>{4, 6};
+    versions = c.hd <= 128 ? std::vector<int>{4, 5, 6, 7, 8, 9} : std::vector<int>{4, 6};
   for (int v : versions) {
     paged_decode_set_mma_version(v);
     for (int part : partitions) {
@@ -953,7 +954,7 @@ PagedDecodeParams one_token_params(const DevBuf& q, const DevBuf& out, const Dev
 // kernel actually reads (quants + scales of K and V), tokens/s (decode steps
 // of the whole batch per second: B / time) and the ratio to f16. Rows on the
 // tensor-core kernel are also timed with a second version in the same run
-// (RUNLM_PAGED_DECODE_MMA_CMP=v4..v8, default v7: 16-byte register
+// (RUNLM_PAGED_DECODE_MMA_CMP=v4..v9, default v7: 16-byte register
 // loads, paged_decode_mma_v7.cuh): the "vN" columns (validated first, as
 // the main columns).
 void kv_type_sweep(double copy_bw) {
@@ -968,7 +969,7 @@ void kv_type_sweep(double copy_bw) {
               std::getenv("RUNLM_PAGED_DECODE") ? std::getenv("RUNLM_PAGED_DECODE") : "tensor cores",
               paged_decode_mma_version(), copy_bw / 1e9);
   const char* cmp_env = std::getenv("RUNLM_PAGED_DECODE_MMA_CMP");
-  const int cmp = cmp_env && cmp_env[0] == 'v' && cmp_env[1] >= '4' && cmp_env[1] <= '8' ? cmp_env[1] - '0' : 7;
+  const int cmp = cmp_env && cmp_env[0] == 'v' && cmp_env[1] >= '4' && cmp_env[1] <= '9' ? cmp_env[1] - '0' : 7;
   const std::string col_us = "v" + std::to_string(cmp) + " us", col_gbps = "v" + std::to_string(cmp) + " GB/s",
                     col_vs = "v" + std::to_string(cmp) + " vs";
   std::printf("%5s %6s %6s %10s %10s %10s %12s %8s %10s %10s %8s\n", "B", "L", "kv", "us", "MB read", "GB/s",

@@ -336,16 +336,16 @@ section_paged_v6() {
   return $rc
 }
 
-# Issue 7's versions 7 and 8 (kernels/cuda/paged_decode_mma_v7.cuh: 16-byte
-# register loads, scales in the conversion; 8 adds a register ring): the
-# paged tests (each tensor-core case runs v4..v8), then the by-KV-type
-# table twice: v4 in the main columns and v7 in the v7 columns, then v8 in
-# the main columns (v7 again in the v7 columns).
+# Issue 7's versions 7, 8 and 9 (kernels/cuda/paged_decode_mma_v7.cuh:
+# 16-byte register loads, scales in the conversion; 8 adds a register ring,
+# 9 runs 7 at 3 CTAs an SM): the paged tests (each tensor-core case runs
+# v4..v9), then the by-KV-type table three times: v4, v8 and v9 in the main
+# columns, v7 in the v7 columns each time.
 section_paged_v7() {
   local v rc=0
   timeout "$TEST_TIMEOUT" "$TESTS" --gtest_filter='PagedAttention.*' >"$OUT/paged_v7_tests.log" 2>&1 || rc=1
   grep -E '^\[  (PASSED|FAILED) ' "$OUT/paged_v7_tests.log"
-  for v in v4 v8; do
+  for v in v4 v8 v9; do
     RUNLM_PAGED_DECODE_MMA=$v RUNLM_PAGED_DECODE_MMA_CMP=v7 RUNLM_BENCH=1 timeout "$BENCH_TIMEOUT" "$TESTS" \
       --gtest_filter='PagedAttentionBench.KvTypes' >"$OUT/paged_v7_bench_$v.log" 2>&1 || rc=1
     sed -n '/^paged decode by KV type/,$p' "$OUT/paged_v7_bench_$v.log" | grep -vE '^\{|^\['

@@ -60,7 +60,8 @@
 // and 128 with K and V both quantized, version 4 for the others.
 // Version 8: version 7's loads and conversions with version 5's register
 // ring of 16-key tiles (2-4 stages: tiles in flight while a tile computes).
-// RUNLM_PAGED_DECODE_MMA=v4|v5|v6|v7|v8 picks the version (v4 when unset),
+// Version 9: version 7 at 3 CTAs an SM (168 registers) where that does not
+// spill. RUNLM_PAGED_DECODE_MMA=v4..v9 picks the version (v4 when unset),
 // tests switch it with paged_decode_set_mma_version.
 #include <algorithm>
 #include <atomic>
@@ -251,8 +252,8 @@ int mma_version() {
     v = 4;
     if (e && *e) {
       RUNLM_CHECK(std::strcmp(e, "v4") == 0 || std::strcmp(e, "v5") == 0 || std::strcmp(e, "v6") == 0 ||
-                      std::strcmp(e, "v7") == 0 || std::strcmp(e, "v8") == 0,
-                  "RUNLM_PAGED_DECODE_MMA=%s unsupported; supported: v4, v5, v6, v7, v8", e);
+                      std::strcmp(e, "v7") == 0 || std::strcmp(e, "v8") == 0 || std::strcmp(e, "v9") == 0,
+                  "RUNLM_PAGED_DECODE_MMA=%s unsupported; supported: v4, v5, v6, v7, v8, v9", e);
       v = e[1] - '0';
     }
     g_mma_version.store(v, std::memory_order_relaxed);
@@ -264,8 +265,8 @@ bool use_mma(const PagedDecodeParams& p) {
   return mma_enabled() && mma_types(p.kv.k_type, p.kv.v_type, p.kv.head_dim);
 }
 
-// The version that runs for these types at this head_dim: 5 to 8 exist at
-// 64 and 128 only, 7 and 8 only with K and V both quantized; elsewhere the
+// The version that runs for these types at this head_dim: 5 to 9 exist at
+// 64 and 128 only, 7 to 9 only with K and V both quantized; elsewhere the
 // chosen version runs as version 4 (same results contract; the tests and
 // the bench report the version asked for).
 int mma_version_at(int version, KvType k, KvType v, int hd) {
@@ -417,8 +418,8 @@ size_t paged_decode_workspace_bytes(int n_seqs, int total_q, int n_heads, int he
 int paged_decode_mma_version() { return mma_version(); }
 
 void paged_decode_set_mma_version(int version) {
-  RUNLM_CHECK(version >= 4 && version <= 8,
-              "paged_decode_set_mma_version: version=%d unsupported; supported: 4, 5, 6, 7, 8", version);
+  RUNLM_CHECK(version >= 4 && version <= 9,
+              "paged_decode_set_mma_version: version=%d unsupported; supported: 4, 5, 6, 7, 8, 9", version);
   g_mma_version.store(version, std::memory_order_relaxed);
 }
 

@@ -9,6 +9,8 @@
 // Version 8 (RUNLM_PAGED_DECODE_MMA=v8, same pairs): these loads and
 // conversions through version 5's register ring of 16-key tiles (kRing =
 // mma_v8_stages, 3-4 stages: 2-3 tiles in flight while a tile computes).
+// Version 9 (v9): version 7 at 3 CTAs an SM (12 warps) where it fits 168
+// registers without spills (mma_v9_min_ctas).
 //
 // Why (ncu of version 4, q8_0/q8_0, B=64 L=8192 hd 128): L2 throughput
 // 78.7% (the busiest unit) at 65.6% DRAM, L2 hit rate 41% on a pure stream,
@@ -73,6 +75,8 @@
 // About version 4's count (~335), with ~3x fewer load instructions and
 // sector requests: the L2 request side, not issue, was the limit.
 #pragma once
+
+#include <type_traits>
 
 #include "cuda/paged_decode_mma.cuh"
 
@@ -214,14 +218,26 @@ constexpr int mma_v8_stages() {
   return 4 * words <= 128 ? 4 : 3 * words <= 128 ? 3 : 2;
 }
 
+// Version 9's CTAs an SM: version 7 under a 168-register cap (3 CTAs, 12
+// warps) where ptxas keeps it free of spills (hd 128: 166-168 registers, 0
+// spill bytes), 2 for the fp8 pairs with an 8-bit partner (fp8/fp8,
+// fp8/q8_0, q8_0/fp8 spilled 4-20 bytes at 168). hd 64 needs no cap:
+// version 7 there takes <= 128 registers (4 CTAs an SM) as it stands.
+template <typename KP, typename VP, int HD>
+constexpr int mma_v9_min_ctas() {
+  constexpr bool fp8_8bit = (KP::kBits == 8 && VP::kBits == 8) &&
+                            (std::is_same_v<KP, MmaFp8> || std::is_same_v<VP, MmaFp8>);
+  return HD == 128 && !fp8_8bit ? 3 : 2;
+}
+
 // grid, workspace and results as paged_decode_mma_kernel (version 4).
-// kRing = 0 (version 7): each warp walks 32 keys (2 tiles of 16) of every
-// 128-key CTA step, all loads of a step issued before their first use, as
-// version 4. kRing = S >= 2 (version 8): 16-key tiles through a register
-// ring of S raw tiles, S - 1 in flight while a tile is computed (version
-// 5's loop on these loads).
-template <typename KP, typename VP, int HD, int kRing>
-__global__ void __launch_bounds__(kThreads, 2)
+// kRing = 0 (version 7, and 9 with kMinCtas = 3): each warp walks 32 keys
+// (2 tiles of 16) of every 128-key CTA step, all loads of a step issued
+// before their first use, as version 4. kRing = S >= 2 (version 8):
+// 16-key tiles through a register ring of S raw tiles, S - 1 in flight
+// while a tile is computed (version 5's loop on these loads).
+template <typename KP, typename VP, int HD, int kRing, int kMinCtas>
+__global__ void __launch_bounds__(kThreads, kMinCtas)
     paged_decode_mma_v7_kernel(const __grid_constant__ PagedDecodeParams p, int partition_size, int n_chunks,
                                int bs_shift, float* __restrict__ ws_o, float* __restrict__ ws_md, int ws_parts) {
   using KL = MmaV7Layout<KP, HD>;

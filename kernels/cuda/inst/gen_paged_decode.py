@@ -20,7 +20,8 @@ K type (paged_decode_mma_k<K>.cu):
                128 (the dispatch runs version 4 at hd 256); 7 (16-byte
                register loads, scales in the conversion,
                paged_decode_mma_v7.cuh) and 8 (7 with a register ring of
-               tiles, mma_v8_stages) at 64 and 128 where K and V are both
+               tiles, mma_v8_stages) and 9 (7 at 3 CTAs an SM,
+               mma_v9_min_ctas) at 64 and 128 where K and V are both
                quantized (the dispatch runs version 4 for the others)
 """
 import pathlib
@@ -92,9 +93,14 @@ def main():
                 pols = f"{MMA_POLICY[kname]}, {MMA_POLICY[vname]}, {hd}"
                 kern = f"paged_decode_mma_kernel<{pols}"
                 if hd in MMA_V7_HEAD_DIMS and kname in MMA_V7_TYPES and vname in MMA_V7_TYPES:
-                    lines.append(f"    if (hd == {hd} && version == 7) return paged_decode_mma_v7_kernel<{pols}, 0>;")
+                    lines.append(f"    if (hd == {hd} && version == 7) return paged_decode_mma_v7_kernel<{pols}, 0, 2>;")
                     lines.append(f"    if (hd == {hd} && version == 8)")
-                    lines.append(f"      return paged_decode_mma_v7_kernel<{pols}, mma_v8_stages<{pols}>()>;")
+                    lines.append(f"      return paged_decode_mma_v7_kernel<{pols}, mma_v8_stages<{pols}>(), 2>;")
+                    if hd == 128:  # at hd 64 version 7 already runs 4 CTAs an SM (<= 128 registers)
+                        lines.append(f"    if (hd == {hd} && version == 9)")
+                        lines.append(f"      return paged_decode_mma_v7_kernel<{pols}, 0, mma_v9_min_ctas<{pols}>()>;")
+                    else:
+                        lines.append(f"    if (hd == {hd} && version == 9) return paged_decode_mma_v7_kernel<{pols}, 0, 2>;")
                 if hd in MMA_V6_HEAD_DIMS:
                     lines.append(f"    if (hd == {hd} && version == 6) {{")
                     lines.append(f"      *smem_bytes = MmaV6Traits<{pols}>::kSmemBytes;")

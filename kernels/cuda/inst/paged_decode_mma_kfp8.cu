@@ -22,17 +22,20 @@ KernelFn pick_mma_kernel_kfp8(KvType v, int hd, int version, int* smem_bytes) {
     return nullptr;
   }
   if (v == KvType::Q8_0) {
-    if (hd == 64 && version == 7) return paged_decode_mma_v7_kernel<MmaFp8, MmaQ8, 64, 0>;
+    if (hd == 64 && version == 7) return paged_decode_mma_v7_kernel<MmaFp8, MmaQ8, 64, 0, 2>;
     if (hd == 64 && version == 8)
-      return paged_decode_mma_v7_kernel<MmaFp8, MmaQ8, 64, mma_v8_stages<MmaFp8, MmaQ8, 64>()>;
+      return paged_decode_mma_v7_kernel<MmaFp8, MmaQ8, 64, mma_v8_stages<MmaFp8, MmaQ8, 64>(), 2>;
+    if (hd == 64 && version == 9) return paged_decode_mma_v7_kernel<MmaFp8, MmaQ8, 64, 0, 2>;
     if (hd == 64 && version == 6) {
       *smem_bytes = MmaV6Traits<MmaFp8, MmaQ8, 64>::kSmemBytes;
       return paged_decode_mma_v6_kernel<MmaFp8, MmaQ8, 64>;
     }
     if (hd == 64) return v5 ? paged_decode_mma_kernel<MmaFp8, MmaQ8, 64, 5> : paged_decode_mma_kernel<MmaFp8, MmaQ8, 64, 4>;
-    if (hd == 128 && version == 7) return paged_decode_mma_v7_kernel<MmaFp8, MmaQ8, 128, 0>;
+    if (hd == 128 && version == 7) return paged_decode_mma_v7_kernel<MmaFp8, MmaQ8, 128, 0, 2>;
     if (hd == 128 && version == 8)
-      return paged_decode_mma_v7_kernel<MmaFp8, MmaQ8, 128, mma_v8_stages<MmaFp8, MmaQ8, 128>()>;
+      return paged_decode_mma_v7_kernel<MmaFp8, MmaQ8, 128, mma_v8_stages<MmaFp8, MmaQ8, 128>(), 2>;
+    if (hd == 128 && version == 9)
+      return paged_decode_mma_v7_kernel<MmaFp8, MmaQ8, 128, 0, mma_v9_min_ctas<MmaFp8, MmaQ8, 128>()>;
     if (hd == 128 && version == 6) {
       *smem_bytes = MmaV6Traits<MmaFp8, MmaQ8, 128>::kSmemBytes;
       return paged_decode_mma_v6_kernel<MmaFp8, MmaQ8, 128>;
@@ -42,17 +45,20 @@ KernelFn pick_mma_kernel_kfp8(KvType v, int hd, int version, int* smem_bytes) {
     return nullptr;
   }
   if (v == KvType::Q4_0) {
-    if (hd == 64 && version == 7) return paged_decode_mma_v7_kernel<MmaFp8, MmaQ4, 64, 0>;
+    if (hd == 64 && version == 7) return paged_decode_mma_v7_kernel<MmaFp8, MmaQ4, 64, 0, 2>;
     if (hd == 64 && version == 8)
-      return paged_decode_mma_v7_kernel<MmaFp8, MmaQ4, 64, mma_v8_stages<MmaFp8, MmaQ4, 64>()>;
+      return paged_decode_mma_v7_kernel<MmaFp8, MmaQ4, 64, mma_v8_stages<MmaFp8, MmaQ4, 64>(), 2>;
+    if (hd == 64 && version == 9) return paged_decode_mma_v7_kernel<MmaFp8, MmaQ4, 64, 0, 2>;
     if (hd == 64 && version == 6) {
       *smem_bytes = MmaV6Traits<MmaFp8, MmaQ4, 64>::kSmemBytes;
       return paged_decode_mma_v6_kernel<MmaFp8, MmaQ4, 64>;
     }
     if (hd == 64) return v5 ? paged_decode_mma_kernel<MmaFp8, MmaQ4, 64, 5> : paged_decode_mma_kernel<MmaFp8, MmaQ4, 64, 4>;
-    if (hd == 128 && version == 7) return paged_decode_mma_v7_kernel<MmaFp8, MmaQ4, 128, 0>;
+    if (hd == 128 && version == 7) return paged_decode_mma_v7_kernel<MmaFp8, MmaQ4, 128, 0, 2>;
     if (hd == 128 && version == 8)
-      return paged_decode_mma_v7_kernel<MmaFp8, MmaQ4, 128, mma_v8_stages<MmaFp8, MmaQ4, 128>()>;
+      return paged_decode_mma_v7_kernel<MmaFp8, MmaQ4, 128, mma_v8_stages<MmaFp8, MmaQ4, 128>(), 2>;
+    if (hd == 128 && version == 9)
+      return paged_decode_mma_v7_kernel<MmaFp8, MmaQ4, 128, 0, mma_v9_min_ctas<MmaFp8, MmaQ4, 128>()>;
     if (hd == 128 && version == 6) {
       *smem_bytes = MmaV6Traits<MmaFp8, MmaQ4, 128>::kSmemBytes;
       return paged_decode_mma_v6_kernel<MmaFp8, MmaQ4, 128>;
@@ -62,17 +68,20 @@ KernelFn pick_mma_kernel_kfp8(KvType v, int hd, int version, int* smem_bytes) {
     return nullptr;
   }
   if (v == KvType::FP8) {
-    if (hd == 64 && version == 7) return paged_decode_mma_v7_kernel<MmaFp8, MmaFp8, 64, 0>;
+    if (hd == 64 && version == 7) return paged_decode_mma_v7_kernel<MmaFp8, MmaFp8, 64, 0, 2>;
     if (hd == 64 && version == 8)
-      return paged_decode_mma_v7_kernel<MmaFp8, MmaFp8, 64, mma_v8_stages<MmaFp8, MmaFp8, 64>()>;
+      return paged_decode_mma_v7_kernel<MmaFp8, MmaFp8, 64, mma_v8_stages<MmaFp8, MmaFp8, 64>(), 2>;
+    if (hd == 64 && version == 9) return paged_decode_mma_v7_kernel<MmaFp8, MmaFp8, 64, 0, 2>;
     if (hd == 64 && version == 6) {
       *smem_bytes = MmaV6Traits<MmaFp8, MmaFp8, 64>::kSmemBytes;
       return paged_decode_mma_v6_kernel<MmaFp8, MmaFp8, 64>;
     }
     if (hd == 64) return v5 ? paged_decode_mma_kernel<MmaFp8, MmaFp8, 64, 5> : paged_decode_mma_kernel<MmaFp8, MmaFp8, 64, 4>;
-    if (hd == 128 && version == 7) return paged_decode_mma_v7_kernel<MmaFp8, MmaFp8, 128, 0>;
+    if (hd == 128 && version == 7) return paged_decode_mma_v7_kernel<MmaFp8, MmaFp8, 128, 0, 2>;
     if (hd == 128 && version == 8)
-      return paged_decode_mma_v7_kernel<MmaFp8, MmaFp8, 128, mma_v8_stages<MmaFp8, MmaFp8, 128>()>;
+      return paged_decode_mma_v7_kernel<MmaFp8, MmaFp8, 128, mma_v8_stages<MmaFp8, MmaFp8, 128>(), 2>;
+    if (hd == 128 && version == 9)
+      return paged_decode_mma_v7_kernel<MmaFp8, MmaFp8, 128, 0, mma_v9_min_ctas<MmaFp8, MmaFp8, 128>()>;
     if (hd == 128 && version == 6) {
       *smem_bytes = MmaV6Traits<MmaFp8, MmaFp8, 128>::kSmemBytes;
       return paged_decode_mma_v6_kernel<MmaFp8, MmaFp8, 128>;
