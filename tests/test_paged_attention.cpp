@@ -532,10 +532,13 @@ std::string describe(const Case& c, int partition) {
 double row_tolerance(const PagedDecodeParams& p) { return paged_decode_uses_tensor_cores(p) ? 3e-3 : 1e-3; }
 
 // all_mma_versions: where the case runs on the tensor-core kernel, check
-// version 4, 5 (the pipelined key loop) and 6 (the cp.async ring in shared
-// memory) against the same reference (paged_decode_set_mma_version), then
-// restore the one in use. At head_dim 256 versions 5 and 6 run version 4:
-// 4 and 6 there (the fallback is exercised, not repeated).
+// version 4, 5 (the pipelined key loop), 6 (the cp.async ring in shared
+// memory), 7 (16-byte register loads, scales in the conversion), 8 (7
+// with a register ring) and 9 (7 at 3 CTAs an SM; 7 to 9 run version 4
+// for pairs with an f16 side) against the same reference
+// (paged_decode_set_mma_version), then restore the one in use. At head_dim
+// 256 versions 5 to 9 run version 4: 4 and 6 there (the fallback is
+// exercised, not repeated).
 constexpr bool kAllMmaVersions = true;
 
 void check_case(const Case& c, std::vector<int> partitions = {-1}, bool all_mma_versions = false) {
@@ -546,7 +549,7 @@ void check_case(const Case& c, std::vector<int> partitions = {-1}, bool all_mma_
   const int in_use = paged_decode_mma_version();
   std::vector<int> versions = {in_use};
   if (all_mma_versions && paged_decode_uses_tensor_cores(dp.params()))
-    versions = c.hd <= 128 ? std::vector<int>{4, 5, 6} : std::vector<int>{4, 6};
+    versions = c.hd <= 128 ? std::vector<int>{4, 5, 6, 7, 8, 9} : std::vector<int>{4, 6};
   for (int v : versions) {
     paged_decode_set_mma_version(v);
     for (int part : partitions) {
@@ -950,9 +953,10 @@ PagedDecodeParams one_token_params(const DevBuf& q, const DevBuf& out, const Dev
 // L=32768, GQA 32/8, hd 128, page 16, shuffled pages; GB/s of the bytes the
 // kernel actually reads (quants + scales of K and V), tokens/s (decode steps
 // of the whole batch per second: B / time) and the ratio to f16. Rows on the
-// tensor-core kernel are also timed with version 6 (the cp.async ring,
-// paged_decode_mma_v6.cuh) in the same run: the v6 columns (validated
-// first, as the main columns).
+// tensor-core kernel are also timed with a second version in the same run
+// (RUNLM_PAGED_DECODE_MMA_CMP=v4..v9, default v7: 16-byte register
+// loads, paged_decode_mma_v7.cuh): the "vN" columns (validated first, as
+// the main columns).
 void kv_type_sweep(double copy_bw) {
   const int n_heads = 32, n_kv = 8, hd = 128, bs = 16;
   struct Point {
@@ -964,8 +968,12 @@ void kv_type_sweep(double copy_bw) {
   std::printf("\npaged decode by KV type (GQA 32/8, hd 128, page 16, auto split; quantized: %s v%d); copy %.0f GB/s\n",
               std::getenv("RUNLM_PAGED_DECODE") ? std::getenv("RUNLM_PAGED_DECODE") : "tensor cores",
               paged_decode_mma_version(), copy_bw / 1e9);
+  const char* cmp_env = std::getenv("RUNLM_PAGED_DECODE_MMA_CMP");
+  const int cmp = cmp_env && cmp_env[0] == 'v' && cmp_env[1] >= '4' && cmp_env[1] <= '9' ? cmp_env[1] - '0' : 7;
+  const std::string col_us = "v" + std::to_string(cmp) + " us", col_gbps = "v" + std::to_string(cmp) + " GB/s",
+                    col_vs = "v" + std::to_string(cmp) + " vs";
   std::printf("%5s %6s %6s %10s %10s %10s %12s %8s %10s %10s %8s\n", "B", "L", "kv", "us", "MB read", "GB/s",
-              "tokens/s", "vs f16", "v6 us", "v6 GB/s", "v6 vs");
+              "tokens/s", "vs f16", col_us.c_str(), col_gbps.c_str(), col_vs.c_str());
   double f16_tps[2] = {0, 0};
   for (KvType t : types) {  // f16 first: the ratios refer to it
     const KvPoolLayout l = kv_pool_layout(t, bs, n_kv, hd);
@@ -1053,15 +1061,15 @@ void kv_type_sweep(double copy_bw) {
       const double t_s = time_launches(ps, ws.p, ws_bytes, -1);
       const double tps = B / t_s;
       if (t == KvType::F16) f16_tps[pi] = tps;
-      double t6 = 0;  // version 6 (0: not on the tensor-core kernel)
+      double t6 = 0;  // version cmp (0: not on the tensor-core kernel)
       if (paged_decode_uses_tensor_cores(p)) {
-        paged_decode_set_mma_version(6);
+        paged_decode_set_mma_version(cmp);
         validate();
         t6 = time_launches(ps, ws.p, ws_bytes, -1);
         paged_decode_set_mma_version(in_use);
-        std::printf("{\"bench\":\"paged_decode_kv\",\"kv\":\"%s\",\"mma\":6,\"B\":%d,\"L\":%d,\"us\":%.2f,"
+        std::printf("{\"bench\":\"paged_decode_kv\",\"kv\":\"%s\",\"mma\":%d,\"B\":%d,\"L\":%d,\"us\":%.2f,"
                     "\"gbps\":%.1f,\"tokens_per_s\":%.0f,\"vs_f16\":%.3f}\n",
-                    kv_type_name(t), B, L, t6 * 1e6, bytes / t6 / 1e9, B / t6, B / t6 / f16_tps[pi]);
+                    kv_type_name(t), cmp, B, L, t6 * 1e6, bytes / t6 / 1e9, B / t6, B / t6 / f16_tps[pi]);
       }
       std::printf("{\"bench\":\"paged_decode_kv\",\"kv\":\"%s\",\"B\":%d,\"L\":%d,\"part\":%d,\"us\":%.2f,"
                   "\"bytes\":%.0f,\"gbps\":%.1f,\"tokens_per_s\":%.0f,\"vs_f16\":%.3f}\n",
@@ -1223,8 +1231,8 @@ TEST(PagedAttentionBench, DecodeSweep) {
 }
 
 // Issue 7's table alone (the quick A/B of the tensor-core versions: the
-// main columns run the version in use, RUNLM_PAGED_DECODE_MMA, the v6
-// columns version 6).
+// main columns run the version in use, RUNLM_PAGED_DECODE_MMA, the vN
+// columns RUNLM_PAGED_DECODE_MMA_CMP, default v7).
 TEST(PagedAttentionBench, KvTypes) {
   if (!bench_enabled()) GTEST_SKIP() << "set RUNLM_BENCH=1";
   REQUIRE_DEVICE();

@@ -23,7 +23,7 @@ OUT=${OUT:-$ROOT/gpu-check-out}
 BUILD=${BUILD:-$ROOT/build-gpu}
 JOBS=${JOBS:-$(nproc)}
 # Also available: profile (ncu), plot (PNG charts), and the sections below
-# the summary (models, bench_model, paged, paged_v6, batch_model, gemv, gemm_fused,
+# the summary (models, bench_model, paged, paged_v6, paged_v7, batch_model, gemv, gemm_fused,
 # bench_npl, ...).
 SECTIONS=${SECTIONS:-"env build test sass sanitize bench anchors summary"}
 BENCH_ARGS=${BENCH_ARGS:-}
@@ -329,9 +329,26 @@ section_paged_v6() {
   timeout "$TEST_TIMEOUT" "$TESTS" --gtest_filter='PagedAttention.*' >"$OUT/paged_v6_tests.log" 2>&1 || rc=1
   grep -E '^\[  (PASSED|FAILED) ' "$OUT/paged_v6_tests.log"
   for v in v4 v6; do
-    RUNLM_PAGED_DECODE_MMA=$v RUNLM_BENCH=1 timeout "$BENCH_TIMEOUT" "$TESTS" \
+    RUNLM_PAGED_DECODE_MMA=$v RUNLM_PAGED_DECODE_MMA_CMP=v6 RUNLM_BENCH=1 timeout "$BENCH_TIMEOUT" "$TESTS" \
       --gtest_filter='PagedAttentionBench.KvTypes' >"$OUT/paged_v6_bench_$v.log" 2>&1 || rc=1
     sed -n '/^paged decode by KV type/,$p' "$OUT/paged_v6_bench_$v.log" | grep -vE '^\{|^\['
+  done
+  return $rc
+}
+
+# Issue 7's versions 7, 8 and 9 (kernels/cuda/paged_decode_mma_v7.cuh:
+# 16-byte register loads, scales in the conversion; 8 adds a register ring,
+# 9 runs 7 at 3 CTAs an SM): the paged tests (each tensor-core case runs
+# v4..v9), then the by-KV-type table three times: v4, v8 and v9 in the main
+# columns, v7 in the v7 columns each time.
+section_paged_v7() {
+  local v rc=0
+  timeout "$TEST_TIMEOUT" "$TESTS" --gtest_filter='PagedAttention.*' >"$OUT/paged_v7_tests.log" 2>&1 || rc=1
+  grep -E '^\[  (PASSED|FAILED) ' "$OUT/paged_v7_tests.log"
+  for v in v4 v8 v9; do
+    RUNLM_PAGED_DECODE_MMA=$v RUNLM_PAGED_DECODE_MMA_CMP=v7 RUNLM_BENCH=1 timeout "$BENCH_TIMEOUT" "$TESTS" \
+      --gtest_filter='PagedAttentionBench.KvTypes' >"$OUT/paged_v7_bench_$v.log" 2>&1 || rc=1
+    sed -n '/^paged decode by KV type/,$p' "$OUT/paged_v7_bench_$v.log" | grep -vE '^\{|^\['
   done
   return $rc
 }

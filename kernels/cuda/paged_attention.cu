@@ -53,8 +53,16 @@
 // through a per-warp 2-4 stage ring in shared memory, the fragments read
 // from there (ldmatrix for K), 16 warps an SM (paged_decode_mma_v6.cuh);
 // head_dim 64 and 128, version 4 at 256 (make_plan says so).
-// RUNLM_PAGED_DECODE_MMA=v4|v5|v6 picks the version (v4 when unset), tests
-// switch it with paged_decode_set_mma_version.
+// Version 7 (issue 7): version 4's loop with the K and V bytes loaded as
+// whole 16-byte chunks straight into registers (each sector requested
+// once), in a fragment order that converts in place, the block scales
+// folded into the f16 conversion (paged_decode_mma_v7.cuh); head_dim 64
+// and 128 with K and V both quantized, version 4 for the others.
+// Version 8: version 7's loads and conversions with version 5's register
+// ring of 16-key tiles (2-4 stages: tiles in flight while a tile computes).
+// Version 9: version 7 at 3 CTAs an SM (168 registers) where that does not
+// spill. RUNLM_PAGED_DECODE_MMA=v4..v9 picks the version (v4 when unset),
+// tests switch it with paged_decode_set_mma_version.
 #include <algorithm>
 #include <atomic>
 #include <cfloat>
@@ -243,8 +251,9 @@ int mma_version() {
     const char* e = std::getenv("RUNLM_PAGED_DECODE_MMA");
     v = 4;
     if (e && *e) {
-      RUNLM_CHECK(std::strcmp(e, "v4") == 0 || std::strcmp(e, "v5") == 0 || std::strcmp(e, "v6") == 0,
-                  "RUNLM_PAGED_DECODE_MMA=%s unsupported; supported: v4, v5, v6", e);
+      RUNLM_CHECK(std::strcmp(e, "v4") == 0 || std::strcmp(e, "v5") == 0 || std::strcmp(e, "v6") == 0 ||
+                      std::strcmp(e, "v7") == 0 || std::strcmp(e, "v8") == 0 || std::strcmp(e, "v9") == 0,
+                  "RUNLM_PAGED_DECODE_MMA=%s unsupported; supported: v4, v5, v6, v7, v8, v9", e);
       v = e[1] - '0';
     }
     g_mma_version.store(v, std::memory_order_relaxed);
@@ -256,10 +265,15 @@ bool use_mma(const PagedDecodeParams& p) {
   return mma_enabled() && mma_types(p.kv.k_type, p.kv.v_type, p.kv.head_dim);
 }
 
-// The version that runs at this head_dim: 5 and 6 exist at 64 and 128
-// only; at 256 the chosen version runs as version 4 (same results contract;
-// the tests and the bench report the version asked for).
-int mma_version_at(int version, int hd) { return hd == 256 ? 4 : version; }
+// The version that runs for these types at this head_dim: 5 to 9 exist at
+// 64 and 128 only, 7 to 9 only with K and V both quantized; elsewhere the
+// chosen version runs as version 4 (same results contract; the tests and
+// the bench report the version asked for).
+int mma_version_at(int version, KvType k, KvType v, int hd) {
+  if (hd == 256) return 4;
+  if (version >= 7 && (k == KvType::F16 || v == KvType::F16)) return 4;
+  return version;
+}
 
 // Sets the dynamic shared memory limit of a version 6 kernel once per
 // (device, kernel): not a stream operation, so legal during graph capture
@@ -344,7 +358,7 @@ Plan make_plan(const PagedDecodeParams& p, int forced_partition) {
   if (use_mma(p)) {
     pl.rows_per_cta = kMmaRows;
     pl.n_chunks = ceil_div(rows, kMmaRows);
-    pl.fn = pick_mma_kernel(p.kv.k_type, p.kv.v_type, p.kv.head_dim, mma_version_at(mma_version(), p.kv.head_dim),
+    pl.fn = pick_mma_kernel(p.kv.k_type, p.kv.v_type, p.kv.head_dim, mma_version_at(mma_version(), p.kv.k_type, p.kv.v_type, p.kv.head_dim),
                             &pl.smem_bytes);
   } else {
     pl.rows_per_cta = rows_per_cta(rows);
@@ -404,8 +418,8 @@ size_t paged_decode_workspace_bytes(int n_seqs, int total_q, int n_heads, int he
 int paged_decode_mma_version() { return mma_version(); }
 
 void paged_decode_set_mma_version(int version) {
-  RUNLM_CHECK(version == 4 || version == 5 || version == 6,
-              "paged_decode_set_mma_version: version=%d unsupported; supported: 4, 5, 6", version);
+  RUNLM_CHECK(version >= 4 && version <= 9,
+              "paged_decode_set_mma_version: version=%d unsupported; supported: 4, 5, 6, 7, 8, 9", version);
   g_mma_version.store(version, std::memory_order_relaxed);
 }
 

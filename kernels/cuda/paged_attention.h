@@ -49,9 +49,12 @@ bool paged_decode_uses_tensor_cores(const PagedDecodeParams& p);
 
 // The tensor-core kernel's version: 4 (a warp loads a step of keys, then
 // converts and multiplies it), 5 (software-pipelined key loop in
-// registers) or 6 (cp.async ring in shared memory); 5 and 6 at head_dim 64
-// and 128, 256 runs version 4. From RUNLM_PAGED_DECODE_MMA=v4|v5|v6, v4
-// when unset; the setter overrides it for the process (tests run all).
+// registers), 6 (cp.async ring in shared memory), 7 (version 4 with
+// 16-byte register loads and the scales in the conversion), 8 (7 with a
+// register ring of tiles) or 9 (7 at 3 CTAs an SM); 5 to 9 at head_dim 64
+// and 128 (7 to 9 with K and V both quantized), elsewhere version 4 runs.
+// From RUNLM_PAGED_DECODE_MMA=v4..v9, v4 when unset; the setter overrides
+// it for the process (tests run all).
 int paged_decode_mma_version();
 void paged_decode_set_mma_version(int version);
 
