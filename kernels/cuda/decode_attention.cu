@@ -32,7 +32,6 @@
 #include <type_traits>
 
 #include "cuda/common.cuh"
-#include "cuda/launch_pdl.h"
 #include "cuda/gpu_ops.h"
 #include "cuda/rope.cuh"
 #include "cuda/x8_layout.cuh"
@@ -63,9 +62,6 @@ __global__ void __launch_bounds__(kWarps * 32)
                        float2* __restrict__ out_ds, const float* __restrict__ k_new, const float* __restrict__ v_new,
                        RopeFreqs freqs) {
   allow_next_kernel();
-  // q, the new key and value (and the cache) come from kernels before this
-  // one (launch_pdl_small): nothing is read or written before this wait.
-  wait_for_previous_kernel();
   __shared__ float s_m[kWarps], s_l[kWarps];
   __shared__ float s_o[kWarps][kMaxHeadDim];
   __shared__ std::conditional_t<kRope, NewKv, char> s_new;
@@ -249,14 +245,16 @@ void launch_decode_attention(const float* q, uint16_t* k_cache, uint16_t* v_cach
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   auto* kc = reinterpret_cast<__half*>(k_cache);
   auto* vc = reinterpret_cast<__half*>(v_cache);
-#define RUNLM_ATTN_LAUNCH(P)                                                                                   \
-  launch_pdl_small(decode_attn_kernel<P, kRope>, grid, dim3(kWarps * 32), 0, s, q, kc, vc, pos0, n_heads, n_kv_heads, \
-                   head_dim, window, scale, max_ctx, out, out_q, out_ds, k_new, v_new, freqs)
+#define RUNLM_ATTN_LAUNCH(P)                                                                              \
+  decode_attn_kernel<P, kRope><<<grid, kWarps * 32, 0, s>>>(q, kc, vc, pos0, n_heads, n_kv_heads, head_dim, \
+                                                             window, scale, max_ctx, out, out_q, out_ds, k_new, \
+                                                             v_new, freqs)
   if (head_dim <= 32) RUNLM_ATTN_LAUNCH(1);
   else if (head_dim <= 64) RUNLM_ATTN_LAUNCH(2);
   else if (head_dim <= 128) RUNLM_ATTN_LAUNCH(4);
   else RUNLM_ATTN_LAUNCH(8);
 #undef RUNLM_ATTN_LAUNCH
+  cudaCheckLaunch();
 }
 
 }  // namespace

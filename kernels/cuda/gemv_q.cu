@@ -152,7 +152,6 @@ __device__ __forceinline__ void dot_step(const Step<kT, kRows, kUnroll>& st, con
 // Version 3: x through L1.
 template <DType kT, int kTok, int kRows>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvTargets tg, const float* __restrict__ x) {
-  allow_next_kernel();  // the small kernel after this may launch early (launch_pdl_small); it waits
   constexpr bool kPrefetch = kPrefetchOf<kTok>;
   constexpr int kUnroll = kUnrollOf<kT, kTok>;
   int blk = blockIdx.x;
@@ -184,7 +183,6 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvTargets tg, const fl
 template <DType kT, int kTok, int kRows>
 __global__ void __launch_bounds__(kThreads)
     gemv_smem_kernel(GemvTargets tg, const float* __restrict__ x, int chunk_units) {
-  allow_next_kernel();  // as gemv_kernel
   using C = Codec<kT>;
   int blk = blockIdx.x;
   const int ti = target_of(tg, blk);

@@ -216,11 +216,11 @@ __device__ __forceinline__ void swiglu_tail(const GemvTargets& tg, const SwigluX
 // kSwiglu: gemv_x8_swiglu (gate/up with the SwiGLU epilogue), else sw unused.
 template <DType kT, int kTok, int kRows, bool kSwiglu>
 __global__ void __launch_bounds__(kThreads) gemv_x8_kernel(GemvTargets tg, X8View x, SwigluX8 sw) {
-  // The kernel after this one (a small one through launch_pdl_small, or the
-  // down GEMV after a fused gate/up launch) may launch once all of these
-  // CTAs have started, do its independent loads and wait
+  // The down GEMV after a fused gate/up launch takes the place of the one
+  // after swiglu_x8, which let it start early: its CTAs may launch once all
+  // of these have started, load their first weights and wait
   // (wait_for_previous_kernel waits for this whole grid, epilogues included).
-  allow_next_kernel();
+  if constexpr (kSwiglu) allow_next_kernel();
   int blk = blockIdx.x;
   const int ti = target_of(tg, blk);
   const WView w = view_of(tg, ti);

@@ -3,13 +3,11 @@
 // int8 out) and SwiGLU into int8. Folding saves a launch and a pass over x
 // per op; at decode those small kernels are launch-bound (~2 us each), so
 // fewer of them is the point. Both let the next GEMV start early
-// (allow_next_kernel, launch_pdl), and both start early themselves
-// (launch_pdl_small: they wait for the kernel before them first).
+// (allow_next_kernel, launch_pdl).
 #include <algorithm>
 
 #include "cuda/common.cuh"
 #include "cuda/gpu_ops.h"
-#include "cuda/launch_pdl.h"
 #include "cuda/x8_layout.cuh"
 
 namespace runlm::gpu {
@@ -34,20 +32,14 @@ __global__ void __launch_bounds__(1024) rmsnorm_fused_kernel(float* x, const flo
   const int n4 = n_cols / 4;
   float4 v[kVec], wv[kVec];
   float ss = 0.0f;
-  // The weights are the model's (no kernel writes them): loaded before the
-  // wait, while the GEMV before this (launch_pdl_small) finishes.
-#pragma unroll
-  for (int k = 0; k < kVec; ++k) {
-    const int j = threadIdx.x + k * blockDim.x;
-    wv[k] = j < n4 ? reinterpret_cast<const float4*>(w)[j] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
-  wait_for_previous_kernel();
 #pragma unroll
   for (int k = 0; k < kVec; ++k) {
     const int j = threadIdx.x + k * blockDim.x;
     v[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    wv[k] = v[k];
     if (j < n4) {
       v[k] = reinterpret_cast<const float4*>(x + row)[j];
+      wv[k] = reinterpret_cast<const float4*>(w)[j];
       if (add) {
         const float4 a = reinterpret_cast<const float4*>(add + row)[j];
         v[k] = make_float4(v[k].x + a.x, v[k].y + a.y, v[k].z + a.z, v[k].w + a.w);
@@ -85,7 +77,6 @@ __global__ void __launch_bounds__(1024) rmsnorm_fused_kernel(float* x, const flo
 __global__ void swiglu_x8_kernel(const float* __restrict__ gate, const float* __restrict__ up, int64_t n,
                                  int8_t* __restrict__ q, float2* __restrict__ ds) {
   allow_next_kernel();
-  wait_for_previous_kernel();  // gate and up come from the GEMV before (launch_pdl_small)
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   // swiglu_value: as swiglu_kernel (fused_ops.cu) and gemv_x8_swiglu's epilogue
@@ -110,8 +101,10 @@ void rmsnorm_fused(float* x, const float* add, const float* w, float* out_f32, u
   int8_t* q = out_x8 ? x8_q(out_x8) : nullptr;
   float2* ds = out_x8 ? x8_ds(out_x8, n_rows, n_cols) : nullptr;
   __half* h = reinterpret_cast<__half*>(out_f16);
-  auto* kernel = vec == 1 ? rmsnorm_fused_kernel<1> : vec == 2 ? rmsnorm_fused_kernel<2> : rmsnorm_fused_kernel<4>;
-  launch_pdl_small(kernel, dim3(n_rows), dim3(threads), 0, s, x, add, w, out_f32, h, q, ds, n_cols, eps);
+  if (vec == 1) rmsnorm_fused_kernel<1><<<n_rows, threads, 0, s>>>(x, add, w, out_f32, h, q, ds, n_cols, eps);
+  else if (vec == 2) rmsnorm_fused_kernel<2><<<n_rows, threads, 0, s>>>(x, add, w, out_f32, h, q, ds, n_cols, eps);
+  else rmsnorm_fused_kernel<4><<<n_rows, threads, 0, s>>>(x, add, w, out_f32, h, q, ds, n_cols, eps);
+  cudaCheckLaunch();
 }
 
 void swiglu_x8(const float* gate, const float* up, void* out_x8, int n_rows, int64_t n_cols, Stream stream) {
@@ -119,8 +112,9 @@ void swiglu_x8(const float* gate, const float* up, void* out_x8, int n_rows, int
   RUNLM_CHECK(n_cols > 0 && n_cols % kX8Block == 0, "swiglu_x8: n_cols=%lld; needs a multiple of 32",
               static_cast<long long>(n_cols));
   const int64_t n = int64_t(n_rows) * n_cols;
-  launch_pdl_small(swiglu_x8_kernel, dim3(static_cast<unsigned>((n + kThreads - 1) / kThreads)), dim3(kThreads), 0,
-                   static_cast<cudaStream_t>(stream), gate, up, n, x8_q(out_x8), x8_ds(out_x8, n_rows, n_cols));
+  swiglu_x8_kernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0,
+                     static_cast<cudaStream_t>(stream)>>>(gate, up, n, x8_q(out_x8), x8_ds(out_x8, n_rows, n_cols));
+  cudaCheckLaunch();
 }
 
 }  // namespace runlm::gpu
