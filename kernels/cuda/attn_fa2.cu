@@ -777,14 +777,12 @@ void launch_fa2(const AttnParams& p) {
     RUNLM_CHECK((1 << log2_bs) == p.block_size, "fa2: paged K/V block_size=%d unsupported; supported: powers of two",
                 p.block_size);
   }
+  const int n_m = ceil_div(p.max_seqlen_q, BM);
   Fa2ArgsOf<kMode> a{};
   static_cast<Fa2Args&>(a) = Fa2Args{p.q,       p.k,          p.v,           p.out,         p.lse,    p.cu_seqlens_q,
                                      p.cu_seqlens_k, p.total_q, p.n_heads, p.n_kv_heads, p.window_left, p.causal,
-                                     p.scale * kLog2e, p.block_tables, p.max_blocks_per_seq, log2_bs};
-  const int n_m = ceil_div(p.max_seqlen_q, BM);
-  a.n_m_blocks = n_m;
-  a.n_hb = p.n_heads * p.batch;
-  a.order = fa2_order(p, n_m, V);
+                                     p.scale * kLog2e, p.block_tables, p.max_blocks_per_seq, log2_bs,
+                                     n_m, p.n_heads * p.batch, fa2_order(p, n_m, V)};
   const int64_t units = int64_t(a.order == kFa2OrderPair ? (n_m + 1) / 2 : n_m) * a.n_hb;
   RUNLM_CHECK(units < (int64_t(1) << 31), "fa2: %lld CTAs unsupported; supported: < 2^31",
               static_cast<long long>(units));

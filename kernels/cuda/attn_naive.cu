@@ -167,7 +167,8 @@ void launch_typed(const AttnParams& p) {
   if (p.max_seqlen_q == 0) return;
   cudaCheck(cudaFuncSetAttribute(attn_naive_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   NaiveArgs a{p.q, p.k, p.v, p.out, p.lse, p.cu_seqlens_q, p.cu_seqlens_k, p.total_q, p.n_heads, p.n_kv_heads,
-              p.head_dim, p.window_left, p.causal, p.scale, p.block_tables, p.max_blocks_per_seq, p.block_size};
+              p.head_dim, p.window_left, p.causal, p.scale, p.block_tables, p.max_blocks_per_seq, p.block_size,
+              false, KvType::F16, KvType::F16, KvPoolLayout{}, KvPoolLayout{}};
   if (p.block_tables && attn_kv_typed(p)) {
     RUNLM_CHECK(p.dtype == DType::F16, "naive: paged K/V types K=%s V=%s with dtype %s unsupported; supported: dtype f16",
                 kv_type_name(attn_kv_type(p, false)), kv_type_name(attn_kv_type(p, true)), dtype_name(p.dtype));

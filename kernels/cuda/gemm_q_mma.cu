@@ -1255,7 +1255,7 @@ void gemm_fused_q_multi(const GemmOut* outs, int n_outs, const uint16_t* x_f16, 
   RUNLM_CHECK(n_outs >= 1 && n_outs <= kMaxMats, "gemm_fused_q: %d matrices; supported: 1 to %d", n_outs, kMaxMats);
   RUNLM_CHECK(n_tokens >= 1, "gemm_fused_q: n_tokens=%d", n_tokens);
   RUNLM_CHECK(reinterpret_cast<uintptr_t>(x_f16) % 16 == 0, "gemm_fused_q: x must be 16-byte aligned");
-  Mats ms;
+  Mats ms{};
   for (int i = 0; i < n_outs; ++i) {
     const GpuMatrix& w = *outs[i].w;
     RUNLM_CHECK(w.data != nullptr, "gemm_fused_q: matrix not uploaded");
