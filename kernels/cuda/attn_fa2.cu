@@ -337,6 +337,33 @@ __device__ __forceinline__ int fa2_m_block(const Fa2Args& a, int pass, int sq) {
   return pass == 0 ? a.n_m_blocks - 1 - unit % a.n_m_blocks : -1;
 }
 
+// Softmax pieces shared by v5's lazy rescale and v4's (per half row hr of
+// an m-tile: this lane's scores s[nt][2 hr], s[nt][2 hr + 1]).
+// The row's raw maximum over the tile: the lane's, then its 4-lane quad's.
+template <int kNT>
+__device__ __forceinline__ float tile_row_max(const float (&s)[kNT][4], int hr) {
+  float mx = -INFINITY;
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][hr * 2], s[nt][hr * 2 + 1]));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  return fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+}
+
+// p = 2^(s * scale_log2 - m_use) in place; returns the lane's part of the row sum.
+template <int kNT>
+__device__ __forceinline__ float exp_row(float (&s)[kNT][4], int hr, float scale_log2, float m_use) {
+  float sum = 0.0f;
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) {
+    const float p0 = fast_exp2(fmaf(s[nt][hr * 2], scale_log2, -m_use));
+    const float p1 = fast_exp2(fmaf(s[nt][hr * 2 + 1], scale_log2, -m_use));
+    s[nt][hr * 2] = p0;
+    s[nt][hr * 2 + 1] = p1;
+    sum += p0 + p1;
+  }
+  return sum;
+}
+
 template <typename T, int D, int V, Fa2Mode kMode>
 __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>::kMinBlocks)
     attn_fa2_fwd(Fa2ArgsOf<kMode> a) {
@@ -562,12 +589,7 @@ __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>:
         for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
           for (int hr = 0; hr < 2; ++hr) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][hr * 2], s[mt][nt][hr * 2 + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            mx_new[mt][hr] = mx * a.scale_log2;
+            mx_new[mt][hr] = tile_row_max(s[mt], hr) * a.scale_log2;
             // -inf + 8 = -inf: a row's first visible key always moves m; a row
             // with nothing visible yet (-inf) never does.
             grow |= mx_new[mt][hr] > m_run[mt][hr] + kFa2RescaleLog2;
@@ -597,41 +619,20 @@ __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>:
           for (int hr = 0; hr < 2; ++hr) {
             // A row with nothing visible yet keeps m = -inf: subtract 0 instead (its p are 0).
             const float m_use = m_run[mt][hr] == -INFINITY ? 0.0f : m_run[mt][hr];
-            float sum = 0.0f;
-#pragma unroll
-            for (int nt = 0; nt < kNT; ++nt) {
-              const float p0 = fast_exp2(fmaf(s[mt][nt][hr * 2], a.scale_log2, -m_use));
-              const float p1 = fast_exp2(fmaf(s[mt][nt][hr * 2 + 1], a.scale_log2, -m_use));
-              s[mt][nt][hr * 2] = p0;
-              s[mt][nt][hr * 2 + 1] = p1;
-              sum += p0 + p1;
-            }
-            l_run[mt][hr] += sum;
+            l_run[mt][hr] += exp_row(s[mt], hr, a.scale_log2, m_use);
           }
       } else {
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
           for (int hr = 0; hr < 2; ++hr) {
-            float mx = -INFINITY;  // raw scores first, scaled once (scale > 0 keeps the order)
-#pragma unroll
-            for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][hr * 2], s[mt][nt][hr * 2 + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            mx = fmaxf(m_run[mt][hr], mx * a.scale_log2);
+            // Raw scores first, scaled once (scale > 0 keeps the order).
+            const float mx = fmaxf(m_run[mt][hr], tile_row_max(s[mt], hr) * a.scale_log2);
             // A row with nothing visible yet keeps max -inf: subtract 0 instead of -inf.
             const float m_use = mx == -INFINITY ? 0.0f : mx;
             const float corr = fast_exp2(m_run[mt][hr] - m_use);
             m_run[mt][hr] = mx;
-            float sum = 0.0f;
-#pragma unroll
-            for (int nt = 0; nt < kNT; ++nt) {
-              const float p0 = fast_exp2(fmaf(s[mt][nt][hr * 2], a.scale_log2, -m_use));
-              const float p1 = fast_exp2(fmaf(s[mt][nt][hr * 2 + 1], a.scale_log2, -m_use));
-              s[mt][nt][hr * 2] = p0;
-              s[mt][nt][hr * 2 + 1] = p1;
-              sum += p0 + p1;
-            }
+            const float sum = exp_row(s[mt], hr, a.scale_log2, m_use);
             l_run[mt][hr] = l_run[mt][hr] * corr + sum;
 #pragma unroll
             for (int dt = 0; dt < kDT; ++dt) {
