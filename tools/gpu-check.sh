@@ -320,38 +320,30 @@ section_paged() {
   return $rc
 }
 
-# Issue 7's tensor-core decode versions (kernels/cuda/paged_decode_mma_v6.cuh):
-# the paged tests (each tensor-core case runs v4, v5 and v6), then the
-# by-KV-type table with the version in use in the main columns and v6 in
-# the v6 columns, once with v4 in use and once with RUNLM_PAGED_DECODE_MMA=v6.
-section_paged_v6() {
-  local v rc=0
-  timeout "$TEST_TIMEOUT" "$TESTS" --gtest_filter='PagedAttention.*' >"$OUT/paged_v6_tests.log" 2>&1 || rc=1
-  grep -E '^\[  (PASSED|FAILED) ' "$OUT/paged_v6_tests.log"
-  for v in v4 v6; do
-    RUNLM_PAGED_DECODE_MMA=$v RUNLM_PAGED_DECODE_MMA_CMP=v6 RUNLM_BENCH=1 timeout "$BENCH_TIMEOUT" "$TESTS" \
-      --gtest_filter='PagedAttentionBench.KvTypes' >"$OUT/paged_v6_bench_$v.log" 2>&1 || rc=1
-    sed -n '/^paged decode by KV type/,$p' "$OUT/paged_v6_bench_$v.log" | grep -vE '^\{|^\['
+# Issue 7's tensor-core decode versions: the paged tests (each tensor-core
+# case runs v4..v9), then the by-KV-type table once per version in $2 in the
+# main columns (RUNLM_PAGED_DECODE_MMA), with version $1 in the comparison
+# columns (RUNLM_PAGED_DECODE_MMA_CMP) each time. Logs: paged_$1_*.
+paged_mma_ab() {
+  local cmp=$1 versions=$2 v rc=0
+  timeout "$TEST_TIMEOUT" "$TESTS" --gtest_filter='PagedAttention.*' >"$OUT/paged_${cmp}_tests.log" 2>&1 || rc=1
+  grep -E '^\[  (PASSED|FAILED) ' "$OUT/paged_${cmp}_tests.log"
+  for v in $versions; do
+    RUNLM_PAGED_DECODE_MMA=$v RUNLM_PAGED_DECODE_MMA_CMP=$cmp RUNLM_BENCH=1 timeout "$BENCH_TIMEOUT" "$TESTS" \
+      --gtest_filter='PagedAttentionBench.KvTypes' >"$OUT/paged_${cmp}_bench_$v.log" 2>&1 || rc=1
+    sed -n '/^paged decode by KV type/,$p' "$OUT/paged_${cmp}_bench_$v.log" | grep -vE '^\{|^\['
   done
   return $rc
 }
 
-# Issue 7's versions 7, 8 and 9 (kernels/cuda/paged_decode_mma_v7.cuh:
-# 16-byte register loads, scales in the conversion; 8 adds a register ring,
-# 9 runs 7 at 3 CTAs an SM): the paged tests (each tensor-core case runs
-# v4..v9), then the by-KV-type table three times: v4, v8 and v9 in the main
-# columns, v7 in the v7 columns each time.
-section_paged_v7() {
-  local v rc=0
-  timeout "$TEST_TIMEOUT" "$TESTS" --gtest_filter='PagedAttention.*' >"$OUT/paged_v7_tests.log" 2>&1 || rc=1
-  grep -E '^\[  (PASSED|FAILED) ' "$OUT/paged_v7_tests.log"
-  for v in v4 v8 v9; do
-    RUNLM_PAGED_DECODE_MMA=$v RUNLM_PAGED_DECODE_MMA_CMP=v7 RUNLM_BENCH=1 timeout "$BENCH_TIMEOUT" "$TESTS" \
-      --gtest_filter='PagedAttentionBench.KvTypes' >"$OUT/paged_v7_bench_$v.log" 2>&1 || rc=1
-    sed -n '/^paged decode by KV type/,$p' "$OUT/paged_v7_bench_$v.log" | grep -vE '^\{|^\['
-  done
-  return $rc
-}
+# Version 6 (kernels/cuda/paged_decode_mma_v6.cuh: a cp.async ring in shared
+# memory) against v4 and itself.
+section_paged_v6() { paged_mma_ab v6 "v4 v6"; }
+
+# Versions 7, 8 and 9 (kernels/cuda/paged_decode_mma_v7.cuh: 16-byte
+# register loads, scales in the conversion; 8 adds a register ring, 9 runs 7
+# at 3 CTAs an SM): v4, v8 and v9 each beside v7.
+section_paged_v7() { paged_mma_ab v7 "v4 v8 v9"; }
 
 # The end-to-end batch job of issue 6: 256 prompts of 128 tokens, 128 new
 # tokens each (EOS ignored), on the random 7B models.
