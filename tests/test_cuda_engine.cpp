@@ -117,6 +117,15 @@ TEST(CudaEngine, Sotu29mMatchesTransformersAndTheCpu) {
   EXPECT_LT(err, 1e-2);
 }
 
+namespace {
+// A random-weight model of the Llama-2-7B layer shapes with 2 layers (the
+// project's make_random_model), written to path.
+CommandResult make_llama7b_shape_model(const std::string& type, const std::string& path) {
+  return run_command(std::string(RUNLM_RANDOM_MODEL_BINARY) + " --preset llama2-7b --layers 2 --type " + type +
+                     " --tokenizer " + shared_model("llama2-tokenizer.model") + " -o " + path);
+}
+}  // namespace
+
 // Llama-2-7B layer shapes (dim 4096, hidden 11008, 32 heads, vocab 32000)
 // with 2 layers so the CPU reference runs in seconds. Decode of q4_k and
 // f16 (GEMV, f32 activations) must be within 2e-3 of the CPU: the same
@@ -131,9 +140,7 @@ TEST(CudaEngine, Llama7BShapeLogitsMatchTheCpu) {
   REQUIRE_GPU();
   for (const char* type : {"q4_0", "q8_0", "q4_k", "f16"}) {
     TempPath path(".gguf");
-    const CommandResult made = run_command(std::string(RUNLM_RANDOM_MODEL_BINARY) + " --preset llama2-7b --layers 2 --type " +
-                                           type + " --tokenizer " + shared_model("llama2-tokenizer.model") + " -o " +
-                                           path.str());
+    const CommandResult made = make_llama7b_shape_model(type, path.str());
     ASSERT_EQ(made.exit_code, 0) << made.err;
     auto model = Model::load(path.str());
     std::vector<int> ids;
@@ -172,9 +179,7 @@ TEST(CudaEngine, GemvSwigluFusedEqualsSeparateSwiglu) {
   REQUIRE_GPU();
   for (const char* type : {"q4_0", "q8_0"}) {
     TempPath path(".gguf");
-    const CommandResult made = run_command(std::string(RUNLM_RANDOM_MODEL_BINARY) + " --preset llama2-7b --layers 2 --type " +
-                                           type + " --tokenizer " + shared_model("llama2-tokenizer.model") + " -o " +
-                                           path.str());
+    const CommandResult made = make_llama7b_shape_model(type, path.str());
     ASSERT_EQ(made.exit_code, 0) << made.err;
     auto model = Model::load(path.str());
     std::vector<int> ids;
