@@ -82,7 +82,10 @@ section_build() {
     build_attention_standalone
     return
   fi
-  if cmake -S . -B "$BUILD" -DRUNLM_CUDA=ON -DCMAKE_BUILD_TYPE=Release >"$OUT/cmake.log" 2>&1 &&
+  # CMAKE_EXTRA: more cmake flags, e.g. one -DRUNLM_CUDA_GENCODE for sm_90a
+  # alone (half the kernel build time when only the H100 runs).
+  # shellcheck disable=SC2086
+  if cmake -S . -B "$BUILD" -DRUNLM_CUDA=ON -DCMAKE_BUILD_TYPE=Release ${CMAKE_EXTRA:-} >"$OUT/cmake.log" 2>&1 &&
      cmake --build "$BUILD" -j "$JOBS" --target runlm_tests runlm >>"$OUT/cmake.log" 2>&1; then
     log "cmake build ok"
     return 0
@@ -197,7 +200,7 @@ section_profile() {
   command -v ncu >/dev/null || { echo "no ncu"; return 1; }
   local be args
   for be in ${PROFILE_ATTN:-fa2 fa3}; do
-    args="--attn $be --hdim ${PROFILE_HDIM:-128} --seqlen ${PROFILE_SEQLEN:-8192} --causal 0 -r 1"
+    args="--attn $be --hdim ${PROFILE_HDIM:-128} --seqlen ${PROFILE_SEQLEN:-8192} --causal ${PROFILE_CAUSAL:-0} -r 1"
     if "$RUNLM" bench-attn --help >/dev/null 2>&1; then
       # shellcheck disable=SC2086
       timeout 180 ncu --kernel-name "regex:attn_${be}" --launch-count 1 --section SpeedOfLight --section Occupancy \
