@@ -1,7 +1,8 @@
 // Version 10 of the paged decode: tensor cores for the plain pools (K and V
-// both f16, or both bf16), head_dim 64 and 128 (RUNLM_PAGED_DECODE_F16=mma or
-// mma2, paged_decode_set_f16_mma; off by default: the SIMT kernel of
-// paged_attention.cuh runs these pools, and every other head_dim).
+// both f16, or both bf16), head_dim 64 and 128 (RUNLM_PAGED_DECODE_F16=mma,
+// mma2 or mma4, paged_decode_set_f16_mma; off by default: the SIMT kernel of
+// paged_attention.cuh runs these pools, and every other head_dim and the
+// mixed f16/bf16 pairs).
 // Version 7's loop and load scheme (paged_decode_mma_v7.cuh: same grid,
 // SeqRange, split/combine, window, -1 pages, NaN rows, 8 rows a CTA, online
 // softmax, merge through shared memory) with nothing to convert: the loaded
@@ -46,21 +47,27 @@
 // instructions more per 16 keys.
 //
 // Registers and bytes in flight (hd 128): a 16-key tile is 32 K + 32 V
-// words (64 registers, 8 KB a warp). kU = 1 (mode "mma"): a warp loads one
-// tile, then computes it; ~140 registers with O (32) and q (16), so 3 CTAs
-// an SM (12 warps, 96 KB in flight an SM while they wait) fit the
-// 168-register cap. kU = 2 (mode "mma2"): 32 keys a warp step as version 7
-// (128 raw registers, 2 CTAs an SM, 8 warps x 16 KB). hd 64 takes half of
-// all that: kU = 2 at 4 CTAs an SM (<= 128 registers) in both modes.
+// words (64 registers, 8 KB a warp); O takes 32; q's A fragments live in
+// shared memory (4 LDS.128 a tile: with q in registers ptxas spilled 4 bytes
+// at the 168 cap). kU = 1: a warp loads one tile, then computes it; mode
+// "mma" caps it for 3 CTAs an SM (12 warps, 96 KB in flight an SM while
+// they wait), "mma4" for 4 (16 warps, 128 KB). kU = 2 (mode "mma2"): 32
+// keys a warp step as version 7 (128 raw registers, 2 CTAs an SM, 8 warps x
+// 16 KB). hd 64 takes half of all that: kU = 2 at 4 CTAs an SM in every
+// mode. ptxas (CUDA 13.0), registers / spill bytes, f16 and bf16:
+//   sm_90a: hd 128 mma 144 / 148, mma2 210 / 210, mma4 128 / 126; hd 64
+//           128 / 128; no spills.
+//   sm_80:  hd 128 mma 146 / 148, mma2 220 / 198, hd 64 128 / 128, no
+//           spills; mma4 128 with 8 / 16 spill bytes (an A/B mode only).
 //
 // Instructions per warp and 16 keys (hd 128, f16), per lane:
-//   K: 8 LDG.128, 16 HMMA (8 k-steps x 2 n-tiles)                  24
+//   K: 8 LDG.128, 4 LDS.128 (q), 16 HMMA (8 k-steps x 2 n-tiles)    28
 //   V: 8 LDG.128, 32 PRMT (8 m-tiles x 4 registers), 8 HMMA          48
 //   softmax ~25 (version 4's: 4 EX2, max over 4 lanes, a vote), the
 //   mask only on edge tiles; addresses and page table ~20            ~45
-// ~117 = ~7.3 per key and KV head, against ~88 for the SIMT kernel
-// (bf16: + 8 HMMA + ~6 for P's split: ~131). At B=64 L=8192 (4.19M
-// key x KV head pairs, 132 SMs, 4 issue slots a clock): ~58k clocks =
+// ~121 = ~7.6 per key and KV head, against ~88 for the SIMT kernel
+// (bf16: + 8 HMMA + ~6 for P's split: ~135). At B=64 L=8192 (4.19M
+// key x KV head pairs, 132 SMs, 4 issue slots a clock): ~60k clocks =
 // 0.03 ms of issue against a 0.69 ms memory floor (2.15 GB at 3.1 TB/s).
 // Tensor work: 24 HMMA (f16) per 16 keys -> 6.3M HMMA, ~0.05 ms.
 #pragma once
@@ -412,8 +419,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
 
 // Version 10's kernel for a plain pool (k: F16 or BF16, V the same) at
 // head_dim hd (64, 128), mode 1 ("mma": 16 keys a warp step and 3 CTAs an
-// SM at hd 128) or 2 ("mma2": 32 keys, 2 CTAs); hd 64 runs 32 keys at 4
-// CTAs in both. nullptr elsewhere (inst/paged_decode_mma_plain.cu).
+// SM at hd 128), 2 ("mma2": 32 keys, 2 CTAs) or 3 ("mma4": 16 keys, 4
+// CTAs); hd 64 runs 32 keys at 4 CTAs in all. nullptr elsewhere
+// (inst/paged_decode_mma_plain.cu).
 KernelFn pick_mma_plain_kernel(KvType k, int head_dim, int mode);
 
 }  // namespace paged
