@@ -529,6 +529,9 @@ std::string describe(const Case& c, int partition) {
 // errors times ||v_k - o|| / ||o||, which for random values is ~1-3 (few
 // keys: o is a mix of 1-3 rows; many keys: the errors average out like o
 // does): ~1e-3 at the worst row. Hence 3e-3 on that path only.
+// Version 10 on bf16 pools (paged_decode_f16_mma) rounds q to bf16 (2^-9:
+// a score moves by ~1.2e-3, the weight by ~8e-4) but keeps P to ~2^-17 (hi
+// + lo bf16 parts): a weight error below f16's ~1.2e-3, so the same 3e-3.
 double row_tolerance(const PagedDecodeParams& p) { return paged_decode_uses_tensor_cores(p) ? 3e-3 : 1e-3; }
 
 // all_mma_versions: where the case runs on the tensor-core kernel, check
@@ -541,22 +544,42 @@ double row_tolerance(const PagedDecodeParams& p) { return paged_decode_uses_tens
 // exercised, not repeated).
 constexpr bool kAllMmaVersions = true;
 
+// Version 10's pools (K and V both f16 or both bf16, head_dim 64 and 128):
+// check_case runs them on the SIMT kernel and on each version 10 mode
+// (paged_decode_set_f16_mma 1, 2, 3), whatever RUNLM_PAGED_DECODE_F16 says.
+bool plain_mma_case(const Case& c) {
+  return c.k_type == c.v_type && (c.k_type == KvType::F16 || c.k_type == KvType::BF16) && (c.hd == 64 || c.hd == 128);
+}
+// Restores the version 10 mode in use when a test (or a failed ASSERT) leaves.
+struct F16ModeGuard {
+  int saved = paged_decode_f16_mma();
+  ~F16ModeGuard() { paged_decode_set_f16_mma(saved); }
+};
+std::vector<int> f16_modes(const Case& c) {
+  return plain_mma_case(c) ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{paged_decode_f16_mma()};
+}
+
 void check_case(const Case& c, std::vector<int> partitions = {-1}, bool all_mma_versions = false) {
   const HostProblem hp = make_problem(c);
   const std::vector<float> ref = reference(hp);
   DevProblem dp(hp);
-  const double tol = row_tolerance(dp.params());
   const int in_use = paged_decode_mma_version();
-  std::vector<int> versions = {in_use};
-  if (all_mma_versions && paged_decode_uses_tensor_cores(dp.params()))
-    versions = c.hd <= 128 ? std::vector<int>{4, 5, 6, 7, 8, 9} : std::vector<int>{4, 6};
-  for (int v : versions) {
-    paged_decode_set_mma_version(v);
-    for (int part : partitions) {
-      const std::vector<float> out = dp.run(part);
-      std::string where;
-      const double err = worst_row_error(out, ref, c.hd, &where);
-      EXPECT_LT(err, tol) << describe(c, part) << " (tensor-core version " << v << ") at " << where;
+  const F16ModeGuard f16_guard;
+  for (int mode : f16_modes(c)) {
+    paged_decode_set_f16_mma(mode);
+    const double tol = row_tolerance(dp.params());
+    std::vector<int> versions = {in_use};
+    if (all_mma_versions && paged_decode_uses_tensor_cores(dp.params()) && !plain_mma_case(c))
+      versions = c.hd <= 128 ? std::vector<int>{4, 5, 6, 7, 8, 9} : std::vector<int>{4, 6};
+    for (int v : versions) {
+      paged_decode_set_mma_version(v);
+      for (int part : partitions) {
+        const std::vector<float> out = dp.run(part);
+        std::string where;
+        const double err = worst_row_error(out, ref, c.hd, &where);
+        EXPECT_LT(err, tol) << describe(c, part) << " (tensor-core version " << v << ", f16 mode " << mode << ") at "
+                            << where;
+      }
     }
   }
   paged_decode_set_mma_version(in_use);
@@ -713,6 +736,40 @@ TEST(PagedAttention, TensorCorePairsHeadDimsRows) {
     }
 }
 
+// Version 10 (tensor cores for f16/f16 and bf16/bf16 pools, every mode):
+// head_dim 64 and 128, 1, 2, 4 and 16 query tokens over GQA 32/8 (4 to 64
+// rows: up to 8 row chunks) and MHA 8/8, pages of 8, 16 and 64, lengths
+// that cross pages, 16-key tiles and 256-key partitions, window 300 and
+// 17 (ends inside a tile) on and off, split auto / none / 256.
+TEST(PagedAttention, PlainTensorCoreHeadDimsRowsPages) {
+  REQUIRE_DEVICE();
+  struct Heads {
+    int n_heads, n_kv;
+  };
+  uint32_t seed = 1400;
+  int n = 0;
+  for (KvType t : {KvType::F16, KvType::BF16})
+    for (int hd : {64, 128})
+      for (int nq : {1, 2, 4, 16}) {
+        const Heads h = n % 2 ? Heads{8, 8} : Heads{32, 8};
+        const int bs = (n / 2) % 3 == 0 ? 16 : (n / 2) % 3 == 1 ? 64 : 8;
+        const int window = (n / 3) % 3 == 0 ? 0 : (n / 3) % 3 == 1 ? 300 : 17;
+        ++n;
+        Case c = make_case({1, 17, 300, 1100}, nq, h.n_heads, h.n_kv, hd, bs, window, seed++);
+        c.k_type = c.v_type = t;
+        {
+          const HostProblem hp = make_problem(c);
+          DevProblem dp(hp);
+          const F16ModeGuard f16_guard;
+          paged_decode_set_f16_mma(1);
+          EXPECT_TRUE(paged_decode_uses_tensor_cores(dp.params())) << describe(c, -1);
+          paged_decode_set_f16_mma(0);
+          EXPECT_FALSE(paged_decode_uses_tensor_cores(dp.params())) << describe(c, -1);
+        }
+        check_case(c, {-1, 0, 256});
+      }
+}
+
 TEST(PagedAttention, WindowEdges) {
   REQUIRE_DEVICE();
   uint32_t seed = 600;
@@ -745,7 +802,11 @@ TEST(PagedAttention, ShuffledEqualsContiguous) {
   HostProblem b = make_problem(c);
   place_contents_of(b, c, a);
   DevProblem da(a), db(b);
-  for (int part : {-1, 0, 256}) EXPECT_EQ(da.run(part), db.run(part)) << "partition " << part;
+  const F16ModeGuard f16_guard;
+  for (int mode : f16_modes(c)) {  // the SIMT kernel and version 10
+    paged_decode_set_f16_mma(mode);
+    for (int part : {-1, 0, 256}) EXPECT_EQ(da.run(part), db.run(part)) << "partition " << part << " f16 mode " << mode;
+  }
 }
 
 // A graph captured once replays for new device-side lengths within the bounds.
@@ -757,26 +818,33 @@ TEST(PagedAttention, GraphReplaysNewLengths) {
   DevProblem dp(hp);
   cudaStream_t st;
   ck(cudaStreamCreate(&st), "stream");
-  cudaGraph_t graph;
-  ck(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal), "begin capture");
-  paged_decode_attention(dp.params(), dp.ws.p, dp.ws_bytes, st);
-  ck(cudaStreamEndCapture(st, &graph), "end capture");
-  cudaGraphExec_t exec;
-  ck(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-  for (const std::vector<int>& lens : {std::vector<int>{3000, 17, 900}, std::vector<int>{1, 2999, 16}}) {
-    hp.c.lens = lens;
-    upload(dp.lens, lens);
-    ck(cudaMemset(dp.out.p, 0xff, hp.q.size() * 4), "poison");
-    ck(cudaGraphLaunch(exec, st), "replay");
-    ck(cudaStreamSynchronize(st), "sync");
-    std::vector<float> out(hp.q.size());
-    ck(cudaMemcpy(out.data(), dp.out.p, out.size() * 4, cudaMemcpyDeviceToHost), "download");
-    const std::vector<float> ref = reference(hp);
-    std::string where;
-    EXPECT_LT(worst_row_error(out, ref, c.hd, &where), 1e-3) << "lens " << lens[0] << "," << lens[1] << " at " << where;
+  const F16ModeGuard f16_guard;
+  for (int mode : f16_modes(c)) {  // the SIMT kernel and version 10, each captured
+    paged_decode_set_f16_mma(mode);
+    hp.c.lens = c.lens;
+    upload(dp.lens, c.lens);
+    cudaGraph_t graph;
+    ck(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal), "begin capture");
+    paged_decode_attention(dp.params(), dp.ws.p, dp.ws_bytes, st);
+    ck(cudaStreamEndCapture(st, &graph), "end capture");
+    cudaGraphExec_t exec;
+    ck(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+    for (const std::vector<int>& lens : {std::vector<int>{3000, 17, 900}, std::vector<int>{1, 2999, 16}}) {
+      hp.c.lens = lens;
+      upload(dp.lens, lens);
+      ck(cudaMemset(dp.out.p, 0xff, hp.q.size() * 4), "poison");
+      ck(cudaGraphLaunch(exec, st), "replay");
+      ck(cudaStreamSynchronize(st), "sync");
+      std::vector<float> out(hp.q.size());
+      ck(cudaMemcpy(out.data(), dp.out.p, out.size() * 4, cudaMemcpyDeviceToHost), "download");
+      const std::vector<float> ref = reference(hp);
+      std::string where;
+      EXPECT_LT(worst_row_error(out, ref, c.hd, &where), row_tolerance(dp.params()))
+          << "lens " << lens[0] << "," << lens[1] << " f16 mode " << mode << " at " << where;
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
   }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
   cudaStreamDestroy(st);
 }
 
@@ -788,7 +856,12 @@ TEST(PagedAttention, OutOfBoundLengthsGiveNaNRows) {
   HostProblem hp = make_problem(c);
   const std::vector<float> ref = reference(hp);
   DevProblem dp(hp);
+  const F16ModeGuard f16_guard;
+  for (int mode : f16_modes(c))  // the SIMT kernel and version 10 (f16, hd 64)
   for (int part : {0, 256}) {
+    paged_decode_set_f16_mma(mode);
+    // Elementwise: the row tolerance's share of a value (|out| <= 1 here).
+    const double tol = paged_decode_uses_tensor_cores(dp.params()) ? 3e-3 : 1e-3;
     for (int which : {0, 1}) {
       std::vector<int> lens = hp.c.lens;
       PagedDecodeParams p = dp.params();
@@ -808,7 +881,8 @@ TEST(PagedAttention, OutOfBoundLengthsGiveNaNRows) {
           if (s == bad_seq)
             ASSERT_TRUE(std::isnan(out[i])) << "part " << part << " seq " << s << " elem " << i;
           else
-            ASSERT_NEAR(out[i], ref[i], 1e-3 * (1 + std::fabs(ref[i]))) << "part " << part << " seq " << s;
+            ASSERT_NEAR(out[i], ref[i], tol * (1 + std::fabs(ref[i]))) << "part " << part << " seq " << s
+                                                                        << " f16 mode " << mode;
         }
     }
     upload(dp.lens, hp.c.lens);
@@ -957,13 +1031,16 @@ PagedDecodeParams one_token_params(const DevBuf& q, const DevBuf& out, const Dev
 // (RUNLM_PAGED_DECODE_MMA_CMP=v4..v9, default v7: 16-byte register
 // loads, paged_decode_mma_v7.cuh): the "vN" columns (validated first, as
 // the main columns).
-void kv_type_sweep(double copy_bw) {
+// The f16 and bf16 rows' "vN" columns run version 10 (tensor cores for
+// the plain pools) in mode f16_cmp (paged_decode_set_f16_mma: 1 mma, 2 mma2,
+// 3 mma4) beside the main columns (the SIMT kernel unless
+// RUNLM_PAGED_DECODE_F16 says otherwise).
+void kv_type_sweep(double copy_bw, const std::vector<KvType>& types, int f16_cmp) {
   const int n_heads = 32, n_kv = 8, hd = 128, bs = 16;
   struct Point {
     int b, l;
   };
   const Point points[] = {{64, 8192}, {1, 32768}};
-  const KvType types[] = {KvType::F16, KvType::BF16, KvType::Q8_0, KvType::FP8, KvType::Q4_0};
   const int max_pages = 64 * 8192 / bs;  // one rotation of the largest point
   std::printf("\npaged decode by KV type (GQA 32/8, hd 128, page 16, auto split; quantized: %s v%d); copy %.0f GB/s\n",
               std::getenv("RUNLM_PAGED_DECODE") ? std::getenv("RUNLM_PAGED_DECODE") : "tensor cores",
@@ -972,6 +1049,9 @@ void kv_type_sweep(double copy_bw) {
   const int cmp = cmp_env && cmp_env[0] == 'v' && cmp_env[1] >= '4' && cmp_env[1] <= '9' ? cmp_env[1] - '0' : 7;
   const std::string col_us = "v" + std::to_string(cmp) + " us", col_gbps = "v" + std::to_string(cmp) + " GB/s",
                     col_vs = "v" + std::to_string(cmp) + " vs";
+  std::printf("(f16 / bf16 rows: main columns f16 mode %d, the vN columns version 10 mode %d (%s); 0 simt, 1 mma, "
+              "2 mma2, 3 mma4)\n",
+              paged_decode_f16_mma(), f16_cmp, f16_cmp == 1 ? "mma" : f16_cmp == 2 ? "mma2" : "mma4");
   std::printf("%5s %6s %6s %10s %10s %10s %12s %8s %10s %10s %8s\n", "B", "L", "kv", "us", "MB read", "GB/s",
               "tokens/s", "vs f16", col_us.c_str(), col_gbps.c_str(), col_vs.c_str());
   double f16_tps[2] = {0, 0};
@@ -1050,7 +1130,7 @@ void kv_type_sweep(double copy_bw) {
         std::string where;
         EXPECT_LT(worst_row_error(out, ref, hd, &where), row_tolerance(p))
             << "kv " << kv_type_name(t) << " B=" << B << " L=" << L << " tensor-core version "
-            << paged_decode_mma_version();
+            << paged_decode_mma_version() << " f16 mode " << paged_decode_f16_mma();
       };
       validate();
       std::vector<PagedDecodeParams> ps;
@@ -1062,7 +1142,15 @@ void kv_type_sweep(double copy_bw) {
       const double tps = B / t_s;
       if (t == KvType::F16) f16_tps[pi] = tps;
       double t6 = 0;  // version cmp (0: not on the tensor-core kernel)
-      if (paged_decode_uses_tensor_cores(p)) {
+      if (t == KvType::F16 || t == KvType::BF16) {
+        const F16ModeGuard f16_guard;
+        paged_decode_set_f16_mma(f16_cmp);
+        validate();
+        t6 = time_launches(ps, ws.p, ws_bytes, -1);
+        std::printf("{\"bench\":\"paged_decode_kv\",\"kv\":\"%s\",\"f16_mode\":%d,\"B\":%d,\"L\":%d,\"us\":%.2f,"
+                    "\"gbps\":%.1f,\"tokens_per_s\":%.0f,\"vs_f16\":%.3f}\n",
+                    kv_type_name(t), f16_cmp, B, L, t6 * 1e6, bytes / t6 / 1e9, B / t6, B / t6 / f16_tps[pi]);
+      } else if (paged_decode_uses_tensor_cores(p)) {
         paged_decode_set_mma_version(cmp);
         validate();
         t6 = time_launches(ps, ws.p, ws_bytes, -1);
@@ -1124,6 +1212,11 @@ TEST(PagedAttentionBench, DecodeSweep) {
     int part;
   };
   std::vector<Row> rows;
+  struct ModeRow {
+    int b, l;
+    double gbps[4];  // paged, by version 10 mode (0: the SIMT kernel)
+  };
+  std::vector<ModeRow> mode_rows;
   for (int B : batches)
     for (int L : ctxs) {
       const int pages = L / bs;
@@ -1162,45 +1255,51 @@ TEST(PagedAttentionBench, DecodeSweep) {
       // Validate first: sequence 0 (and the last) of the paged layout against
       // the reference, and paged == contiguous bitwise when they hold the same
       // pages (rotation 0 of each holds the same page set, placed differently,
-      // so compare each against its own reference only where cheap).
-      if (L <= 8192 || B == 1) {
-        paged_decode_attention(ps[0][0], ws.p, ws_bytes, nullptr);
-        ck(cudaDeviceSynchronize(), "sync");
-        std::vector<float> out(hq.size());
-        ck(cudaMemcpy(out.data(), dout.p, out.size() * 4, cudaMemcpyDeviceToHost), "download");
-        // Host copy of the pages sequence s reads, for the reference.
-        for (int s : {0, B - 1}) {
-          if (s > 0 && (L > 2048 || B == 1)) continue;
-          std::vector<uint16_t> hk(size_t(pages) * page_elems), hv(hk.size());
-          for (int j = 0; j < pages; ++j) {
-            const size_t pg = host_tables[0][0][size_t(s) * pages + j];
-            ck(cudaMemcpy(&hk[j * page_elems], kpool.as<uint16_t>() + pg * page_elems, page_elems * 2,
-                          cudaMemcpyDeviceToHost),
-               "page");
-            ck(cudaMemcpy(&hv[j * page_elems], vpool.as<uint16_t>() + pg * page_elems, page_elems * 2,
-                          cudaMemcpyDeviceToHost),
-               "page");
+      // so compare each against its own reference only where cheap). Run
+      // again for each version 10 mode at the target points (below).
+      auto validate = [&] {
+        if (L <= 8192 || B == 1) {
+          ck(cudaMemset(dout.p, 0xff, hq.size() * 4), "poison");
+          paged_decode_attention(ps[0][0], ws.p, ws_bytes, nullptr);
+          ck(cudaDeviceSynchronize(), "sync");
+          std::vector<float> out(hq.size());
+          ck(cudaMemcpy(out.data(), dout.p, out.size() * 4, cudaMemcpyDeviceToHost), "download");
+          // Host copy of the pages sequence s reads, for the reference.
+          for (int s : {0, B - 1}) {
+            if (s > 0 && (L > 2048 || B == 1)) continue;
+            std::vector<uint16_t> hk(size_t(pages) * page_elems), hv(hk.size());
+            for (int j = 0; j < pages; ++j) {
+              const size_t pg = host_tables[0][0][size_t(s) * pages + j];
+              ck(cudaMemcpy(&hk[j * page_elems], kpool.as<uint16_t>() + pg * page_elems, page_elems * 2,
+                            cudaMemcpyDeviceToHost),
+                 "page");
+              ck(cudaMemcpy(&hv[j * page_elems], vpool.as<uint16_t>() + pg * page_elems, page_elems * 2,
+                            cudaMemcpyDeviceToHost),
+                 "page");
+            }
+            std::vector<int32_t> t(pages), one_len = {L}, one_cu = {0, 1};
+            std::iota(t.begin(), t.end(), 0);
+            std::vector<float> ref(size_t(n_heads) * hd);
+            PagedDecodeParams rp = ps[0][0];
+            rp.q = hq.data() + size_t(s) * n_heads * hd;
+            rp.out = ref.data();
+            rp.cu_q = one_cu.data();
+            rp.n_seqs = 1;
+            rp.total_q = 1;
+            rp.kv.k_pool = hk.data();
+            rp.kv.v_pool = hv.data();
+            rp.kv.block_tables = t.data();
+            rp.kv.seq_lens = one_len.data();
+            paged_decode_attention_ref(rp);
+            std::vector<float> got(out.begin() + size_t(s) * n_heads * hd, out.begin() + size_t(s + 1) * n_heads * hd);
+            std::string where;
+            const double err = worst_row_error(got, ref, hd, &where);
+            EXPECT_LT(err, row_tolerance(ps[0][0]))
+                << "bench B=" << B << " L=" << L << " seq " << s << " f16 mode " << paged_decode_f16_mma() << " " << where;
           }
-          std::vector<int32_t> t(pages), one_len = {L}, one_cu = {0, 1};
-          std::iota(t.begin(), t.end(), 0);
-          std::vector<float> ref(size_t(n_heads) * hd);
-          PagedDecodeParams rp = ps[0][0];
-          rp.q = hq.data() + size_t(s) * n_heads * hd;
-          rp.out = ref.data();
-          rp.cu_q = one_cu.data();
-          rp.n_seqs = 1;
-          rp.total_q = 1;
-          rp.kv.k_pool = hk.data();
-          rp.kv.v_pool = hv.data();
-          rp.kv.block_tables = t.data();
-          rp.kv.seq_lens = one_len.data();
-          paged_decode_attention_ref(rp);
-          std::vector<float> got(out.begin() + size_t(s) * n_heads * hd, out.begin() + size_t(s + 1) * n_heads * hd);
-          std::string where;
-          const double err = worst_row_error(got, ref, hd, &where);
-          EXPECT_LT(err, 1e-3) << "bench B=" << B << " L=" << L << " seq " << s << " " << where;
         }
-      }
+      };
+      validate();
       const int auto_part = paged_decode_auto_partition(ps[0][0]);
       double gbps[2];
       for (int layout = 0; layout < 2; ++layout) {
@@ -1212,6 +1311,22 @@ TEST(PagedAttentionBench, DecodeSweep) {
                     gbps[layout] * 1e9 / copy_bw);
       }
       rows.push_back({B, L, gbps[0], gbps[1], auto_part});
+      // Version 10 (tensor cores for the plain pools) beside the SIMT kernel
+      // at the target points: every mode on the paged layout, auto split.
+      if ((B == 1 && L == 32768) || (B == 64 && L == 8192) || (B == 8 && L == 32768) || (B == 256 && L == 8192)) {
+        const F16ModeGuard f16_guard;
+        ModeRow mr{B, L, {}};
+        for (int mode = 0; mode < 4; ++mode) {
+          paged_decode_set_f16_mma(mode);
+          validate();
+          const double t = time_launches(ps[0], ws.p, ws_bytes, -1);
+          mr.gbps[mode] = kv_bytes / t / 1e9;
+          std::printf("{\"bench\":\"paged_decode_f16\",\"f16_mode\":%d,\"B\":%d,\"L\":%d,\"part\":%d,\"us\":%.2f,"
+                      "\"gbps\":%.1f}\n",
+                      mode, B, L, paged_decode_auto_partition(ps[0][0]), t * 1e6, mr.gbps[mode]);
+        }
+        mode_rows.push_back(mr);
+      }
       // Partition sweep at the issue's target points (is auto right?).
       if ((B == 1 && L == 32768) || (B == 64 && L == 8192) || (B == 8 && L == 32768)) {
         for (int part : {0, 256, 512, 1024, 2048, 4096}) {
@@ -1228,6 +1343,20 @@ TEST(PagedAttentionBench, DecodeSweep) {
   for (const Row& r : rows)
     std::printf("%5d %6d %6d %10.1f %10.1f %8.3f %8.3f\n", r.b, r.l, r.part, r.paged_gbps, r.contig_gbps,
                 r.paged_gbps / r.contig_gbps, r.paged_gbps * 1e9 / copy_bw);
+  std::printf("\nf16 paths, paged GB/s (simt: SIMT kernel; mma / mma2 / mma4: version 10 modes 1 / 2 / 3)\n");
+  std::printf("%5s %6s %8s %8s %8s %8s %9s\n", "B", "L", "simt", "mma", "mma2", "mma4", "best/simt");
+  for (const ModeRow& r : mode_rows)
+    std::printf("%5d %6d %8.1f %8.1f %8.1f %8.1f %9.3f\n", r.b, r.l, r.gbps[0], r.gbps[1], r.gbps[2], r.gbps[3],
+                std::max({r.gbps[1], r.gbps[2], r.gbps[3]}) / r.gbps[0]);
+}
+
+// Version 10's mode for the comparison columns: RUNLM_PAGED_DECODE_F16_CMP
+// = mma (default), mma2 or mma4.
+int f16_cmp_mode() {
+  const char* e = std::getenv("RUNLM_PAGED_DECODE_F16_CMP");
+  if (e && std::strcmp(e, "mma2") == 0) return 2;
+  if (e && std::strcmp(e, "mma4") == 0) return 3;
+  return 1;
 }
 
 // Issue 7's table alone (the quick A/B of the tensor-core versions: the
@@ -1238,7 +1367,18 @@ TEST(PagedAttentionBench, KvTypes) {
   REQUIRE_DEVICE();
   const double copy_bw = copy_bandwidth();
   std::printf("{\"bench\":\"copy\",\"bytes\":%zu,\"gbps\":%.1f}\n", size_t(2) << 30, copy_bw / 1e9);
-  kv_type_sweep(copy_bw);
+  kv_type_sweep(copy_bw, {KvType::F16, KvType::BF16, KvType::Q8_0, KvType::FP8, KvType::Q4_0}, f16_cmp_mode());
+}
+
+// Version 10 (tensor cores for f16/f16 and bf16/bf16 pools) in each mode
+// beside the SIMT kernel: kv_type_sweep's f16 and bf16 rows once per mode
+// (B=64 L=8192 and B=1 L=32768, validated first).
+TEST(PagedAttentionBench, F16Paths) {
+  if (!bench_enabled()) GTEST_SKIP() << "set RUNLM_BENCH=1";
+  REQUIRE_DEVICE();
+  const double copy_bw = copy_bandwidth();
+  std::printf("{\"bench\":\"copy\",\"bytes\":%zu,\"gbps\":%.1f}\n", size_t(2) << 30, copy_bw / 1e9);
+  for (int mode : {1, 2, 3}) kv_type_sweep(copy_bw, {KvType::F16, KvType::BF16}, mode);
 }
 
 #endif  // RUNLM_CUDA

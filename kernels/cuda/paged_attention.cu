@@ -66,6 +66,15 @@
 // at B=64, L=8192 (H100, session 6: q8_0 443 us against v4's 496, fp8 461
 // against 490, q4_0 321 against 376); pairs with an f16 side and head_dim
 // 256 run version 4 (mma_version_at).
+// Version 10 (issue 6): tensor cores for the plain pools, K and V both f16
+// or both bf16, head_dim 64 and 128 (paged_decode_mma_f16.cuh: version 7's
+// 16-byte loads in fragment order, no conversion, ~7 warp instructions a
+// key against the SIMT kernel's ~88). Opt-in while it is measured:
+// RUNLM_PAGED_DECODE_F16=mma (16 keys a warp step, 3 CTAs an SM at hd 128),
+// mma2 (32 keys, 2 CTAs) or mma4 (16 keys, 4 CTAs), tests and benches
+// switch it with paged_decode_set_f16_mma; unset or simt: the SIMT kernel
+// (version 3), as for every other head_dim and for mixed f16/bf16 pairs.
+// RUNLM_PAGED_DECODE=simt turns it off too.
 #include <algorithm>
 #include <atomic>
 #include <cfloat>
@@ -76,6 +85,7 @@
 
 #include "cuda/paged_attention.h"
 #include "cuda/paged_decode_mma.cuh"
+#include "cuda/paged_decode_mma_f16.cuh"
 
 namespace runlm {
 
@@ -237,6 +247,12 @@ bool mma_types(KvType k, KvType v, int hd) {
   return in(k) && in(v) && (kv_type_quantized(k) || kv_type_quantized(v)) && (hd == 64 || hd == 128 || hd == 256);
 }
 
+// Version 10's pools: K and V both f16 or both bf16, head_dim 64 or 128
+// (the SIMT kernel keeps 8, 16, 32, 256 and the mixed f16/bf16 pairs).
+bool plain_mma_types(KvType k, KvType v, int hd) {
+  return k == v && (k == KvType::F16 || k == KvType::BF16) && (hd == 64 || hd == 128);
+}
+
 bool mma_enabled() {
   static const bool on = [] {
     const char* e = std::getenv("RUNLM_PAGED_DECODE");
@@ -264,8 +280,33 @@ int mma_version() {
   return v;
 }
 
+// Version 10's mode: -1 until RUNLM_PAGED_DECODE_F16 is read; 0 off (the
+// SIMT kernel), 1 mma, 2 mma2, 3 mma4 (pick_mma_plain_kernel).
+std::atomic<int> g_f16_mode{-1};
+
+int f16_mma_mode() {
+  int m = g_f16_mode.load(std::memory_order_relaxed);
+  if (m < 0) {
+    const char* e = std::getenv("RUNLM_PAGED_DECODE_F16");
+    m = 0;
+    if (e && *e) {
+      const char* names[] = {"simt", "mma", "mma2", "mma4"};
+      m = -1;
+      for (int i = 0; i < 4; ++i)
+        if (std::strcmp(e, names[i]) == 0) m = i;
+      RUNLM_CHECK(m >= 0, "RUNLM_PAGED_DECODE_F16=%s unsupported; supported: simt, mma, mma2, mma4", e);
+    }
+    g_f16_mode.store(m, std::memory_order_relaxed);
+  }
+  return m;
+}
+
+bool use_plain_mma(const PagedDecodeParams& p) {
+  return mma_enabled() && f16_mma_mode() > 0 && plain_mma_types(p.kv.k_type, p.kv.v_type, p.kv.head_dim);
+}
+
 bool use_mma(const PagedDecodeParams& p) {
-  return mma_enabled() && mma_types(p.kv.k_type, p.kv.v_type, p.kv.head_dim);
+  return (mma_enabled() && mma_types(p.kv.k_type, p.kv.v_type, p.kv.head_dim)) || use_plain_mma(p);
 }
 
 // The version that runs for these types at this head_dim: 5 to 9 exist at
@@ -358,7 +399,13 @@ Plan make_plan(const PagedDecodeParams& p, int forced_partition) {
   Plan pl;
   const int group = p.n_heads / p.kv.n_kv_heads;
   const int rows = p.max_q_per_seq * group;
-  if (use_mma(p)) {
+  if (use_plain_mma(p)) {
+    pl.rows_per_cta = kMmaRows;
+    pl.n_chunks = ceil_div(rows, kMmaRows);
+    pl.fn = pick_mma_plain_kernel(p.kv.k_type, p.kv.head_dim, f16_mma_mode());
+    RUNLM_CHECK(pl.fn, "paged_decode_attention: no version 10 kernel for K=%s V=%s head_dim=%d mode=%d",
+                kv_type_name(p.kv.k_type), kv_type_name(p.kv.v_type), p.kv.head_dim, f16_mma_mode());
+  } else if (use_mma(p)) {
     pl.rows_per_cta = kMmaRows;
     pl.n_chunks = ceil_div(rows, kMmaRows);
     pl.fn = pick_mma_kernel(p.kv.k_type, p.kv.v_type, p.kv.head_dim, mma_version_at(mma_version(), p.kv.k_type, p.kv.v_type, p.kv.head_dim),
@@ -424,6 +471,14 @@ void paged_decode_set_mma_version(int version) {
   RUNLM_CHECK(version >= 4 && version <= 9,
               "paged_decode_set_mma_version: version=%d unsupported; supported: 4, 5, 6, 7, 8, 9", version);
   g_mma_version.store(version, std::memory_order_relaxed);
+}
+
+int paged_decode_f16_mma() { return f16_mma_mode(); }
+
+void paged_decode_set_f16_mma(int mode) {
+  RUNLM_CHECK(mode >= 0 && mode <= 3,
+              "paged_decode_set_f16_mma: mode=%d unsupported; supported: 0 (simt), 1 (mma), 2 (mma2), 3 (mma4)", mode);
+  g_f16_mode.store(mode, std::memory_order_relaxed);
 }
 
 bool paged_decode_uses_tensor_cores(const PagedDecodeParams& p) {

@@ -42,9 +42,11 @@ void paged_decode_attention(const PagedDecodeParams& p, void* workspace, size_t 
                             int partition_size);
 
 // Whether these params run on the tensor-core kernel (K or V quantized, the
-// other f16 or quantized, head_dim 64, 128 or 256; RUNLM_PAGED_DECODE=simt
-// turns it off): q and the probabilities are then rounded to f16 before the
-// products (tests set their tolerance from it).
+// other f16 or quantized, head_dim 64, 128 or 256; or, with
+// paged_decode_f16_mma() on, K and V both f16 or both bf16 at head_dim 64 or
+// 128; RUNLM_PAGED_DECODE=simt turns it off): q and the probabilities are
+// then rounded to f16 (bf16 pools: q to bf16, P kept to ~2^-17 as two bf16
+// parts) before the products (tests set their tolerance from it).
 bool paged_decode_uses_tensor_cores(const PagedDecodeParams& p);
 
 // The tensor-core kernel's version: 4 (a warp loads a step of keys, then
@@ -57,6 +59,16 @@ bool paged_decode_uses_tensor_cores(const PagedDecodeParams& p);
 // it for the process (tests run all).
 int paged_decode_mma_version();
 void paged_decode_set_mma_version(int version);
+
+// Version 10, tensor cores for the plain pools (K and V both f16 or both
+// bf16, head_dim 64 and 128; paged_decode_mma_f16.cuh): 0 off (the SIMT
+// kernel, the default), 1 on (16 keys a warp step, 3 CTAs an SM at hd 128),
+// 2 (32 keys a warp step, 2 CTAs an SM), 3 (16 keys, 4 CTAs an SM); hd 64
+// runs the same kernel (32 keys, 4 CTAs) in modes 1 to 3. From
+// RUNLM_PAGED_DECODE_F16=simt|mma|mma2|mma4 (unset: 0); the setter
+// overrides it for the process (tests run all).
+int paged_decode_f16_mma();
+void paged_decode_set_f16_mma(int mode);
 
 // The partition size the automatic choice picks for these params on the
 // current device (0 = no split); for the bench's report.
