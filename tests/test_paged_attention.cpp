@@ -529,10 +529,16 @@ std::string describe(const Case& c, int partition) {
 // errors times ||v_k - o|| / ||o||, which for random values is ~1-3 (few
 // keys: o is a mix of 1-3 rows; many keys: the errors average out like o
 // does): ~1e-3 at the worst row. Hence 3e-3 on that path only.
-// Version 10 on bf16 pools (paged_decode_f16_mma) rounds q to bf16 (2^-9:
-// a score moves by ~1.2e-3, the weight by ~8e-4) but keeps P to ~2^-17 (hi
-// + lo bf16 parts): a weight error below f16's ~1.2e-3, so the same 3e-3.
-double row_tolerance(const PagedDecodeParams& p) { return paged_decode_uses_tensor_cores(p) ? 3e-3 : 1e-3; }
+// Version 10 on bf16 pools (paged_decode_f16_mma) rounds q to bf16 (2^-9
+// relative a value, 4x f16's) and keeps P to ~2^-17 (hi + lo bf16 parts).
+// The estimate of ~8e-4 for the weights was short: the test grid measured
+// rows up to 4.0e-3 (H100, session 7), all of it q's rounding (f16 pools,
+// same kernel, stay under 3e-3). So 6e-3 for bf16 on tensor cores: 1.5x the
+// worst measured, under the ~1e-2 that bf16 attention is held to elsewhere.
+double row_tolerance(const PagedDecodeParams& p) {
+  if (!paged_decode_uses_tensor_cores(p)) return 1e-3;
+  return p.kv.k_type == KvType::BF16 ? 6e-3 : 3e-3;
+}
 
 // all_mma_versions: where the case runs on the tensor-core kernel, check
 // version 4, 5 (the pipelined key loop), 6 (the cp.async ring in shared
@@ -1033,8 +1039,8 @@ PagedDecodeParams one_token_params(const DevBuf& q, const DevBuf& out, const Dev
 // the main columns).
 // The f16 and bf16 rows' "vN" columns run version 10 (tensor cores for
 // the plain pools) in mode f16_cmp (paged_decode_set_f16_mma: 1 mma, 2 mma2,
-// 3 mma4) beside the main columns (the SIMT kernel unless
-// RUNLM_PAGED_DECODE_F16 says otherwise).
+// 3 mma4) beside the main columns (the mode in use: mma4 on sm_90 by
+// default, RUNLM_PAGED_DECODE_F16 forces one; F16Paths sets the SIMT kernel).
 void kv_type_sweep(double copy_bw, const std::vector<KvType>& types, int f16_cmp) {
   const int n_heads = 32, n_kv = 8, hd = 128, bs = 16;
   struct Point {
@@ -1371,14 +1377,18 @@ TEST(PagedAttentionBench, KvTypes) {
 }
 
 // Version 10 (tensor cores for f16/f16 and bf16/bf16 pools) in each mode
-// beside the SIMT kernel: kv_type_sweep's f16 and bf16 rows once per mode
-// (B=64 L=8192 and B=1 L=32768, validated first).
+// beside the SIMT kernel (forced in the main columns): kv_type_sweep's f16
+// and bf16 rows once per mode (B=64 L=8192 and B=1 L=32768, validated first).
 TEST(PagedAttentionBench, F16Paths) {
   if (!bench_enabled()) GTEST_SKIP() << "set RUNLM_BENCH=1";
   REQUIRE_DEVICE();
   const double copy_bw = copy_bandwidth();
   std::printf("{\"bench\":\"copy\",\"bytes\":%zu,\"gbps\":%.1f}\n", size_t(2) << 30, copy_bw / 1e9);
-  for (int mode : {1, 2, 3}) kv_type_sweep(copy_bw, {KvType::F16, KvType::BF16}, mode);
+  const F16ModeGuard f16_guard;
+  for (int mode : {1, 2, 3}) {
+    paged_decode_set_f16_mma(0);  // the main columns: the SIMT kernel, whatever the default
+    kv_type_sweep(copy_bw, {KvType::F16, KvType::BF16}, mode);
+  }
 }
 
 #endif  // RUNLM_CUDA

@@ -69,12 +69,13 @@
 // Version 10 (issue 6): tensor cores for the plain pools, K and V both f16
 // or both bf16, head_dim 64 and 128 (paged_decode_mma_f16.cuh: version 7's
 // 16-byte loads in fragment order, no conversion, ~7 warp instructions a
-// key against the SIMT kernel's ~88). Opt-in while it is measured:
+// key against the SIMT kernel's ~88). The default since session 7's
+// measurement (default_f16_mma_mode: mma4 on sm_90+, mma before);
 // RUNLM_PAGED_DECODE_F16=mma (16 keys a warp step, 3 CTAs an SM at hd 128),
-// mma2 (32 keys, 2 CTAs) or mma4 (16 keys, 4 CTAs), tests and benches
-// switch it with paged_decode_set_f16_mma; unset or simt: the SIMT kernel
-// (version 3), as for every other head_dim and for mixed f16/bf16 pairs.
-// RUNLM_PAGED_DECODE=simt turns it off too.
+// mma2 (32 keys, 2 CTAs) or mma4 (16 keys, 4 CTAs) forces a mode, simt the
+// SIMT kernel (version 3), which every other head_dim and the mixed
+// f16/bf16 pairs run; tests and benches switch it with
+// paged_decode_set_f16_mma. RUNLM_PAGED_DECODE=simt turns it off too.
 #include <algorithm>
 #include <atomic>
 #include <cfloat>
@@ -284,11 +285,26 @@ int mma_version() {
 // SIMT kernel), 1 mma, 2 mma2, 3 mma4 (pick_mma_plain_kernel).
 std::atomic<int> g_f16_mode{-1};
 
+// Unset: mma4 on sm_90 and newer, the fastest mode measured there or within
+// 1% of it (H100, session 7, GB/s against the SIMT kernel: B=1 L=32768 2460
+// vs 2111, B=8 L=32768 2934 vs 2885, B=64 L=8192 2942 vs 2915, B=256 L=8192
+// 3020 vs 2979; mma 2482 at B=1 but 2686 at B=8). Older GPUs take mma (mma4
+// spills 8-16 bytes for sm_80; neither is measured there).
+int default_f16_mma_mode() {
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+    cudaGetLastError();  // no device: the SIMT kernel's launch reports it
+    return 0;
+  }
+  return major >= 9 ? 3 : 1;
+}
+
 int f16_mma_mode() {
   int m = g_f16_mode.load(std::memory_order_relaxed);
   if (m < 0) {
     const char* e = std::getenv("RUNLM_PAGED_DECODE_F16");
-    m = 0;
+    m = default_f16_mma_mode();
     if (e && *e) {
       const char* names[] = {"simt", "mma", "mma2", "mma4"};
       m = -1;

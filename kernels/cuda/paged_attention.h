@@ -62,11 +62,12 @@ void paged_decode_set_mma_version(int version);
 
 // Version 10, tensor cores for the plain pools (K and V both f16 or both
 // bf16, head_dim 64 and 128; paged_decode_mma_f16.cuh): 0 off (the SIMT
-// kernel, the default), 1 on (16 keys a warp step, 3 CTAs an SM at hd 128),
+// kernel), 1 on (16 keys a warp step, 3 CTAs an SM at hd 128),
 // 2 (32 keys a warp step, 2 CTAs an SM), 3 (16 keys, 4 CTAs an SM); hd 64
 // runs the same kernel (32 keys, 4 CTAs) in modes 1 to 3. From
-// RUNLM_PAGED_DECODE_F16=simt|mma|mma2|mma4 (unset: 0); the setter
-// overrides it for the process (tests run all).
+// RUNLM_PAGED_DECODE_F16=simt|mma|mma2|mma4 (unset: 3 on sm_90 and newer,
+// 1 before, 0 without a device); the setter overrides it for the process
+// (tests run all).
 int paged_decode_f16_mma();
 void paged_decode_set_f16_mma(int mode);
 
