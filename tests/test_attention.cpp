@@ -27,6 +27,8 @@
 
 #ifdef RUNLM_CUDA
 #include <cuda_runtime.h>
+
+#include "cuda/attn_kernels.h"
 #endif
 
 using namespace runlm;
@@ -877,6 +879,71 @@ TEST(AttentionGpuRescale, GrowingScoresMatchReference) {
           expect_matches_ref(run_gpu(be, p, t), ref);
         }
       }
+}
+
+// fa3's opt-in kernel variants (RUNLM_FA3_VARIANT, attn_fa3.cu): 0 the
+// default kernel, 1 O rescaled in FlashAttention-3's order, 2 ping-pong
+// between the consumer warpgroups, 3 both; compiled for head_dim 128 with
+// contiguous K/V. Varlen GQA batches, lengths not multiples of 128: up to 6
+// key tiles per query block, so the main loop body runs up to 5 times (the
+// carried rescale factor), single-tile blocks (causal block 0: prologue and
+// epilogue only), a sequence with queries but no keys (t_lo = t_hi: no
+// turns), a window that skips leading tiles, and more query blocks than
+// SMs in the first two cases (some CTAs take two blocks: the ping-pong turns
+// carry across blocks).
+const std::vector<AttnShapeCase>& fa3_variant_cases() {
+  static const std::vector<AttnShapeCase> k = {
+      {"gqa_varlen", {300, 0, 700, 77, 450}, {300, 0, 700, 77, 450}, 8, 2, false, -1},
+      {"gqa_varlen_causal", {300, 0, 700, 77, 450}, {300, 0, 700, 77, 450}, 8, 2, true, -1},
+      {"gqa_causal_offset_nokeys", {129, 5, 260}, {600, 0, 260}, 8, 2, true, -1},
+      {"gqa_causal_window", {700}, {700}, 8, 2, true, 200},
+  };
+  return k;
+}
+
+// Restores RUNLM_FA3_VARIANT's value when the test ends, however it ends.
+struct Fa3VariantRestore {
+  ~Fa3VariantRestore() { attn_fa3_set_variant(-1); }
+};
+
+// Each variant against the reference (outputs poisoned before every run,
+// run_gpu). Ping-pong changes only when a warpgroup issues its GEMMs, not
+// the arithmetic, so it must reproduce its partner bit for bit (2 = 0,
+// 3 = 1); variant 1 rounds differently from 0 (scale-then-add), within the
+// reference tolerance.
+TEST(AttentionGpuFa3Variants, MatchReference) {
+  std::string why;
+  if (!have_cuda_device(&why)) GTEST_SKIP() << why;
+  AttnParams probe;
+  probe.head_dim = 128;
+  probe.dtype = DType::BF16;
+  const std::string unsupported = attn_unsupported_reason(AttnBackend::Fa3, probe, device_sm());
+  if (!unsupported.empty()) GTEST_SKIP() << unsupported;
+  const Fa3VariantRestore restore;
+  EXPECT_THROW(attn_fa3_set_variant(4), Error);
+  EXPECT_THROW(attn_fa3_set_variant(-2), Error);
+  const std::vector<AttnShapeCase>& cases = fa3_variant_cases();
+  for (DType t : {DType::BF16, DType::F16})
+    for (int ci = 0; ci < int(cases.size()); ++ci) {
+      const RefResult& ref = cached_ref_of(cases, 5000u, t, 128, ci);
+      GpuRun runs[4];
+      for (int v = 0; v < 4; ++v) {
+        SCOPED_TRACE(std::string("variant ") + std::to_string(v) + " " + dtype_name(t) + " " + cases[ci].name);
+        attn_fa3_set_variant(v);
+        ASSERT_EQ(attn_fa3_variant(), v);
+        runs[v] = run_gpu(AttnBackend::Fa3, ref.prob, t);
+        expect_matches_ref(runs[v], ref);
+      }
+      for (int v : {2, 3}) {
+        SCOPED_TRACE(std::string("variant ") + std::to_string(v) + " vs " + std::to_string(v - 2) + " " +
+                     dtype_name(t) + " " + cases[ci].name);
+        size_t out_diff = 0, lse_diff = 0;
+        for (size_t i = 0; i < runs[v].out.size(); ++i) out_diff += !(runs[v].out[i] == runs[v - 2].out[i]);
+        for (size_t i = 0; i < runs[v].lse.size(); ++i) lse_diff += !(runs[v].lse[i] == runs[v - 2].lse[i]);
+        EXPECT_EQ(out_diff, 0u) << "ping-pong changed output elements (it should only reorder issue)";
+        EXPECT_EQ(lse_diff, 0u) << "ping-pong changed lse rows";
+      }
+    }
 }
 
 

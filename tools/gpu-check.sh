@@ -24,7 +24,7 @@ BUILD=${BUILD:-$ROOT/build-gpu}
 JOBS=${JOBS:-$(nproc)}
 # Also available: profile (ncu), plot (PNG charts), and the sections below
 # the summary (models, bench_model, paged, paged_v6, paged_v7, paged_f16, batch_model, gemv, gemm_fused,
-# bench_npl, ...).
+# bench_npl, fa3_variant, ...).
 SECTIONS=${SECTIONS:-"env build test sass sanitize bench anchors summary"}
 BENCH_ARGS=${BENCH_ARGS:-}
 ANCHOR_ARGS=${ANCHOR_ARGS:-}
@@ -600,6 +600,49 @@ section_fa3_sched() {
     echo "-- RUNLM_FA3_SCHED=$v"
     RUNLM_FA3_SCHED=$v "$RUNLM" bench-attn --attn fa3 --hdim 128 --seqlen 2048,8192,16384 2>&1 | tail -8
   done
+}
+
+# fa3's kernel variants (RUNLM_FA3_VARIANT, d128 contiguous K/V): 0 default,
+# 1 FA3-order O rescale, 2 ping-pong, 3 both. The fa3 tests under each
+# (AttentionGpuFa3Variants sets them itself: run once), then bench-attn fa3
+# d128 bf16 at FA3_VARIANT_SEQLEN, causal and not, each variant in its own
+# process (the variable is read once), the rounds repeated FA3_VARIANT_ROUNDS
+# times in turn so clock drift shows; one table of medians per variant.
+FA3_VARIANT_SEQLEN=${FA3_VARIANT_SEQLEN:-8192,16384}
+FA3_VARIANT_ROUNDS=${FA3_VARIANT_ROUNDS:-2}
+section_fa3_variant() {
+  local rc=0 v i
+  timeout "$TEST_TIMEOUT" "$TESTS" --gtest_filter='AttentionGpuFa3Variants.*' >"$OUT/fa3_variant_test.log" 2>&1 || rc=1
+  grep -E '^\[  (PASSED|FAILED)  \]|Failure|variant' "$OUT/fa3_variant_test.log" | head -20
+  for v in 1 2 3; do
+    printf -- '-- tests RUNLM_FA3_VARIANT=%s ' "$v"
+    RUNLM_FA3_VARIANT=$v timeout "$TEST_TIMEOUT" "$TESTS" --gtest_filter='All/AttentionGpu.*fa3*d128*:AttentionGpuRescale.*' \
+      >"$OUT/fa3_variant_test_$v.log" 2>&1 || rc=1
+    grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/fa3_variant_test_$v.log" | tr '\n' ' '; echo
+  done
+  : >"$OUT/fa3_variant.jsonl"
+  for ((i = 0; i < FA3_VARIANT_ROUNDS; i++)); do
+    for v in 0 1 2 3; do
+      RUNLM_FA3_VARIANT=$v "$RUNLM" bench-attn --attn fa3 --hdim 128 --seqlen "$FA3_VARIANT_SEQLEN" -o json 2>>"$OUT/fa3_variant.err" |
+        sed "s/^{/{\"variant\": $v, \"round\": $i, /" >>"$OUT/fa3_variant.jsonl" || rc=1
+    done
+  done
+  python3 - "$OUT/fa3_variant.jsonl" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+res = {}
+for r in rows:
+    if r.get("status") == "ok":
+        res.setdefault((r["seqlen"], r["causal"], r["variant"]), []).append(r["TFLOPs"])
+print("| seq | causal | v0 default | v1 rescale | v2 ping-pong | v3 both | rounds |")
+print("|---:|---|---:|---:|---:|---:|---|")
+for seq, causal in sorted({(k[0], k[1]) for k in res}):
+    cells = [res.get((seq, causal, v), []) for v in range(4)]
+    med = ["%.1f" % statistics.median(c) if c else "-" for c in cells]
+    print(f"| {seq} | {'yes' if causal else 'no'} | " + " | ".join(med) + " | " +
+          "; ".join("/".join("%.0f" % x for x in c) for c in cells) + " |")
+PY
+  return $rc
 }
 
 # fa2 v5 against v4 (issue 5), one run: the fa2 tests under each kernel

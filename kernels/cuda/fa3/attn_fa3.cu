@@ -8,8 +8,10 @@
 // overlap), deferred normalisation, direct stores. A static persistent
 // scheduler hands out query blocks heaviest-first.
 // Versions (NOTES.md): v1 serial per warpgroup; v2 intra-warpgroup overlap
-// (+ ping-pong, measured slower and compiled out); v3 per-warp barrier
+// (+ ping-pong, measured slower and switched off); v3 per-warp barrier
 // release, stages sized to shared memory; v4 (this) no S zeroing.
+// Opt-in variants of v4 (RUNLM_FA3_VARIANT, d128 contiguous only, see
+// fa3_env_variant below): FA3's O-rescale order, and ping-pong.
 // Paged K/V (attention.h) is a separate instantiation (kPaged): the K/V
 // tensor maps span the pool and the producer warp assembles each tile from
 // one TMA box per page run (mainloop.cuh); the contiguous kernel is unchanged.
@@ -23,6 +25,7 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <numeric>
@@ -43,7 +46,8 @@ namespace {
 
 using namespace fa3;
 
-template <typename T, int D, int BN, bool kPaged>
+// kRescaleOverlap, kPingPong: the opt-in variants (consumer_mma_block).
+template <typename T, int D, int BN, bool kPaged, bool kRescaleOverlap, bool kPingPong>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_fa3_fwd(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                  const __grid_constant__ CUtensorMap tmV, const Args a) {
@@ -107,7 +111,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       OnlineSoftmax<L::BN> sm;
       sm.init();
       if (r.t_lo < r.t_hi) {
-        consumer_mma_block<T, D, BN, kPaged>(base, a, r, wgc, q_iter, pipe, o, sm);
+        consumer_mma_block<T, D, BN, kPaged, kRescaleOverlap, kPingPong>(base, a, r, wgc, q_iter, pipe, o, sm);
         ++q_iter;
       }
       epilogue_store<T, D, L::BN>(a, r, w.head, wgc, o, sm);
@@ -174,7 +178,7 @@ int choose_heads_per_group(int n_heads, int n_kv_heads, int batch, int max_seqle
   return static_cast<int>(std::min<int64_t>(n_hb, std::max<int64_t>(1, g)));
 }
 
-template <typename T, int D, int BN, bool kPaged>
+template <typename T, int D, int BN, bool kPaged, bool kRescaleOverlap = false, bool kPingPong = false>
 void launch_fa3(const AttnParams& p) {
   using L = Layout<D, BN>;
   if (p.max_seqlen_q == 0) return;
@@ -227,9 +231,9 @@ void launch_fa3(const AttnParams& p) {
   cudaCheck(cudaGetDevice(&dev));
   cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   const int grid = int(tiles < sms ? tiles : sms);
-  cudaCheck(cudaFuncSetAttribute(attn_fa3_fwd<T, D, BN, kPaged>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 int(L::kAlloc)));
-  attn_fa3_fwd<T, D, BN, kPaged><<<grid, kThreads, L::kAlloc, static_cast<cudaStream_t>(p.stream)>>>(tq, tk, tv, a);
+  const auto kernel = attn_fa3_fwd<T, D, BN, kPaged, kRescaleOverlap, kPingPong>;
+  cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(L::kAlloc)));
+  kernel<<<grid, kThreads, L::kAlloc, static_cast<cudaStream_t>(p.stream)>>>(tq, tk, tv, a);
   cudaCheckLaunch();
 }
 
@@ -242,13 +246,53 @@ int fa3_bn_override() {
   return bn;
 }
 
+// RUNLM_FA3_VARIANT selects an opt-in kernel variant (benchmarking, like
+// RUNLM_FA3_BN): 0 = the default kernel, 1 = O rescaled in FA3's order
+// (overlapping S's GEMM), 2 = ping-pong between the consumer warpgroups,
+// 3 = both (mainloop.cuh, consumer_mma_block). Read once, at the first
+// launch that can use it; another value fails there. attn_fa3_set_variant
+// overrides it (tests).
+// The variants are compiled for head_dim 128, BN 128, contiguous K/V only
+// (bf16 and f16), to keep the build short: elsewhere (head_dim 64/256,
+// RUNLM_FA3_BN=176, paged K/V) the default kernel runs whatever the
+// variable says. Silently, unlike user-visible options, because this is a
+// tuning switch whose every variant computes the same attention.
+std::atomic<int> g_variant_override{-1};
+
+int fa3_env_variant() {
+  static const int v = [] {
+    const char* e = std::getenv("RUNLM_FA3_VARIANT");
+    if (!e || !*e) return 0;
+    const std::string s(e);
+    RUNLM_CHECK(s.size() == 1 && s[0] >= '0' && s[0] <= '3', "fa3: RUNLM_FA3_VARIANT=%s unknown; supported: 0..3",
+                e);
+    return s[0] - '0';
+  }();
+  return v;
+}
+
+int fa3_variant() {
+  const int v = g_variant_override.load(std::memory_order_relaxed);
+  return v >= 0 ? v : fa3_env_variant();
+}
+
 template <typename T, bool kPaged>
 void launch_fa3_paged(const AttnParams& p) {
   switch (p.head_dim) {
     case 64: return launch_fa3<T, 64, DefaultBN<64>::value, kPaged>(p);
-    case 128:
+    case 128: {
       if (fa3_bn_override() == 176) return launch_fa3<T, 128, 176, kPaged>(p);
-      return launch_fa3<T, 128, DefaultBN<128>::value, kPaged>(p);
+      constexpr int kBN = DefaultBN<128>::value;
+      if constexpr (!kPaged) {
+        switch (fa3_variant()) {
+          case 1: return launch_fa3<T, 128, kBN, false, true, false>(p);
+          case 2: return launch_fa3<T, 128, kBN, false, false, true>(p);
+          case 3: return launch_fa3<T, 128, kBN, false, true, true>(p);
+          default: break;
+        }
+      }
+      return launch_fa3<T, 128, kBN, kPaged>(p);
+    }
     case 256: return launch_fa3<T, 256, DefaultBN<256>::value, kPaged>(p);
     default: fail("fa3: head_dim=%d unsupported; supported: head_dim {64,128,256}", p.head_dim);
   }
@@ -263,6 +307,14 @@ void launch_fa3_typed(const AttnParams& p) {
 }
 
 }  // namespace
+
+void attn_fa3_set_variant(int variant) {
+  RUNLM_CHECK(variant >= -1 && variant <= 3, "fa3: variant %d unknown; supported: -1 (RUNLM_FA3_VARIANT), 0..3",
+              variant);
+  g_variant_override.store(variant, std::memory_order_relaxed);
+}
+
+int attn_fa3_variant() { return fa3_variant(); }
 
 void attn_fa3_launch(const AttnParams& p) {
   if (p.dtype == DType::BF16)

@@ -25,10 +25,11 @@ constexpr int kConsumerRegs = 240;  // ...so consumers get 240: 24*128 + 240*256
 constexpr int kProducerRegsPaged = 32;
 constexpr int kConsumerRegsPaged = 232;
 
-// Ping-pong between the consumer warpgroups (mainloop.cuh): measured slower
-// than intra-warpgroup overlap alone on H100 (d128 16k: 585 vs 623 TFLOP/s
-// non-causal), so it is compiled out; the code stays for later tuning.
-constexpr bool kPingPong = false;
+// Ping-pong between the consumer warpgroups (mainloop.cuh) is a kernel
+// template parameter, off in the default kernel: it measured slower than
+// intra-warpgroup overlap alone on H100 in session 1 (d128 16k: 585 vs 623
+// TFLOP/s non-causal, on an older loop). RUNLM_FA3_VARIANT (attn_fa3.cu)
+// turns it on, and the FA3-order O rescale, for d128 contiguous K/V.
 
 // Key-tile width per head dim. d128 also has BN = 176 (FA3's choice for
 // non-causal), picked at launch by RUNLM_FA3_BN=176 (benchmarking).
