@@ -12,8 +12,9 @@ void attn_naive_launch(const AttnParams& p);  // kernels/cuda/attn_naive.cu
 void attn_fa2_launch(const AttnParams& p);    // kernels/cuda/attn_fa2.cu
 void attn_fa3_launch(const AttnParams& p);    // kernels/cuda/fa3/attn_fa3.cu
 
-// fa3's opt-in kernel variant (attn_fa3.cu: 0 default, 1 FA3-order O rescale,
-// 2 ping-pong, 3 both; head_dim 128 contiguous K/V only). Normally read once
+// fa3's kernel variant (attn_fa3.cu: 1 the default, FA3-order O rescale; 0
+// v4's order; 2 ping-pong in v4's order, 3 ping-pong in FA3's order;
+// head_dim 128 contiguous K/V only, elsewhere the default runs). Normally read once
 // from RUNLM_FA3_VARIANT; the setter overrides it (tests), -1 returns to the
 // environment's value. attn_fa3_variant() is the value launches use now.
 void attn_fa3_set_variant(int variant);

@@ -233,8 +233,9 @@ __device__ __forceinline__ void fence_regs_u32(uint32_t (&r)[N][4]) {
 // read by the asynchronous wgmma, so they are pinned (fence_regs_u32) until
 // its wait.
 //
-// Where O is rescaled (kRescaleOverlap, opt-in, RUNLM_FA3_VARIANT bit 0):
-// - off (the default kernel): after P V_{t-1} has completed, by tile t's
+// Where O is rescaled (kRescaleOverlap; on by default since session 8,
+// RUNLM_FA3_VARIANT=0 or 2 turns it off at head_dim 128):
+// - off (v4): after P V_{t-1} has completed, by tile t's
 //   factor: O = corr_t * (O + P_{t-1} V_{t-1}). The 64 FMULs sit between
 //   the GEMM's wait and the next iteration's issue, on the critical path.
 // - on (FlashAttention-3's order, RescaleOBeforeGemm): by tile t-1's
