@@ -79,6 +79,43 @@ __device__ inline void write_nan_rows(const PagedDecodeParams& p, int s) {
     p.out[i] = NAN;
 }
 
+// ------------------------------------------------------------ CTA prologue
+
+// What a partition CTA works on (every paged decode kernel has the same grid:
+// x = partition * n_chunks + chunk, y = KV head, z = sequence).
+struct DecodeCta {
+  int chunk = 0, part = 0;  // R-row chunk of the sequence's rows, KV partition
+  int kvh = 0, s = 0;       // KV head, sequence
+  int group = 1;            // query heads per KV head
+  int rows = 0;             // the sequence's rows: tokens x heads of the group
+  int k_begin = 0, k_end = 0;  // this CTA's keys: its partition, clipped to what its rows attend to
+  SeqRange sr;
+};
+
+// Fills c for this CTA (R query rows a CTA); false when the CTA has nothing
+// to do: a sequence whose lengths break the bounds (its NaN rows written
+// here), an empty chunk or an empty partition. The caller returns then.
+template <int R>
+__device__ __forceinline__ bool decode_cta_begin(const PagedDecodeParams& p, int partition_size, int n_chunks,
+                                                 DecodeCta& c) {
+  c.chunk = blockIdx.x % n_chunks, c.part = blockIdx.x / n_chunks;
+  c.kvh = blockIdx.y, c.s = blockIdx.z;
+  c.group = p.n_heads / p.kv.n_kv_heads;
+  c.sr = seq_range(p, c.s, partition_size);
+  if (!c.sr.ok) {
+    if (partition_size == 0 && c.chunk == 0 && c.kvh == 0) write_nan_rows(p, c.s);  // split: the combine writes them
+    return false;
+  }
+  c.rows = c.sr.n_q * c.group;
+  if (c.chunk * R >= c.rows || c.part >= c.sr.n_parts) return false;
+  c.k_begin = c.sr.first, c.k_end = c.sr.len;
+  if (partition_size > 0) {
+    c.k_begin = max(c.k_begin, c.sr.start + c.part * partition_size);
+    c.k_end = min(c.k_end, c.sr.start + (c.part + 1) * partition_size);
+  }
+  return true;
+}
+
 // ------------------------------------------------------------ partition kernel
 
 // grid: x = partition * n_chunks + chunk, y = KV head, z = sequence.
@@ -103,27 +140,14 @@ __global__ void __launch_bounds__(kThreads, R <= 4 ? 4 : 1)
   __shared__ float s_m[kWarps][R], s_d[kWarps][R];
   __shared__ float s_o[kWarps][R][HD];
 
-  const int chunk = blockIdx.x % n_chunks, part = blockIdx.x / n_chunks;
-  const int kvh = blockIdx.y, s = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int tx = threadIdx.x % kBdx, g = threadIdx.x / kBdx;
+  DecodeCta cta;
+  if (!decode_cta_begin<R>(p, partition_size, n_chunks, cta)) return;
+  const SeqRange& sr = cta.sr;
+  const int chunk = cta.chunk, part = cta.part, kvh = cta.kvh, s = cta.s, group = cta.group, rows = cta.rows;
+  const int k_begin = cta.k_begin, k_end = cta.k_end;
   const PagedKvView& kv = p.kv;
-  const int group = p.n_heads / kv.n_kv_heads;
-
-  const SeqRange sr = seq_range(p, s, partition_size);
-  if (!sr.ok) {
-    if (partition_size == 0 && chunk == 0 && kvh == 0) write_nan_rows(p, s);  // split: the combine writes them
-    return;
-  }
-  const int rows = sr.n_q * group;
-  if (chunk * R >= rows || part >= sr.n_parts) return;
-
-  // This CTA's keys: its partition, clipped to what its rows attend to.
-  int k_begin = sr.first, k_end = sr.len;
-  if (partition_size > 0) {
-    k_begin = max(k_begin, sr.start + part * partition_size);
-    k_end = min(k_end, sr.start + (part + 1) * partition_size);
-  }
 
   // Rows: rho = chunk * R + r -> token i = rho / group, head kvh * group + rho % group.
   float q[R][kVec];

@@ -188,26 +188,14 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
   __shared__ float s_o[kWarps][R][HD];
   __shared__ uint4 s_q[kWarps][NS / 2][32];  // q's A fragments (below)
 
-  const int chunk = blockIdx.x % n_chunks, part = blockIdx.x / n_chunks;
-  const int kvh = blockIdx.y, s = blockIdx.z;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
+  DecodeCta cta;
+  if (!decode_cta_begin<R>(p, partition_size, n_chunks, cta)) return;
+  const SeqRange& sr = cta.sr;
+  const int chunk = cta.chunk, part = cta.part, kvh = cta.kvh, s = cta.s, group = cta.group, rows = cta.rows;
+  const int k_begin = cta.k_begin, k_end = cta.k_end;
   const PagedKvView& kv = p.kv;
-  const int group = p.n_heads / kv.n_kv_heads;
-
-  const SeqRange sr = seq_range(p, s, partition_size);
-  if (!sr.ok) {
-    if (partition_size == 0 && chunk == 0 && kvh == 0) write_nan_rows(p, s);  // split: the combine writes them
-    return;
-  }
-  const int rows = sr.n_q * group;
-  if (chunk * R >= rows || part >= sr.n_parts) return;
-
-  int k_begin = sr.first, k_end = sr.len;
-  if (partition_size > 0) {
-    k_begin = max(k_begin, sr.start + part * partition_size);
-    k_end = min(k_end, sr.start + (part + 1) * partition_size);
-  }
 
   // This lane's row (QK's A row g, the softmax of row g).
   const int rho = chunk * R + g;
