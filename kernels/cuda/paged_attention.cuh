@@ -116,6 +116,31 @@ __device__ __forceinline__ bool decode_cta_begin(const PagedDecodeParams& p, int
   return true;
 }
 
+// Query row rho = chunk * R + r of a CTA: token i = rho / group, head
+// kvh * group + rho % group. Rows past the sequence's (padding of the last
+// chunk) read token 0's q and mask every key.
+struct DecodeRow {
+  bool valid = false;
+  int pos = -1;                // the token's position; -1: every key masked
+  int lo = 0;                  // first key of its sliding window (0 without one)
+  int key_lo = 0, key_hi = 0;  // its keys in this CTA: [key_lo, key_hi)
+  const float* q = nullptr;    // its q row [HD]
+};
+
+template <int R, int HD>
+__device__ __forceinline__ DecodeRow decode_row(const PagedDecodeParams& p, const DecodeCta& c, int r) {
+  DecodeRow w;
+  const int rho = c.chunk * R + r;
+  w.valid = rho < c.rows;
+  const int i = w.valid ? rho / c.group : 0;
+  const int h = c.kvh * c.group + (w.valid ? rho % c.group : 0);
+  w.pos = w.valid ? c.sr.len - c.sr.n_q + i : -1;
+  w.lo = p.window > 0 ? max(0, w.pos - p.window + 1) : 0;
+  w.key_lo = max(c.k_begin, w.lo), w.key_hi = min(c.k_end, w.pos + 1);
+  w.q = p.q + (int64_t(c.sr.q0 + i) * p.n_heads + h) * HD;
+  return w;
+}
+
 // ------------------------------------------------------------ partition kernel
 
 // grid: x = partition * n_chunks + chunk, y = KV head, z = sequence.
@@ -149,23 +174,19 @@ __global__ void __launch_bounds__(kThreads, R <= 4 ? 4 : 1)
   const int k_begin = cta.k_begin, k_end = cta.k_end;
   const PagedKvView& kv = p.kv;
 
-  // Rows: rho = chunk * R + r -> token i = rho / group, head kvh * group + rho % group.
+  // Rows r = 0 .. R - 1 of the CTA (DecodeRow): q, position and window start.
   float q[R][kVec];
   int pos[R], lo[R];
   const float qscale = p.scale * kLog2e;
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    const int rho = chunk * R + r;
-    const bool valid = rho < rows;
-    const int i = valid ? rho / group : 0;
-    const int h = kvh * group + (valid ? rho % group : 0);
-    pos[r] = valid ? sr.len - sr.n_q + i : -1;  // -1: every key masked
-    lo[r] = p.window > 0 ? max(0, pos[r] - p.window + 1) : 0;
-    const float* qp = p.q + (int64_t(sr.q0 + i) * p.n_heads + h) * HD;
+    const DecodeRow row = decode_row<R, HD>(p, cta, r);
+    pos[r] = row.pos;
+    lo[r] = row.lo;
 #pragma unroll
     for (int v = 0; v < kVec; v += 4) {
       // K's element order: the thread's q values match the K values it holds.
-      const float4 x = valid ? *reinterpret_cast<const float4*>(qp + KP::elem4(tx, v / 4)) : make_float4(0, 0, 0, 0);
+      const float4 x = row.valid ? *reinterpret_cast<const float4*>(row.q + KP::elem4(tx, v / 4)) : make_float4(0, 0, 0, 0);
       q[r][v] = x.x * qscale;
       q[r][v + 1] = x.y * qscale;
       q[r][v + 2] = x.z * qscale;

@@ -154,18 +154,16 @@ __global__ void __launch_bounds__(kThreads, MmaV6Traits<KP, VP, HD>::kMinCtas)
   const int k_begin = cta.k_begin, k_end = cta.k_end;
   const PagedKvView& kv = p.kv;
 
-  const int rho = chunk * R + g;
-  const bool valid = rho < rows;
-  const int pos = valid ? sr.len - sr.n_q + rho / group : -1;  // -1: every key masked
-  const int lo = p.window > 0 ? max(0, pos - p.window + 1) : 0;
-  const int key_lo = max(k_begin, lo), key_hi = min(k_end, pos + 1);
+  // This lane's row: QK's A row g, the softmax of row g.
+  const DecodeRow row_g = decode_row<R, HD>(p, cta, g);
+  const bool valid = row_g.valid;
+  const int key_lo = row_g.key_lo, key_hi = row_g.key_hi;  // row g's keys in this CTA: [key_lo, key_hi)
 
   // q as A fragments in ldmatrix's K element order (k_elem_ldsm), log2(e) *
   // scale folded in, f16.
   uint32_t qa[NB][2][2];  // [block][k-step][a0, a2]
   {
-    const int h = kvh * group + (valid ? rho % group : 0);
-    const float* qp = p.q + (int64_t(sr.q0 + (valid ? rho / group : 0)) * p.n_heads + h) * HD;
+    const float* qp = row_g.q;
     const float qscale = p.scale * kLog2e;
 #pragma unroll
     for (int b = 0; b < NB; ++b)
