@@ -73,6 +73,22 @@ namespace paged {
 
 constexpr int kMmaRows = 8;  // query rows per CTA on the tensor-core path (PV's n)
 
+// The tensor-core kernels' rows: row g = lane / 4 of a warp (QK's A row,
+// the softmax's row) is held by the 4 lanes t = lane % 4.
+
+// The keys every valid row of the CTA attends to, [lo_max, hi_min)
+// (warp-wide max / min over the 8 rows, lanes 4 apart): tiles inside need
+// no mask.
+__device__ __forceinline__ void rows8_common_keys(const DecodeRow& row_g, const DecodeCta& c, int& lo_max,
+                                                  int& hi_min) {
+  lo_max = row_g.valid ? row_g.key_lo : c.k_begin, hi_min = row_g.valid ? row_g.key_hi : c.k_end;
+#pragma unroll
+  for (int off = 4; off < 32; off <<= 1) {
+    lo_max = max(lo_max, __shfl_xor_sync(0xffffffffu, lo_max, off));
+    hi_min = min(hi_min, __shfl_xor_sync(0xffffffffu, hi_min, off));
+  }
+}
+
 // ------------------------------------------------------------ f16x2 helpers
 
 __device__ __forceinline__ uint32_t hsub2_u32(uint32_t a, uint32_t b) {
@@ -376,7 +392,6 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   // This lane's row: QK's A row g, the softmax of row g.
   const DecodeRow row_g = decode_row<R, HD>(p, cta, g);
-  const bool valid = row_g.valid;
   const int key_lo = row_g.key_lo, key_hi = row_g.key_hi;  // row g's keys in this CTA: [key_lo, key_hi)
 
   // q as A fragments in K's element order, log2(e) * scale folded in, f16;
@@ -389,8 +404,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int b = 0; b < NB; ++b)
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        const float x0 = valid ? qp[32 * b + KP::k_elem(t, r, 0)] * qscale : 0.0f;
-        const float x1 = valid ? qp[32 * b + KP::k_elem(t, r, 1)] * qscale : 0.0f;
+        const float x0 = row_g.valid ? qp[32 * b + KP::k_elem(t, r, 0)] * qscale : 0.0f;
+        const float x1 = row_g.valid ? qp[32 * b + KP::k_elem(t, r, 1)] * qscale : 0.0f;
         qa[b][r >> 1][r & 1] = pack_f16x2(x0, x1);
       }
   }
@@ -401,14 +416,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     __syncthreads();  // s_q is complete before any warp's first mma (no early return past this point)
   }
 
-  // Keys every valid row attends to: [lo_max, hi_min) (warp-wide min / max
-  // over the 8 rows, lanes 4 apart); steps inside need no mask.
-  int lo_max = valid ? key_lo : k_begin, hi_min = valid ? key_hi : k_end;
-#pragma unroll
-  for (int off = 4; off < 32; off <<= 1) {
-    lo_max = max(lo_max, __shfl_xor_sync(0xffffffffu, lo_max, off));
-    hi_min = min(hi_min, __shfl_xor_sync(0xffffffffu, hi_min, off));
-  }
+  // Keys every valid row attends to: [lo_max, hi_min); tiles inside need no mask.
+  int lo_max, hi_min;
+  rows8_common_keys(row_g, cta, lo_max, hi_min);
 
   float m = -INFINITY, d = 0.0f;  // row g (the same in the 4 lanes t); d: this lane's keys only
   float o[NB][2][4];              // O^T: [block][m-tile][c]: dims v_elem(g, 2mt + c / 2), rows 2t + c % 2

@@ -199,7 +199,6 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
 
   // This lane's row: QK's A row g, the softmax of row g.
   const DecodeRow row_g = decode_row<R, HD>(p, cta, g);
-  const bool valid = row_g.valid;
   const int key_lo = row_g.key_lo, key_hi = row_g.key_hi;  // row g's keys in this CTA: [key_lo, key_hi)
 
   // q as A fragments in K's element order (L::k_elem), log2(e) * scale
@@ -215,8 +214,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
     for (int j = 0; j < NS; ++j)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const float x0 = valid ? qp[L::k_elem(t, j, r, 0)] * qscale : 0.0f;
-        const float x1 = valid ? qp[L::k_elem(t, j, r, 1)] * qscale : 0.0f;
+        const float x0 = row_g.valid ? qp[L::k_elem(t, j, r, 0)] * qscale : 0.0f;
+        const float x1 = row_g.valid ? qp[L::k_elem(t, j, r, 1)] * qscale : 0.0f;
         qa[j][r] = T::pack(x0, x1);
       }
 #pragma unroll
@@ -226,12 +225,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
   }
 
   // Keys every valid row attends to: [lo_max, hi_min); tiles inside need no mask.
-  int lo_max = valid ? key_lo : k_begin, hi_min = valid ? key_hi : k_end;
-#pragma unroll
-  for (int off = 4; off < 32; off <<= 1) {
-    lo_max = max(lo_max, __shfl_xor_sync(0xffffffffu, lo_max, off));
-    hi_min = min(hi_min, __shfl_xor_sync(0xffffffffu, hi_min, off));
-  }
+  int lo_max, hi_min;
+  rows8_common_keys(row_g, cta, lo_max, hi_min);
 
   float m = -INFINITY, d = 0.0f;  // row g (the same in the 4 lanes t); d: this lane's keys only
   float o[NS][4];                 // O^T: [m-tile][c]: dims L::v_dim(g, mt, c / 2), rows 2t + c % 2

@@ -156,7 +156,6 @@ __global__ void __launch_bounds__(kThreads, MmaV6Traits<KP, VP, HD>::kMinCtas)
 
   // This lane's row: QK's A row g, the softmax of row g.
   const DecodeRow row_g = decode_row<R, HD>(p, cta, g);
-  const bool valid = row_g.valid;
   const int key_lo = row_g.key_lo, key_hi = row_g.key_hi;  // row g's keys in this CTA: [key_lo, key_hi)
 
   // q as A fragments in ldmatrix's K element order (k_elem_ldsm), log2(e) *
@@ -169,8 +168,8 @@ __global__ void __launch_bounds__(kThreads, MmaV6Traits<KP, VP, HD>::kMinCtas)
     for (int b = 0; b < NB; ++b)
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        const float x0 = valid ? qp[32 * b + KP::k_elem_ldsm(t, r, 0)] * qscale : 0.0f;
-        const float x1 = valid ? qp[32 * b + KP::k_elem_ldsm(t, r, 1)] * qscale : 0.0f;
+        const float x0 = row_g.valid ? qp[32 * b + KP::k_elem_ldsm(t, r, 0)] * qscale : 0.0f;
+        const float x1 = row_g.valid ? qp[32 * b + KP::k_elem_ldsm(t, r, 1)] * qscale : 0.0f;
         qa[b][r >> 1][r & 1] = pack_f16x2(x0, x1);
       }
   }
@@ -182,12 +181,9 @@ __global__ void __launch_bounds__(kThreads, MmaV6Traits<KP, VP, HD>::kMinCtas)
     __syncthreads();  // s_q is complete before any warp's first mma (no early return past this point)
   }
 
-  int lo_max = valid ? key_lo : k_begin, hi_min = valid ? key_hi : k_end;
-#pragma unroll
-  for (int off = 4; off < 32; off <<= 1) {
-    lo_max = max(lo_max, __shfl_xor_sync(0xffffffffu, lo_max, off));
-    hi_min = min(hi_min, __shfl_xor_sync(0xffffffffu, hi_min, off));
-  }
+  // Keys every valid row attends to: [lo_max, hi_min); tiles inside need no mask.
+  int lo_max, hi_min;
+  rows8_common_keys(row_g, cta, lo_max, hi_min);
 
   float m = -INFINITY, d = 0.0f;
   float o[NB][2][4];  // O^T: [block][m-tile][c]: dims v_elem(g, 2mt + c / 2), rows 2t + c % 2
