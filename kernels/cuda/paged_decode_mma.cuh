@@ -89,6 +89,19 @@ __device__ __forceinline__ void rows8_common_keys(const DecodeRow& row_g, const 
   }
 }
 
+// Row g's denominator over the 4 lanes t (each lane's d holds its own keys
+// only), then the warp's (m, d) of row g to shared memory; the caller stores
+// O in its own fragment layout.
+__device__ __forceinline__ void rows8_md_to_smem(float m, float d, int warp, int g, int t, float (*s_m)[kMmaRows],
+                                                 float (*s_d)[kMmaRows]) {
+  d += __shfl_xor_sync(0xffffffffu, d, 1);
+  d += __shfl_xor_sync(0xffffffffu, d, 2);
+  if (t == 0) {
+    s_m[warp][g] = m;
+    s_d[warp][g] = d;
+  }
+}
+
 // ------------------------------------------------------------ f16x2 helpers
 
 __device__ __forceinline__ uint32_t hsub2_u32(uint32_t a, uint32_t b) {
@@ -759,13 +772,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   }
 
-  // Row g's denominator over the 4 lanes t; the warp's state to shared memory.
-  d += __shfl_xor_sync(0xffffffffu, d, 1);
-  d += __shfl_xor_sync(0xffffffffu, d, 2);
-  if (t == 0) {
-    s_m[warp][g] = m;
-    s_d[warp][g] = d;
-  }
+  // The warp's state to shared memory: (m, d) of row g, then O^T.
+  rows8_md_to_smem(m, d, warp, g, t, s_m, s_d);
 #pragma unroll
   for (int b = 0; b < NB; ++b)
 #pragma unroll

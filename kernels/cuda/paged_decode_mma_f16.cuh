@@ -359,13 +359,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
     for (int u = 0; u < kU; ++u) compute_tile(raw[u], base + 16 * u);
   }
 
-  // Row g's denominator over the 4 lanes t; the warp's state to shared memory.
-  d += __shfl_xor_sync(0xffffffffu, d, 1);
-  d += __shfl_xor_sync(0xffffffffu, d, 2);
-  if (t == 0) {
-    s_m[warp][g] = m;
-    s_d[warp][g] = d;
-  }
+  // The warp's state to shared memory: (m, d) of row g, then O^T.
+  rows8_md_to_smem(m, d, warp, g, t, s_m, s_d);
 #pragma unroll
   for (int mt = 0; mt < NS; ++mt)
 #pragma unroll

@@ -402,22 +402,22 @@ __global__ void __launch_bounds__(kThreads, MmaV6Traits<KP, VP, HD>::kMinCtas)
   cp_async_wait<0>();  // nothing pending (only tiles < k_end were copied, all computed): the ring is free
   __syncthreads();     // every warp is done with its ring before the merge buffers overwrite it
 
-  float* s_o = reinterpret_cast<float*>(smem);  // [kWarps][R][HD]
-  float* s_m = s_o + kWarps * R * HD;           // [kWarps][R]
-  float* s_d = s_m + kWarps * R;                // [kWarps][R]
-  d += __shfl_xor_sync(0xffffffffu, d, 1);
-  d += __shfl_xor_sync(0xffffffffu, d, 2);
-  if (t == 0) {
-    s_m[warp * R + g] = m;
-    s_d[warp * R + g] = d;
-  }
+  auto s_o = reinterpret_cast<float (*)[R][HD]>(smem);    // [kWarps][R][HD]
+  auto s_m = reinterpret_cast<float (*)[R]>(s_o + kWarps);  // [kWarps][R]
+  auto s_d = s_m + kWarps;                                  // [kWarps][R]
+  // The warp's state to shared memory: (m, d) of row g, then O^T.
+  rows8_md_to_smem(m, d, warp, g, t, s_m, s_d);
+  // O^T through a flat index, as this kernel always stored it: indexed
+  // s_o[warp][row][dim], nvcc merges the stores into STS.64/128 (a codegen
+  // change to measure on its own, not part of sharing the epilogue).
+  float* s_o_flat = s_o[0][0];
 #pragma unroll
   for (int b = 0; b < NB; ++b)
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
       for (int c = 0; c < 4; ++c)
-        s_o[(warp * R + 2 * t + (c & 1)) * HD + 32 * b + VP::v_elem(g, 2 * mt + (c >> 1))] = o[b][mt][c];
+        s_o_flat[(warp * R + 2 * t + (c & 1)) * HD + 32 * b + VP::v_elem(g, 2 * mt + (c >> 1))] = o[b][mt][c];
   __syncthreads();  // every warp's state is in shared memory before the cross-warp merge
 
   const int n_rows = min(R, rows - chunk * R);
@@ -427,8 +427,8 @@ __global__ void __launch_bounds__(kThreads, MmaV6Traits<KP, VP, HD>::kMinCtas)
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
       float sa, sb;
-      attn_state_merge(M, D, s_m[w * R + r], s_d[w * R + r], sa, sb);
-      O = O * sa + s_o[(w * R + r) * HD + e] * sb;
+      attn_state_merge(M, D, s_m[w][r], s_d[w][r], sa, sb);
+      O = O * sa + s_o[w][r][e] * sb;
     }
     const int rr = chunk * R + r;
     const int64_t rid = int64_t(sr.q0 + rr / group) * p.n_heads + kvh * group + rr % group;
