@@ -141,6 +141,45 @@ __device__ __forceinline__ DecodeRow decode_row(const PagedDecodeParams& p, cons
   return w;
 }
 
+// ------------------------------------------------------------ CTA epilogue
+
+// Merges the warps' states of the CTA's rows (in shared memory: s_o
+// [kWarps][R][HD], s_m and s_d [kWarps][R]) and writes row by row either the
+// output (no split) or the partition's state for the combine kernel (ws_o
+// [total_q * n_heads][ws_parts][HD], ws_md [..][ws_parts][2]: m, d).
+template <int R, int HD>
+__device__ __forceinline__ void merge_warps_and_store(const PagedDecodeParams& p, const DecodeCta& c,
+                                                      int partition_size, float* __restrict__ ws_o,
+                                                      float* __restrict__ ws_md, int ws_parts, const float (*s_o)[R][HD],
+                                                      const float (*s_m)[R], const float (*s_d)[R]) {
+  __syncthreads();  // every warp's state is in shared memory before the cross-warp merge
+
+  const int n_rows = min(R, c.rows - c.chunk * R);
+  for (int idx = threadIdx.x; idx < n_rows * HD; idx += kThreads) {
+    const int r = idx / HD, e = idx % HD;
+    float M = -INFINITY, D = 0.0f, O = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      float sa, sb;
+      attn_state_merge(M, D, s_m[w][r], s_d[w][r], sa, sb);
+      O = O * sa + s_o[w][r][e] * sb;
+    }
+    // Row r's global index, recomputed (a kernel's register arrays need a constant index).
+    const int rho = c.chunk * R + r;
+    const int64_t rid = int64_t(c.sr.q0 + rho / c.group) * p.n_heads + c.kvh * c.group + rho % c.group;
+    if (partition_size == 0) {
+      p.out[rid * HD + e] = O / D;  // D > 0: a valid row attends at least to its own position
+    } else {
+      const int64_t at = rid * ws_parts + c.part;
+      ws_o[at * HD + e] = O;
+      if (e == 0) {
+        ws_md[at * 2] = M;
+        ws_md[at * 2 + 1] = D;
+      }
+    }
+  }
+}
+
 // ------------------------------------------------------------ partition kernel
 
 // grid: x = partition * n_chunks + chunk, y = KV head, z = sequence.
@@ -169,9 +208,7 @@ __global__ void __launch_bounds__(kThreads, R <= 4 ? 4 : 1)
   const int tx = threadIdx.x % kBdx, g = threadIdx.x / kBdx;
   DecodeCta cta;
   if (!decode_cta_begin<R>(p, partition_size, n_chunks, cta)) return;
-  const SeqRange& sr = cta.sr;
-  const int chunk = cta.chunk, part = cta.part, kvh = cta.kvh, s = cta.s, group = cta.group, rows = cta.rows;
-  const int k_begin = cta.k_begin, k_end = cta.k_end;
+  const int kvh = cta.kvh, s = cta.s, k_begin = cta.k_begin, k_end = cta.k_end;
   const PagedKvView& kv = p.kv;
 
   // Rows r = 0 .. R - 1 of the CTA (DecodeRow): q, position and window start.
@@ -356,32 +393,7 @@ __global__ void __launch_bounds__(kThreads, R <= 4 ? 4 : 1)
       }
     }
   }
-  __syncthreads();  // every warp's state is in shared memory before the cross-warp merge
-
-  const int n_rows = min(R, rows - chunk * R);
-  for (int idx = threadIdx.x; idx < n_rows * HD; idx += kThreads) {
-    const int r = idx / HD, e = idx % HD;
-    float M = -INFINITY, D = 0.0f, O = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      float sa, sb;
-      attn_state_merge(M, D, s_m[w][r], s_d[w][r], sa, sb);
-      O = O * sa + s_o[w][r][e] * sb;
-    }
-    // Row r's global index, recomputed (the register array needs a constant index).
-    const int rho = chunk * R + r;
-    const int64_t rid = int64_t(sr.q0 + rho / group) * p.n_heads + kvh * group + rho % group;
-    if (partition_size == 0) {
-      p.out[rid * HD + e] = O / D;  // D > 0: a valid row attends at least to its own position
-    } else {
-      const int64_t at = rid * ws_parts + part;
-      ws_o[at * HD + e] = O;
-      if (e == 0) {
-        ws_md[at * 2] = M;
-        ws_md[at * 2 + 1] = D;
-      }
-    }
-  }
+  merge_warps_and_store<R, HD>(p, cta, partition_size, ws_o, ws_md, ws_parts, s_o, s_m, s_d);
 }
 
 

@@ -149,9 +149,7 @@ __global__ void __launch_bounds__(kThreads, MmaV6Traits<KP, VP, HD>::kMinCtas)
   const int g = lane >> 2, t = lane & 3;
   DecodeCta cta;
   if (!decode_cta_begin<R>(p, partition_size, n_chunks, cta)) return;
-  const SeqRange& sr = cta.sr;
-  const int chunk = cta.chunk, part = cta.part, kvh = cta.kvh, s = cta.s, group = cta.group, rows = cta.rows;
-  const int k_begin = cta.k_begin, k_end = cta.k_end;
+  const int kvh = cta.kvh, s = cta.s, k_begin = cta.k_begin, k_end = cta.k_end;
   const PagedKvView& kv = p.kv;
 
   // This lane's row: QK's A row g, the softmax of row g.
@@ -418,31 +416,7 @@ __global__ void __launch_bounds__(kThreads, MmaV6Traits<KP, VP, HD>::kMinCtas)
 #pragma unroll
       for (int c = 0; c < 4; ++c)
         s_o_flat[(warp * R + 2 * t + (c & 1)) * HD + 32 * b + VP::v_elem(g, 2 * mt + (c >> 1))] = o[b][mt][c];
-  __syncthreads();  // every warp's state is in shared memory before the cross-warp merge
-
-  const int n_rows = min(R, rows - chunk * R);
-  for (int idx = threadIdx.x; idx < n_rows * HD; idx += kThreads) {
-    const int r = idx / HD, e = idx % HD;
-    float M = -INFINITY, D = 0.0f, O = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      float sa, sb;
-      attn_state_merge(M, D, s_m[w][r], s_d[w][r], sa, sb);
-      O = O * sa + s_o[w][r][e] * sb;
-    }
-    const int rr = chunk * R + r;
-    const int64_t rid = int64_t(sr.q0 + rr / group) * p.n_heads + kvh * group + rr % group;
-    if (partition_size == 0) {
-      p.out[rid * HD + e] = O / D;
-    } else {
-      const int64_t at = rid * ws_parts + part;
-      ws_o[at * HD + e] = O;
-      if (e == 0) {
-        ws_md[at * 2] = M;
-        ws_md[at * 2 + 1] = D;
-      }
-    }
-  }
+  merge_warps_and_store<R, HD>(p, cta, partition_size, ws_o, ws_md, ws_parts, s_o, s_m, s_d);
 }
 
 }  // namespace paged
