@@ -4,8 +4,9 @@
 // partner may be f16), head_dim 64, 128, 256, up to kMmaRows query rows a
 // CTA. The SIMT kernel (paged_attention.cuh) keeps every other combination.
 // Same grid, split, workspace, window, -1 pages and NaN rows as the SIMT
-// kernel (shared SeqRange / seq_range / write_nan_rows); the instantiations
-// are in kernels/cuda/inst/paged_decode_mma_k<K>.cu.
+// kernel (shared prologue and epilogue in paged_attention.cuh: DecodeCta,
+// DecodeRow, merge_warps_and_store); the instantiations are in
+// kernels/cuda/inst/paged_decode_mma_k<K>.cu.
 // Version 5 (kVersion = 5, head_dim 64 and 128; RUNLM_PAGED_DECODE_MMA=v5)
 // is version 4 with a software-pipelined key loop: the raw loads of the next
 // 16-key tiles go out before a tile's conversion and mma (a register ring,
@@ -73,8 +74,11 @@ namespace paged {
 
 constexpr int kMmaRows = 8;  // query rows per CTA on the tensor-core path (PV's n)
 
-// The tensor-core kernels' rows: row g = lane / 4 of a warp (QK's A row,
-// the softmax's row) is held by the 4 lanes t = lane % 4.
+// ------------------------------------------------------------ rows of a warp
+
+// Every tensor-core kernel (versions 4-10) gives a warp the CTA's 8 rows:
+// row g = lane / 4 (QK's A row, the softmax's row) sits in the 4 lanes
+// t = lane % 4. The prologue and epilogue pieces of that layout:
 
 // The keys every valid row of the CTA attends to, [lo_max, hi_min)
 // (warp-wide max / min over the 8 rows, lanes 4 apart): tiles inside need
