@@ -89,6 +89,7 @@ __device__ inline void write_nan_rows(const PagedDecodeParams& p, int s) {
 struct DecodeCta {
   int chunk = 0, part = 0;  // R-row chunk of the sequence's rows, KV partition
   int kvh = 0, s = 0;       // KV head, sequence
+  int warp = 0, lane = 0;   // this thread's
   int group = 1;            // query heads per KV head
   int rows = 0;             // the sequence's rows: tokens x heads of the group
   int k_begin = 0, k_end = 0;  // this CTA's keys: its partition, clipped to what its rows attend to
@@ -103,6 +104,7 @@ __device__ __forceinline__ bool decode_cta_begin(const PagedDecodeParams& p, int
                                                  DecodeCta& c) {
   c.chunk = blockIdx.x % n_chunks, c.part = blockIdx.x / n_chunks;
   c.kvh = blockIdx.y, c.s = blockIdx.z;
+  c.warp = threadIdx.x >> 5, c.lane = threadIdx.x & 31;
   c.group = p.n_heads / p.kv.n_kv_heads;
   c.sr = seq_range(p, c.s, partition_size);
   if (!c.sr.ok) {
@@ -135,12 +137,11 @@ __device__ __forceinline__ DecodeRow decode_row(const PagedDecodeParams& p, cons
   DecodeRow w;
   const int rho = c.chunk * R + r;
   w.valid = rho < c.rows;
-  const int i = w.valid ? rho / c.group : 0;
-  const int h = c.kvh * c.group + (w.valid ? rho % c.group : 0);
-  w.pos = w.valid ? c.sr.len - c.sr.n_q + i : -1;
+  w.pos = w.valid ? c.sr.len - c.sr.n_q + rho / c.group : -1;
   w.lo = p.window > 0 ? max(0, w.pos - p.window + 1) : 0;
   w.key_lo = max(c.k_begin, w.lo), w.key_hi = min(c.k_end, w.pos + 1);
-  w.q = p.q + (int64_t(c.sr.q0 + i) * p.n_heads + h) * HD;
+  const int h = c.kvh * c.group + (w.valid ? rho % c.group : 0);
+  w.q = p.q + (int64_t(c.sr.q0 + (w.valid ? rho / c.group : 0)) * p.n_heads + h) * HD;
   return w;
 }
 
@@ -207,11 +208,11 @@ __global__ void __launch_bounds__(kThreads, R <= 4 ? 4 : 1)
   __shared__ float s_m[kWarps][R], s_d[kWarps][R];
   __shared__ float s_o[kWarps][R][HD];
 
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int tx = threadIdx.x % kBdx, g = threadIdx.x / kBdx;
   DecodeCta cta;
   if (!decode_cta_begin<R>(p, partition_size, n_chunks, cta)) return;
   const int kvh = cta.kvh, s = cta.s, k_begin = cta.k_begin, k_end = cta.k_end;
+  const int warp = cta.warp, lane = cta.lane;
+  const int tx = threadIdx.x % kBdx, g = threadIdx.x / kBdx;
   const PagedKvView& kv = p.kv;
 
   // Rows r = 0 .. R - 1 of the CTA (DecodeRow): q, position and window start.

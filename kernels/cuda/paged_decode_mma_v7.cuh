@@ -251,11 +251,11 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
   __shared__ float s_m[kWarps][R], s_d[kWarps][R];
   __shared__ float s_o[kWarps][R][HD];
 
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int g = lane >> 2, t = lane & 3;
   DecodeCta cta;
   if (!decode_cta_begin<R>(p, partition_size, n_chunks, cta)) return;
   const int kvh = cta.kvh, s = cta.s, k_begin = cta.k_begin, k_end = cta.k_end;
+  const int warp = cta.warp, lane = cta.lane;
+  const int g = lane >> 2, t = lane & 3;
   const PagedKvView& kv = p.kv;
 
   // This lane's row: QK's A row g, the softmax of row g.
