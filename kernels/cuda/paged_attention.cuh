@@ -137,11 +137,12 @@ __device__ __forceinline__ DecodeRow decode_row(const PagedDecodeParams& p, cons
   DecodeRow w;
   const int rho = c.chunk * R + r;
   w.valid = rho < c.rows;
-  w.pos = w.valid ? c.sr.len - c.sr.n_q + rho / c.group : -1;
+  const int i = w.valid ? rho / c.group : 0;
+  const int h = c.kvh * c.group + (w.valid ? rho % c.group : 0);
+  w.pos = w.valid ? c.sr.len - c.sr.n_q + i : -1;
   w.lo = p.window > 0 ? max(0, w.pos - p.window + 1) : 0;
   w.key_lo = max(c.k_begin, w.lo), w.key_hi = min(c.k_end, w.pos + 1);
-  const int h = c.kvh * c.group + (w.valid ? rho % c.group : 0);
-  w.q = p.q + (int64_t(c.sr.q0 + (w.valid ? rho / c.group : 0)) * p.n_heads + h) * HD;
+  w.q = p.q + (int64_t(c.sr.q0 + i) * p.n_heads + h) * HD;
   return w;
 }
 
