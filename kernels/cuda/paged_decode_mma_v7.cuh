@@ -251,55 +251,35 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
   __shared__ float s_m[kWarps][R], s_d[kWarps][R];
   __shared__ float s_o[kWarps][R][HD];
 
-  const int chunk = blockIdx.x % n_chunks, part = blockIdx.x / n_chunks;
-  const int kvh = blockIdx.y, s = blockIdx.z;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  DecodeCta cta;
+  if (!decode_cta_begin<R>(p, partition_size, n_chunks, cta)) return;
+  const int kvh = cta.kvh, s = cta.s, k_begin = cta.k_begin, k_end = cta.k_end;
+  const int warp = cta.warp, lane = cta.lane;
   const int g = lane >> 2, t = lane & 3;
   const PagedKvView& kv = p.kv;
-  const int group = p.n_heads / kv.n_kv_heads;
 
-  const SeqRange sr = seq_range(p, s, partition_size);
-  if (!sr.ok) {
-    if (partition_size == 0 && chunk == 0 && kvh == 0) write_nan_rows(p, s);  // split: the combine writes them
-    return;
-  }
-  const int rows = sr.n_q * group;
-  if (chunk * R >= rows || part >= sr.n_parts) return;
-
-  int k_begin = sr.first, k_end = sr.len;
-  if (partition_size > 0) {
-    k_begin = max(k_begin, sr.start + part * partition_size);
-    k_end = min(k_end, sr.start + (part + 1) * partition_size);
-  }
-
-  const int rho = chunk * R + g;
-  const bool valid = rho < rows;
-  const int pos = valid ? sr.len - sr.n_q + rho / group : -1;  // -1: every key masked
-  const int lo = p.window > 0 ? max(0, pos - p.window + 1) : 0;
-  const int key_lo = max(k_begin, lo), key_hi = min(k_end, pos + 1);
+  // This lane's row: QK's A row g, the softmax of row g.
+  const DecodeRow row_g = decode_row<R, HD>(p, cta, g);
+  const int key_lo = row_g.key_lo, key_hi = row_g.key_hi;  // row g's keys in this CTA: [key_lo, key_hi)
 
   // q as A fragments in K's element order (KL::k_elem), log2(e) * scale folded in.
   uint32_t qa[NS][2];  // [k-step][a0, a2]
   {
-    const int h = kvh * group + (valid ? rho % group : 0);
-    const float* qp = p.q + (int64_t(sr.q0 + (valid ? rho / group : 0)) * p.n_heads + h) * HD;
+    const float* qp = row_g.q;
     const float qscale = p.scale * kLog2e;
 #pragma unroll
     for (int j = 0; j < NS; ++j)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const float x0 = valid ? qp[KL::k_elem(t, j, r, 0)] * qscale : 0.0f;
-        const float x1 = valid ? qp[KL::k_elem(t, j, r, 1)] * qscale : 0.0f;
+        const float x0 = row_g.valid ? qp[KL::k_elem(t, j, r, 0)] * qscale : 0.0f;
+        const float x1 = row_g.valid ? qp[KL::k_elem(t, j, r, 1)] * qscale : 0.0f;
         qa[j][r] = pack_f16x2(x0, x1);
       }
   }
 
-  int lo_max = valid ? key_lo : k_begin, hi_min = valid ? key_hi : k_end;
-#pragma unroll
-  for (int off = 4; off < 32; off <<= 1) {
-    lo_max = max(lo_max, __shfl_xor_sync(0xffffffffu, lo_max, off));
-    hi_min = min(hi_min, __shfl_xor_sync(0xffffffffu, hi_min, off));
-  }
+  // Keys every valid row attends to: [lo_max, hi_min); tiles inside need no mask.
+  int lo_max, hi_min;
+  rows8_common_keys(row_g, cta, lo_max, hi_min);
 
   float m = -INFINITY, d = 0.0f;
   float o[NS][4];  // O^T: [m-tile][c]: dims VL::v_dim(g, mt, c / 2), rows 2t + c % 2
@@ -492,42 +472,13 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
     }
   }
 
-  // Row g's denominator over the 4 lanes t; the warp's state to shared memory.
-  d += __shfl_xor_sync(0xffffffffu, d, 1);
-  d += __shfl_xor_sync(0xffffffffu, d, 2);
-  if (t == 0) {
-    s_m[warp][g] = m;
-    s_d[warp][g] = d;
-  }
+  // The warp's state to shared memory: (m, d) of row g, then O^T.
+  rows8_md_to_smem(m, d, warp, g, t, s_m, s_d);
 #pragma unroll
   for (int mt = 0; mt < NS; ++mt)
 #pragma unroll
     for (int c = 0; c < 4; ++c) s_o[warp][2 * t + (c & 1)][VL::v_dim(g, mt, c >> 1)] = o[mt][c];
-  __syncthreads();  // every warp's state is in shared memory before the cross-warp merge
-
-  const int n_rows = min(R, rows - chunk * R);
-  for (int idx = threadIdx.x; idx < n_rows * HD; idx += kThreads) {
-    const int r = idx / HD, e = idx % HD;
-    float M = -INFINITY, D = 0.0f, O = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      float sa, sb;
-      attn_state_merge(M, D, s_m[w][r], s_d[w][r], sa, sb);
-      O = O * sa + s_o[w][r][e] * sb;
-    }
-    const int rr = chunk * R + r;
-    const int64_t rid = int64_t(sr.q0 + rr / group) * p.n_heads + kvh * group + rr % group;
-    if (partition_size == 0) {
-      p.out[rid * HD + e] = O / D;
-    } else {
-      const int64_t at = rid * ws_parts + part;
-      ws_o[at * HD + e] = O;
-      if (e == 0) {
-        ws_md[at * 2] = M;
-        ws_md[at * 2 + 1] = D;
-      }
-    }
-  }
+  merge_warps_and_store<R, HD>(p, cta, partition_size, ws_o, ws_md, ws_parts, s_o, s_m, s_d);
 }
 
 }  // namespace paged
