@@ -946,57 +946,6 @@ TEST(AttentionGpuFa3Variants, MatchReference) {
     }
 }
 
-// fa2's fragment prefetch (attn_fa2_set_prefetch 1 and 2: variants 3 and 4,
-// instantiated for contiguous K/V at head_dim 128; head_dim 64 runs variant
-// 0 under every setting, checked here too) against the reference and against
-// prefetch off: GQA varlen batches whose lengths are not multiples of the
-// 64-key or 128-query tiles (partial K/V tiles through the zero-filled rows,
-// several query blocks so causal takes the two-pass pair order), queries at
-// an offset into the keys, causal and not. Every setting runs the same mmas
-// on the same operands in the same order (only the ldmatrix issue points
-// move), so the outputs must also be bit for bit equal: a fragment loaded
-// for the wrong step would show there even where it hid inside the tolerance.
-TEST(AttentionGpuFa2Prefetch, MatchesReferenceAndDefault) {
-  std::string why;
-  if (!have_cuda_device(&why)) GTEST_SKIP() << why;
-  struct Restore {
-    ~Restore() { attn_fa2_set_prefetch(-1); }
-  } restore;
-  struct Shape {
-    const char* name;
-    std::vector<int> lq, lk;
-  };
-  const std::vector<Shape> shapes = {
-      {"varlen", {1, 77, 200, 129, 300}, {1, 77, 200, 129, 300}},
-      {"offset", {50, 129, 3}, {200, 257, 70}},
-  };
-  for (DType t : {DType::BF16, DType::F16})
-    for (int hd : {64, 128})
-      for (bool causal : {false, true})
-        for (size_t si = 0; si < shapes.size(); ++si) {
-          const Shape& sh = shapes[si];
-          const std::string what =
-              std::string(dtype_name(t)) + " d" + std::to_string(hd) + (causal ? " causal " : " ") + sh.name;
-          RefResult ref;
-          ref.prob = make_problem(sh.lq, sh.lk, 8, 2, hd, causal, -1,
-                                  5000u + 13u * unsigned(si) + hd + causal + (t == DType::BF16 ? 0u : 7u), &t);
-          run_ref(ref.prob, ref.out, ref.lse);
-          GpuRun runs[3];
-          for (int pf : {0, 1, 2}) {
-            SCOPED_TRACE(what + " prefetch=" + std::to_string(pf));
-            attn_fa2_set_prefetch(pf);
-            runs[pf] = run_gpu(AttnBackend::Fa2, ref.prob, t);
-            expect_matches_ref(runs[pf], ref);
-            if (pf == 0) continue;
-            EXPECT_EQ(0, std::memcmp(runs[0].out.data(), runs[pf].out.data(), runs[0].out.size() * sizeof(float)))
-                << "prefetch changed the output";
-            EXPECT_EQ(0, std::memcmp(runs[0].lse.data(), runs[pf].lse.data(), runs[0].lse.size() * sizeof(float)))
-                << "prefetch changed the lse";
-          }
-        }
-  EXPECT_THROW(attn_fa2_set_prefetch(3), Error);
-}
-
 // ---------------------------------------------------------------- paged K/V on the GPU
 
 // The reference for a paged case: attention_ref on the contiguous K/V, which

@@ -24,7 +24,6 @@
 // layout ldmatrix reads, and one more barrier publishes it. bf16 converts in
 // place (same size); f16 is read from the stage as in kPaged. fa3 keeps
 // reading typed pools through gather_kv: its TMA copies raw tiles.
-#include <atomic>
 #include <cfloat>
 #include <cstdlib>
 #include <string>
@@ -123,15 +122,6 @@ struct Fa2Traits<256, 1> {
 // kept so that RUNLM_FA2_VERSION=4 can A/B the old kernel in one run.
 template <int D>
 struct Fa2Traits<D, 2> : Fa2Traits<D, 0> {};
-// Variants 3 and 4: variant 0 with the shared-memory fragments of the QK^T
-// and P V loops loaded one mma step ahead (kFa2Prefetch). A benchmarking
-// switch (RUNLM_FA2_PREFETCH=1 or 2, attn_fa2_set_prefetch), instantiated
-// only for contiguous K/V at head_dim 128 (launch_fa2_variant): everything
-// else runs variant 0 whichever way it is set.
-template <int D>
-struct Fa2Traits<D, 3> : Fa2Traits<D, 0> {};
-template <int D>
-struct Fa2Traits<D, 4> : Fa2Traits<D, 0> {};
 
 // Lazy rescale (v5; variants 0 and 1): the running max m of a row moves only
 // when a tile's max exceeds it by more than kFa2RescaleLog2 (base 2), as
@@ -144,28 +134,6 @@ struct Fa2Traits<D, 4> : Fa2Traits<D, 0> {};
 template <int V>
 constexpr bool kFa2LazyRescale = V != 2;
 constexpr float kFa2RescaleLog2 = 8.0f;
-
-// Fragment prefetch (variants 3 and 4). Variant 0 issues each ldmatrix
-// just before the mmas that read it, and at d128 (255 registers) ptxas
-// keeps it there: in its SASS 24 of the 80 LDSM of a tile feed an HMMA
-// 1-6 instructions later, where ncu (NOTES.md, session 7) shows our warps
-// stalled on short scoreboard and FlashAttention-2, which loads k-step
-// i+1's fragments before the mmas of k-step i, keeps the tensor pipe
-// busier. A whole k-step ahead (Q 8 + K 16 registers more) cannot fit next
-// to O and S at d128, so both loops are flattened into steps of one
-// ldmatrix_x4 of B (4 n8 columns of K, or 16 d-columns of V) and step
-// i+1's B, and with the last step of a k-step the next k-step's Q, are
-// loaded before step i's mmas: 4 (12 at a k-step's end) registers more.
-// ptxas schedules on its own, and the order of the PTX alone did not
-// survive (the SASS came out as variant 0's, ptxas -v unchanged): a clock
-// read between the loads and the mmas (fa2_sched_fence; ptxas keeps
-// instructions on their side of it) pins the order, every step (variant 3)
-// or every second step (variant 4: half the ~160 extra instructions a
-// tile, shorter distances). NOTES.md has the attempts and ptxas numbers.
-template <int V>
-constexpr bool kFa2Prefetch = V == 3 || V == 4;
-template <int V>
-constexpr int kFa2FenceEvery = V == 4 ? 2 : 1;
 
 template <int D, int V>
 constexpr int fa2_bm() {
@@ -396,24 +364,10 @@ __device__ __forceinline__ float exp_row(float (&s)[kNT][4], int hr, float scale
   return sum;
 }
 
-// A scheduling fence for the prefetch variants: ptxas moves ldmatrix and
-// mma freely past each other (and past bar.warp.sync or activemask) but
-// not past a clock read. The value goes into sink so that the read is
-// not dropped as dead code; it costs an S2UR and an add or two.
-__device__ __forceinline__ void fa2_sched_fence(uint32_t& sink) {
-  uint32_t c;
-  asm volatile("mov.u32 %0, %%clock;\n" : "=r"(c)::"memory");
-  sink += c;
-}
-
 template <typename T, int D, int V, Fa2Mode kMode>
 __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>::kMinBlocks)
     attn_fa2_fwd(Fa2ArgsOf<kMode> a) {
   constexpr bool kPaged = kMode != Fa2Mode::kContig, kTyped = kMode == Fa2Mode::kTyped;
-  constexpr bool kPrefetch = kFa2Prefetch<V>;
-  constexpr int kFenceEvery = kFa2FenceEvery<V>;
-  uint32_t fence_sink = 0;  // prefetch: the clock reads of fa2_sched_fence
-  static_assert(!kPrefetch || !kPaged, "fa2 prefetch (variants 3, 4) is instantiated for contiguous K/V only");
   using Tr = ElemTraits<T>;
   constexpr int kWarps = Fa2Traits<D, V>::kWarps, kMT = Fa2Traits<D, V>::kMT, BN = Fa2Traits<D, V>::kBN;
   constexpr int BM = fa2_bm<D, V>(), kThreads = kWarps * 32;
@@ -586,54 +540,21 @@ __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>:
       for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
-      if constexpr (kPrefetch) {
-        // Steps i = (kk, n2): B = K rows n2*16.. at k-step kk, A = Q at kk.
-        // Buffers alternate by step (k-step) parity: registers once unrolled.
-        constexpr int kN2 = kNT / 2, kSteps = D / 16 * kN2;
-        uint32_t qa[2][kMT][4], kb[2][4];
-        auto load_q = [&](int kk, uint32_t(&dst)[kMT][4]) {
 #pragma unroll
-          for (int mt = 0; mt < kMT; ++mt)
-            ldmatrix_x4(q_row + mt * 16 * D * 2 + (kk / 4) * 128 + xhi[kk % 4], dst[mt][0], dst[mt][1], dst[mt][2],
-                        dst[mt][3]);
-        };
-        auto load_k = [&](int i, uint32_t(&dst)[4]) {
-          const int kk = i / kN2, n2 = i % kN2;
-          ldmatrix_x4(sKs + k_row + n2 * 16 * D * 2 + (kk / 4) * 128 + xmid[kk % 4], dst[0], dst[1], dst[2], dst[3]);
-        };
-        load_q(0, qa[0]);
-        load_k(0, kb[0]);
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t qa[kMT][4];
 #pragma unroll
-        for (int i = 0; i < kSteps; ++i) {
-          const int kk = i / kN2, n2 = i % kN2;
-          if (i + 1 < kSteps) {
-            if (n2 == kN2 - 1) load_q(kk + 1, qa[(kk + 1) & 1]);
-            load_k(i + 1, kb[(i + 1) & 1]);
-          }
-          if ((i + 1) % kFenceEvery == 0) fa2_sched_fence(fence_sink);
+        for (int mt = 0; mt < kMT; ++mt)
+          ldmatrix_x4(q_row + mt * 16 * D * 2 + (kk / 4) * 128 + xhi[kk % 4], qa[mt][0], qa[mt][1], qa[mt][2],
+                      qa[mt][3]);
+#pragma unroll
+        for (int n2 = 0; n2 < kNT / 2; ++n2) {
+          uint32_t b0, b1, b2, b3;
+          ldmatrix_x4(sKs + k_row + n2 * 16 * D * 2 + (kk / 4) * 128 + xmid[kk % 4], b0, b1, b2, b3);
 #pragma unroll
           for (int mt = 0; mt < kMT; ++mt) {
-            mma_16816<Tr::kIsBf16>(s[mt][2 * n2], qa[kk & 1][mt], kb[i & 1][0], kb[i & 1][1]);
-            mma_16816<Tr::kIsBf16>(s[mt][2 * n2 + 1], qa[kk & 1][mt], kb[i & 1][2], kb[i & 1][3]);
-          }
-        }
-      } else {
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-          uint32_t qa[kMT][4];
-#pragma unroll
-          for (int mt = 0; mt < kMT; ++mt)
-            ldmatrix_x4(q_row + mt * 16 * D * 2 + (kk / 4) * 128 + xhi[kk % 4], qa[mt][0], qa[mt][1], qa[mt][2],
-                        qa[mt][3]);
-#pragma unroll
-          for (int n2 = 0; n2 < kNT / 2; ++n2) {
-            uint32_t b0, b1, b2, b3;
-            ldmatrix_x4(sKs + k_row + n2 * 16 * D * 2 + (kk / 4) * 128 + xmid[kk % 4], b0, b1, b2, b3);
-#pragma unroll
-            for (int mt = 0; mt < kMT; ++mt) {
-              mma_16816<Tr::kIsBf16>(s[mt][2 * n2], qa[mt], b0, b1);
-              mma_16816<Tr::kIsBf16>(s[mt][2 * n2 + 1], qa[mt], b2, b3);
-            }
+            mma_16816<Tr::kIsBf16>(s[mt][2 * n2], qa[mt], b0, b1);
+            mma_16816<Tr::kIsBf16>(s[mt][2 * n2 + 1], qa[mt], b2, b3);
           }
         }
       }
@@ -725,65 +646,30 @@ __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>:
       // O += P V. P is packed one k16 step at a time, so S's registers die as
       // the loop advances (packing all of P first spilled at d128). The C
       // layout of two adjacent n8 tiles is the A layout of one k16 step.
-      if constexpr (kPrefetch) {
-        // Steps j = (k2, d2): B = V rows k2*16.., d-columns d2*16..; vb
-        // alternates by step parity like kb.
-        constexpr int kD2 = kDT / 2, kPvSteps = kNT / 2 * kD2;
-        uint32_t vb[2][4], pa[kMT][4];
-        auto load_v = [&](int j, uint32_t(&dst)[4]) {
-          const int k2 = j / kD2, d2 = j % kD2;
-          ldmatrix_x4_trans(sVs + v_row + k2 * 16 * D * 2 + (d2 / 4) * 128 + xhi[d2 % 4], dst[0], dst[1], dst[2],
-                            dst[3]);
-        };
-        load_v(0, vb[0]);
 #pragma unroll
-        for (int j = 0; j < kPvSteps; ++j) {
-          const int k2 = j / kD2, d2 = j % kD2;
-          if (d2 == 0) {
+      for (int k2 = 0; k2 < kNT / 2; ++k2) {
+        uint32_t pa[kMT][4];
 #pragma unroll
-            for (int mt = 0; mt < kMT; ++mt) {
-              pa[mt][0] = Tr::pack2(s[mt][2 * k2][0], s[mt][2 * k2][1]);
-              pa[mt][1] = Tr::pack2(s[mt][2 * k2][2], s[mt][2 * k2][3]);
-              pa[mt][2] = Tr::pack2(s[mt][2 * k2 + 1][0], s[mt][2 * k2 + 1][1]);
-              pa[mt][3] = Tr::pack2(s[mt][2 * k2 + 1][2], s[mt][2 * k2 + 1][3]);
-            }
-          }
-          if (j + 1 < kPvSteps) load_v(j + 1, vb[(j + 1) & 1]);
-          if ((j + 1) % kFenceEvery == 0) fa2_sched_fence(fence_sink);
-#pragma unroll
-          for (int mt = 0; mt < kMT; ++mt) {
-            mma_16816<Tr::kIsBf16>(o[mt][2 * d2], pa[mt], vb[j & 1][0], vb[j & 1][1]);
-            mma_16816<Tr::kIsBf16>(o[mt][2 * d2 + 1], pa[mt], vb[j & 1][2], vb[j & 1][3]);
-          }
+        for (int mt = 0; mt < kMT; ++mt) {
+          pa[mt][0] = Tr::pack2(s[mt][2 * k2][0], s[mt][2 * k2][1]);
+          pa[mt][1] = Tr::pack2(s[mt][2 * k2][2], s[mt][2 * k2][3]);
+          pa[mt][2] = Tr::pack2(s[mt][2 * k2 + 1][0], s[mt][2 * k2 + 1][1]);
+          pa[mt][3] = Tr::pack2(s[mt][2 * k2 + 1][2], s[mt][2 * k2 + 1][3]);
         }
-      } else {
 #pragma unroll
-        for (int k2 = 0; k2 < kNT / 2; ++k2) {
-          uint32_t pa[kMT][4];
+        for (int d2 = 0; d2 < kDT / 2; ++d2) {
+          uint32_t b0, b1, b2, b3;
+          ldmatrix_x4_trans(sVs + v_row + k2 * 16 * D * 2 + (d2 / 4) * 128 + xhi[d2 % 4], b0, b1, b2, b3);
 #pragma unroll
           for (int mt = 0; mt < kMT; ++mt) {
-            pa[mt][0] = Tr::pack2(s[mt][2 * k2][0], s[mt][2 * k2][1]);
-            pa[mt][1] = Tr::pack2(s[mt][2 * k2][2], s[mt][2 * k2][3]);
-            pa[mt][2] = Tr::pack2(s[mt][2 * k2 + 1][0], s[mt][2 * k2 + 1][1]);
-            pa[mt][3] = Tr::pack2(s[mt][2 * k2 + 1][2], s[mt][2 * k2 + 1][3]);
-          }
-#pragma unroll
-          for (int d2 = 0; d2 < kDT / 2; ++d2) {
-            uint32_t b0, b1, b2, b3;
-            ldmatrix_x4_trans(sVs + v_row + k2 * 16 * D * 2 + (d2 / 4) * 128 + xhi[d2 % 4], b0, b1, b2, b3);
-#pragma unroll
-            for (int mt = 0; mt < kMT; ++mt) {
-              mma_16816<Tr::kIsBf16>(o[mt][2 * d2], pa[mt], b0, b1);
-              mma_16816<Tr::kIsBf16>(o[mt][2 * d2 + 1], pa[mt], b2, b3);
-            }
+            mma_16816<Tr::kIsBf16>(o[mt][2 * d2], pa[mt], b0, b1);
+            mma_16816<Tr::kIsBf16>(o[mt][2 * d2 + 1], pa[mt], b2, b3);
           }
         }
       }
       if constexpr (!kOneBarrier) __syncthreads();  // all warps are done with this stage before it is refilled
     }
 
-    if constexpr (kPrefetch)
-      if (a.total_q < 0) a.lse[0] = float(fence_sink);  // never (total_q >= 0): keeps the clock reads alive
     // Epilogue: finish the row sums across the quad, normalise, store.
     T* og = static_cast<T*>(a.out) + (int64_t(q_start) * a.n_heads + h) * D;
 #pragma unroll
@@ -846,23 +732,6 @@ int fa2_variant() {
     return ver && std::atoi(ver) == 4 ? 2 : 0;
   }();
   return v;
-}
-
-// Fragment prefetch (kFa2Prefetch): RUNLM_FA2_PREFETCH=1 (variant 3,
-// fenced every step) or 2 (variant 4, every second step), read once;
-// attn_fa2_set_prefetch overrides it (tests and benches; -1 goes back to
-// the environment). Only with variant 0 selected, and only where variants 3
-// and 4 are instantiated (launch_fa2_variant).
-std::atomic<int> g_fa2_prefetch{-1};
-
-int fa2_prefetch() {
-  static const int env = [] {
-    const char* e = std::getenv("RUNLM_FA2_PREFETCH");
-    const int v = e ? std::atoi(e) : 0;
-    return v == 1 || v == 2 ? v : 0;
-  }();
-  const int forced = g_fa2_prefetch.load(std::memory_order_relaxed);
-  return forced < 0 ? env : forced;
 }
 
 // Whether this launch's kernel has the second pass kPair needs: contiguous
@@ -947,17 +816,7 @@ void launch_fa2_variant(const AttnParams& p) {
   switch (fa2_variant()) {
     case 1: return launch_fa2<T, D, 1, kMode>(p);
     case 2: return launch_fa2<T, D, 2, kMode>(p);
-    default:
-      // Variants 3 and 4 (fragment prefetch) are a benchmarking switch:
-      // compiled for the measured case only (contiguous K/V, head_dim 128;
-      // at 64 ptxas already issues every ldmatrix 12+ instructions ahead)
-      // to keep the build short; elsewhere variant 0 runs whatever the setting.
-      if constexpr (kMode == Fa2Mode::kContig && D == 128) {
-        const int pf = fa2_prefetch();
-        if (pf == 1) return launch_fa2<T, D, 3, kMode>(p);
-        if (pf == 2) return launch_fa2<T, D, 4, kMode>(p);
-      }
-      return launch_fa2<T, D, 0, kMode>(p);
+    default: return launch_fa2<T, D, 0, kMode>(p);
   }
 }
 
@@ -983,12 +842,6 @@ void launch_fa2_typed(const AttnParams& p) {
 }
 
 }  // namespace
-
-void attn_fa2_set_prefetch(int mode) {
-  RUNLM_CHECK(mode >= -1 && mode <= 2,
-              "attn_fa2_set_prefetch: mode=%d unsupported; supported: -1 (environment), 0, 1, 2", mode);
-  g_fa2_prefetch.store(mode, std::memory_order_relaxed);
-}
 
 void attn_fa2_launch(const AttnParams& p) {
   if (p.dtype == DType::BF16)

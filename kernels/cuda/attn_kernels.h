@@ -10,11 +10,6 @@ namespace runlm {
 
 void attn_naive_launch(const AttnParams& p);  // kernels/cuda/attn_naive.cu
 void attn_fa2_launch(const AttnParams& p);    // kernels/cuda/attn_fa2.cu
-// fa2's fragment prefetch (variants 3 and 4, contiguous K/V at head_dim 128
-// only; a benchmarking switch): 0 off, 1 fenced every mma step, 2 every
-// second step, -1 back to RUNLM_FA2_PREFETCH (0/1/2, unset: 0). For tests
-// and benches; takes effect at the next launch.
-void attn_fa2_set_prefetch(int mode);
 void attn_fa3_launch(const AttnParams& p);    // kernels/cuda/fa3/attn_fa3.cu
 
 // fa3's kernel variant (attn_fa3.cu: 1 the default, FA3-order O rescale; 0
