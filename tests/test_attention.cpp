@@ -881,10 +881,10 @@ TEST(AttentionGpuRescale, GrowingScoresMatchReference) {
       }
 }
 
-// fa3's kernel variants (RUNLM_FA3_VARIANT, attn_fa3.cu): 1 the default,
-// O rescaled in FlashAttention-3's order; 0 v4's order (rescaled after
-// P V); 2 and 3 ping-pong between the consumer warpgroups on 0 and 1;
-// compiled for head_dim 128 with contiguous K/V. Varlen GQA batches, lengths not multiples of 128: up to 6
+// fa3's kernel variants (RUNLM_FA3_VARIANT, attn_fa3.cu), head_dim 128
+// with BN 128 and contiguous K/V: 1 O rescaled in FlashAttention-3's order
+// (the default kernel's loop, which runs BN 176); 0 v4's order (rescaled
+// after P V); 2 and 3 ping-pong between the consumer warpgroups on 0 and 1. Varlen GQA batches, lengths not multiples of 128: up to 6
 // key tiles per query block, so the main loop body runs up to 5 times (the
 // carried rescale factor), single-tile blocks (causal block 0: prologue and
 // epilogue only), a sequence with queries but no keys (t_lo = t_hi: no

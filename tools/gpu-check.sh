@@ -602,8 +602,9 @@ section_fa3_sched() {
   done
 }
 
-# fa3's kernel variants (RUNLM_FA3_VARIANT, d128 contiguous K/V): 1 the
-# default (FA3-order O rescale), 0 v4's order, 2 ping-pong, 3 both. The fa3 tests under each
+# fa3's kernel variants (RUNLM_FA3_VARIANT, d128 contiguous K/V, BN 128): 1
+# FA3-order O rescale (the default kernel's loop; the default runs BN 176),
+# 0 v4's order, 2 ping-pong, 3 both. The fa3 tests under each
 # (AttentionGpuFa3Variants sets them itself: run once), then bench-attn fa3
 # d128 bf16 at FA3_VARIANT_SEQLEN, causal and not, each variant in its own
 # process (the variable is read once), the rounds repeated FA3_VARIANT_ROUNDS
@@ -634,7 +635,7 @@ res = {}
 for r in rows:
     if r.get("status") == "ok":
         res.setdefault((r["seqlen"], r["causal"], r["variant"]), []).append(r["TFLOPs"])
-print("| seq | causal | v0 v4 order | v1 rescale (default) | v2 ping-pong | v3 both | rounds |")
+print("| seq | causal | v0 v4 order | v1 rescale | v2 ping-pong | v3 both | rounds |")
 print("|---:|---|---:|---:|---:|---:|---|")
 for seq, causal in sorted({(k[0], k[1]) for k in res}):
     cells = [res.get((seq, causal, v), []) for v in range(4)]

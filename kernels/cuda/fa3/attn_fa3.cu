@@ -238,34 +238,38 @@ void launch_fa3(const AttnParams& p) {
   cudaCheckLaunch();
 }
 
-// RUNLM_FA3_BN=176 selects the wider key tile for d128 (benchmarking).
+// RUNLM_FA3_BN=128|176 forces d128's key tile (benchmarking; default 176,
+// DefaultBN). 0 when unset.
 int fa3_bn_override() {
   static const int bn = [] {
     const char* e = std::getenv("RUNLM_FA3_BN");
-    return e ? std::atoi(e) : 0;
+    if (!e || !*e) return 0;
+    const std::string s(e);
+    RUNLM_CHECK(s == "128" || s == "176", "fa3: RUNLM_FA3_BN=%s unsupported; supported: 128, 176", e);
+    return std::stoi(s);
   }();
   return bn;
 }
 
-// RUNLM_FA3_VARIANT selects a kernel variant (benchmarking, like
-// RUNLM_FA3_BN): 1 = the default (O rescaled in FA3's order, overlapping
-// S's GEMM), 0 = v4's order (O rescaled after P V), 2 = ping-pong between
-// the consumer warpgroups in v4's order, 3 = ping-pong in FA3's order
+// RUNLM_FA3_VARIANT selects a d128 kernel variant with BN 128 (benchmarking,
+// like RUNLM_FA3_BN; unset: the default kernel, BN 176 in FA3's order):
+// 1 = O rescaled in FA3's order, overlapping S's GEMM (the default's
+// loop), 0 = v4's order (O rescaled after P V), 2 = ping-pong between the
+// consumer warpgroups in v4's order, 3 = ping-pong in FA3's order
 // (mainloop.cuh, consumer_mma_block; ping-pong measured 2-6% slower in
-// session 8, so it stays off). Read once, at the first
-// launch that can use it; another value fails there. attn_fa3_set_variant
-// overrides it (tests).
-// The variants are compiled for head_dim 128, BN 128, contiguous K/V only
-// (bf16 and f16), to keep the build short: elsewhere (head_dim 64/256,
-// RUNLM_FA3_BN=176, paged K/V) the default kernel runs whatever the
-// variable says. Silently, unlike user-visible options, because this is a
-// tuning switch whose every variant computes the same attention.
+// session 8, so it stays off). Read once, at the first launch that can use
+// it; another value fails there. attn_fa3_set_variant overrides it (tests).
+// The variants are compiled for head_dim 128, contiguous K/V only (bf16
+// and f16), to keep the build short: elsewhere (head_dim 64/256, paged K/V)
+// the default kernel runs whatever the variable says. Silently, unlike
+// user-visible options, because this is a tuning switch whose every
+// variant computes the same attention.
 std::atomic<int> g_variant_override{-1};
 
 int fa3_env_variant() {
   static const int v = [] {
     const char* e = std::getenv("RUNLM_FA3_VARIANT");
-    if (!e || !*e) return 1;
+    if (!e || !*e) return -1;
     const std::string s(e);
     RUNLM_CHECK(s.size() == 1 && s[0] >= '0' && s[0] <= '3', "fa3: RUNLM_FA3_VARIANT=%s unknown; supported: 0..3",
                 e);
@@ -276,7 +280,7 @@ int fa3_env_variant() {
 
 int fa3_variant() {
   const int v = g_variant_override.load(std::memory_order_relaxed);
-  return v >= 0 ? v : fa3_env_variant();
+  return v >= 0 ? v : fa3_env_variant();  // -1: the default kernel
 }
 
 template <typename T, bool kPaged>
@@ -284,17 +288,17 @@ void launch_fa3_paged(const AttnParams& p) {
   switch (p.head_dim) {
     case 64: return launch_fa3<T, 64, DefaultBN<64>::value, kPaged>(p);
     case 128: {
-      if (fa3_bn_override() == 176) return launch_fa3<T, 128, 176, kPaged>(p);
-      constexpr int kBN = DefaultBN<128>::value;
       if constexpr (!kPaged) {
         switch (fa3_variant()) {
-          case 0: return launch_fa3<T, 128, kBN, false, false, false>(p);
-          case 2: return launch_fa3<T, 128, kBN, false, false, true>(p);
-          case 3: return launch_fa3<T, 128, kBN, false, true, true>(p);
+          case 0: return launch_fa3<T, 128, 128, false, false, false>(p);
+          case 1: return launch_fa3<T, 128, 128, false, true, false>(p);
+          case 2: return launch_fa3<T, 128, 128, false, false, true>(p);
+          case 3: return launch_fa3<T, 128, 128, false, true, true>(p);
           default: break;
         }
       }
-      return launch_fa3<T, 128, kBN, kPaged>(p);
+      if (fa3_bn_override() == 128) return launch_fa3<T, 128, 128, kPaged>(p);
+      return launch_fa3<T, 128, DefaultBN<128>::value, kPaged>(p);
     }
     case 256: return launch_fa3<T, 256, DefaultBN<256>::value, kPaged>(p);
     default: fail("fa3: head_dim=%d unsupported; supported: head_dim {64,128,256}", p.head_dim);
