@@ -946,6 +946,32 @@ TEST(AttentionGpuFa3Variants, MatchReference) {
     }
 }
 
+// The default kernel's d128 key tiles (launch_fa3_paged): 176 non-causal
+// and causal from 4096 keys, 128 for causal problems below that. One case of
+// each (the long causal one crosses the switch: 4100 keys), bf16, against
+// the reference with outputs poisoned (run_gpu).
+TEST(AttentionGpuFa3Variants, DefaultTileChoices) {
+  std::string why;
+  if (!have_cuda_device(&why)) GTEST_SKIP() << why;
+  AttnParams probe;
+  probe.head_dim = 128;
+  probe.dtype = DType::BF16;
+  const std::string unsupported = attn_unsupported_reason(AttnBackend::Fa3, probe, device_sm());
+  if (!unsupported.empty()) GTEST_SKIP() << unsupported;
+  const Fa3VariantRestore restore;
+  attn_fa3_set_variant(-1);
+  static const std::vector<AttnShapeCase> cases = {
+      {"causal_4100_keys_bn176", {4100}, {4100}, 2, 1, true, -1},
+      {"causal_varlen_bn128", {300, 700, 77}, {300, 700, 77}, 4, 2, true, -1},
+      {"noncausal_varlen_bn176", {300, 700, 77}, {300, 700, 77}, 4, 2, false, -1},
+  };
+  for (int ci = 0; ci < int(cases.size()); ++ci) {
+    SCOPED_TRACE(cases[ci].name);
+    const RefResult& ref = cached_ref_of(cases, 5100u, DType::BF16, 128, ci);
+    expect_matches_ref(run_gpu(AttnBackend::Fa3, ref.prob, DType::BF16), ref);
+  }
+}
+
 // ---------------------------------------------------------------- paged K/V on the GPU
 
 // The reference for a paged case: attention_ref on the contiguous K/V, which

@@ -297,7 +297,12 @@ void launch_fa3_paged(const AttnParams& p) {
           default: break;
         }
       }
-      if (fa3_bn_override() == 128) return launch_fa3<T, 128, 128, kPaged>(p);
+      // Causal problems of < 4096 keys keep 128-key tiles: there the wider
+      // tile's extra masked work on the diagonal costs more than it saves
+      // (session 8: causal 512 / 1024 keys 202.9 / 311.1 TFLOP/s at 176
+      // against 228.1 / 333.1 at 128; 2048 even; 4096+ 176 wins by 3%).
+      const int bn = fa3_bn_override() ? fa3_bn_override() : (p.causal && p.max_seqlen_k < 4096 ? 128 : 176);
+      if (bn == 128) return launch_fa3<T, 128, 128, kPaged>(p);
       return launch_fa3<T, 128, DefaultBN<128>::value, kPaged>(p);
     }
     case 256: return launch_fa3<T, 256, DefaultBN<256>::value, kPaged>(p);

@@ -33,7 +33,8 @@ constexpr int kConsumerRegsPaged = 232;
 
 // Key-tile width per head dim. d128: 176 (FA3's choice for non-causal;
 // measured in session 8 with the FA3-order rescale: +2-5% over 128 at
-// 2k-16k, causal too; 2 K/V stages fit); RUNLM_FA3_BN=128 picks 128
+// 2k-16k, causal from 4k too; 2 K/V stages fit), except causal problems
+// of < 4096 keys (launch_fa3_paged); RUNLM_FA3_BN=128|176 forces one
 // (benchmarking).
 template <int D>
 struct DefaultBN;
