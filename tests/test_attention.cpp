@@ -901,6 +901,17 @@ const std::vector<AttnShapeCase>& fa3_variant_cases() {
   return k;
 }
 
+// Why fa3 at head_dim 128 cannot run here ("" when it can): no device, or
+// not sm_90.
+std::string fa3_d128_skip_reason() {
+  std::string why;
+  if (!have_cuda_device(&why)) return why;
+  AttnParams probe;
+  probe.head_dim = 128;
+  probe.dtype = DType::BF16;
+  return attn_unsupported_reason(AttnBackend::Fa3, probe, device_sm());
+}
+
 // Restores RUNLM_FA3_VARIANT's value when the test ends, however it ends.
 struct Fa3VariantRestore {
   ~Fa3VariantRestore() { attn_fa3_set_variant(-1); }
@@ -912,13 +923,8 @@ struct Fa3VariantRestore {
 // 3 = 1); variant 1 rounds differently from 0 (scale-then-add), within the
 // reference tolerance.
 TEST(AttentionGpuFa3Variants, MatchReference) {
-  std::string why;
-  if (!have_cuda_device(&why)) GTEST_SKIP() << why;
-  AttnParams probe;
-  probe.head_dim = 128;
-  probe.dtype = DType::BF16;
-  const std::string unsupported = attn_unsupported_reason(AttnBackend::Fa3, probe, device_sm());
-  if (!unsupported.empty()) GTEST_SKIP() << unsupported;
+  const std::string skip = fa3_d128_skip_reason();
+  if (!skip.empty()) GTEST_SKIP() << skip;
   const Fa3VariantRestore restore;
   EXPECT_THROW(attn_fa3_set_variant(4), Error);
   EXPECT_THROW(attn_fa3_set_variant(-2), Error);
@@ -951,13 +957,8 @@ TEST(AttentionGpuFa3Variants, MatchReference) {
 // each (the long causal one crosses the switch: 4100 keys), bf16, against
 // the reference with outputs poisoned (run_gpu).
 TEST(AttentionGpuFa3Variants, DefaultTileChoices) {
-  std::string why;
-  if (!have_cuda_device(&why)) GTEST_SKIP() << why;
-  AttnParams probe;
-  probe.head_dim = 128;
-  probe.dtype = DType::BF16;
-  const std::string unsupported = attn_unsupported_reason(AttnBackend::Fa3, probe, device_sm());
-  if (!unsupported.empty()) GTEST_SKIP() << unsupported;
+  const std::string skip = fa3_d128_skip_reason();
+  if (!skip.empty()) GTEST_SKIP() << skip;
   const Fa3VariantRestore restore;
   attn_fa3_set_variant(-1);
   static const std::vector<AttnShapeCase> cases = {
