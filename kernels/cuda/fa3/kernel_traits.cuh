@@ -28,8 +28,8 @@ constexpr int kConsumerRegsPaged = 232;
 // Ping-pong between the consumer warpgroups (mainloop.cuh) is a kernel
 // template parameter, off in the default kernel: it measured slower than
 // intra-warpgroup overlap alone on H100 in session 1 (d128 16k: 585 vs 623
-// TFLOP/s non-causal, on an older loop). RUNLM_FA3_VARIANT (attn_fa3.cu)
-// turns it on, and the FA3-order O rescale, for d128 contiguous K/V.
+// TFLOP/s non-causal) and again on session 8's loop (2-6% at d128 8k-16k).
+// RUNLM_FA3_VARIANT (attn_fa3.cu) turns it on for d128 contiguous K/V.
 
 // Key-tile width per head dim. d128: 176 (FA3's choice for non-causal;
 // measured in session 8 with the FA3-order rescale: +2-5% over 128 at
