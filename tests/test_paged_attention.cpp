@@ -1029,6 +1029,28 @@ PagedDecodeParams one_token_params(const DevBuf& q, const DevBuf& out, const Dev
   return p;
 }
 
+// The CPU reference for one sequence of L keys whose pages were copied to
+// the host in order (k_pages, v_pages): p's shapes and types, q the
+// sequence's query row; returns its n_heads x head_dim output.
+std::vector<float> one_sequence_reference(const PagedDecodeParams& p, const float* q, const void* k_pages,
+                                          const void* v_pages, int L) {
+  std::vector<int32_t> table(ceil_div(L, p.kv.block_size)), one_len = {L}, one_cu = {0, 1};
+  std::iota(table.begin(), table.end(), 0);
+  std::vector<float> ref(size_t(p.n_heads) * p.kv.head_dim);
+  PagedDecodeParams rp = p;
+  rp.q = q;
+  rp.out = ref.data();
+  rp.cu_q = one_cu.data();
+  rp.n_seqs = 1;
+  rp.total_q = 1;
+  rp.kv.k_pool = k_pages;
+  rp.kv.v_pool = v_pages;
+  rp.kv.block_tables = table.data();
+  rp.kv.seq_lens = one_len.data();
+  paged_decode_attention_ref(rp);
+  return ref;
+}
+
 // Issue 7's rows: each KV type (K and V the same) at B=64 L=8192 and B=1
 // L=32768, GQA 32/8, hd 128, page 16, shuffled pages; GB/s of the bytes the
 // kernel actually reads (quants + scales of K and V), tokens/s (decode steps
@@ -1109,7 +1131,7 @@ void kv_type_sweep(double copy_bw, const std::vector<KvType>& types, int f16_cmp
         ck(cudaMemset(dout.p, 0xff, hq.size() * 4), "poison");
         paged_decode_attention(p, ws.p, ws_bytes, nullptr);
         ck(cudaDeviceSynchronize(), "sync");
-        std::vector<float> out(size_t(n_heads) * hd), ref(out.size());
+        std::vector<float> out(size_t(n_heads) * hd);
         ck(cudaMemcpy(out.data(), dout.p, out.size() * 4, cudaMemcpyDeviceToHost), "download");
         std::vector<uint8_t> pk(size_t(pages) * l.page), pv(pk.size());
         for (int j = 0; j < pages; ++j) {
@@ -1120,19 +1142,7 @@ void kv_type_sweep(double copy_bw, const std::vector<KvType>& types, int f16_cmp
                         cudaMemcpyDeviceToHost),
              "page");
         }
-        std::vector<int32_t> t0(pages), one_len = {L}, one_cu = {0, 1};
-        std::iota(t0.begin(), t0.end(), 0);
-        PagedDecodeParams rp = p;
-        rp.q = hq.data();
-        rp.out = ref.data();
-        rp.cu_q = one_cu.data();
-        rp.n_seqs = 1;
-        rp.total_q = 1;
-        rp.kv.k_pool = pk.data();
-        rp.kv.v_pool = pv.data();
-        rp.kv.block_tables = t0.data();
-        rp.kv.seq_lens = one_len.data();
-        paged_decode_attention_ref(rp);
+        const std::vector<float> ref = one_sequence_reference(p, hq.data(), pk.data(), pv.data(), L);
         std::string where;
         EXPECT_LT(worst_row_error(out, ref, hd, &where), row_tolerance(p))
             << "kv " << kv_type_name(t) << " B=" << B << " L=" << L << " tensor-core version "
@@ -1293,20 +1303,8 @@ TEST(PagedAttentionBench, DecodeSweep) {
                             cudaMemcpyDeviceToHost),
                  "page");
             }
-            std::vector<int32_t> t(pages), one_len = {L}, one_cu = {0, 1};
-            std::iota(t.begin(), t.end(), 0);
-            std::vector<float> ref(size_t(n_heads) * hd);
-            PagedDecodeParams rp = ps[0][0];
-            rp.q = hq.data() + size_t(s) * n_heads * hd;
-            rp.out = ref.data();
-            rp.cu_q = one_cu.data();
-            rp.n_seqs = 1;
-            rp.total_q = 1;
-            rp.kv.k_pool = hk.data();
-            rp.kv.v_pool = hv.data();
-            rp.kv.block_tables = t.data();
-            rp.kv.seq_lens = one_len.data();
-            paged_decode_attention_ref(rp);
+            const std::vector<float> ref =
+                one_sequence_reference(ps[0][0], hq.data() + size_t(s) * n_heads * hd, hk.data(), hv.data(), L);
             std::vector<float> got(out.begin() + size_t(s) * n_heads * hd, out.begin() + size_t(s + 1) * n_heads * hd);
             std::string where;
             const double err = worst_row_error(got, ref, hd, &where);

@@ -106,6 +106,71 @@ __device__ __forceinline__ void rows8_md_to_smem(float m, float d, int warp, int
   }
 }
 
+// Row g's scores of a 16-key tile, sc[j][c] = key key0 + 8j + 2t + c (S's
+// C fragment): keys outside the row's [key_lo, key_hi) become -inf. Callers
+// run it only on tiles that cross a row's bounds (rows8_common_keys).
+__device__ __forceinline__ void rows8_mask_tile(float (&sc)[2][2], int key0, int t, int key_lo, int key_hi) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int key = key0 + 8 * j + 2 * t + c;
+      if (!(key >= key_lo && key < key_hi)) sc[j][c] = -INFINITY;
+    }
+}
+
+// O^T's C fragments scaled per column: elements 0 and 2 are column 2t (row
+// 2t of the CTA), 1 and 3 column 2t + 1. Versions 7 and 10 keep O as m16
+// tiles, versions 4-6 as [block][2 tiles].
+template <int N>
+__device__ __forceinline__ void rescale_o_tiles(float (&o)[N][4], float c0, float c1) {
+#pragma unroll
+  for (int mt = 0; mt < N; ++mt) {
+    o[mt][0] *= c0;
+    o[mt][1] *= c1;
+    o[mt][2] *= c0;
+    o[mt][3] *= c1;
+  }
+}
+template <int NB>
+__device__ __forceinline__ void rescale_o_blocks(float (&o)[NB][2][4], float c0, float c1) {
+#pragma unroll
+  for (int b = 0; b < NB; ++b) rescale_o_tiles(o[b], c0, c1);
+}
+
+// One online-softmax step of row g over a 16-key tile (the keys sit in the
+// 4 lanes t): the row max, then, when any row's max grew (rare after the
+// first keys, so warp-uniformly skipped), d scaled and O rescaled through
+// rescale_o(c0, c1), the factors of O^T's columns 2t and 2t + 1 (rows whose
+// factors live in lanes 8t and 8t + 4); last the probabilities pr (masked
+// keys: 2^-inf = 0) added into d. O's fragment layout is the kernel's, hence
+// the callback.
+template <typename RescaleO>
+__device__ __forceinline__ void rows8_softmax_step(const float (&sc)[2][2], int t, float& m, float& d,
+                                                   float (&pr)[2][2], RescaleO&& rescale_o) {
+  float mx = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  const float m_new = fmaxf(m, mx);
+  if (__any_sync(0xffffffffu, m_new != m)) {
+    const float ms = m_new == -INFINITY ? 0.0f : m_new;
+    const float corr = fast_exp2(m - ms);  // m = -inf: 0 (d and o are 0 then anyway)
+    d *= corr;
+    const float c0 = __shfl_sync(0xffffffffu, corr, 8 * t);
+    const float c1 = __shfl_sync(0xffffffffu, corr, 8 * t + 4);
+    rescale_o(c0, c1);
+    m = m_new;
+  }
+  const float ms = m == -INFINITY ? 0.0f : m;  // nothing live yet: keep exp2 away from -inf - -inf
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      pr[j][c] = fast_exp2(sc[j][c] - ms);
+      d += pr[j][c];
+    }
+}
+
 // ------------------------------------------------------------ f16x2 helpers
 
 __device__ __forceinline__ uint32_t hsub2_u32(uint32_t a, uint32_t b) {
@@ -525,45 +590,9 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
       }
       float sc[2][2] = {{acc[0][0], acc[0][1]}, {acc[1][0], acc[1][1]}};
-      if (key0 < lo_max || key0 + 16 > hi_min) {  // warp-uniform
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int key = key0 + 8 * j + 2 * t + c;
-            if (!(key >= key_lo && key < key_hi)) sc[j][c] = -INFINITY;
-          }
-      }
-      float mx = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m, mx);
-      if (__any_sync(0xffffffffu, m_new != m)) {
-        const float ms = m_new == -INFINITY ? 0.0f : m_new;
-        const float corr = fast_exp2(m - ms);
-        d *= corr;
-        const float c0 = __shfl_sync(0xffffffffu, corr, 8 * t);
-        const float c1 = __shfl_sync(0xffffffffu, corr, 8 * t + 4);
-#pragma unroll
-        for (int b = 0; b < NB; ++b)
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
-            o[b][mt][0] *= c0;
-            o[b][mt][1] *= c1;
-            o[b][mt][2] *= c0;
-            o[b][mt][3] *= c1;
-          }
-        m = m_new;
-      }
-      const float ms = m == -INFINITY ? 0.0f : m;
+      if (key0 < lo_max || key0 + 16 > hi_min) rows8_mask_tile(sc, key0, t, key_lo, key_hi);  // warp-uniform
       float pr[2][2];
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          pr[j][c] = fast_exp2(sc[j][c] - ms);
-          d += pr[j][c];
-        }
+      rows8_softmax_step(sc, t, m, d, pr, [&](float c0, float c1) { rescale_o_blocks(o, c0, c1); });
       const uint32_t p01 = pack_f16x2(pr[0][0], pr[0][1]);
       const uint32_t p89 = pack_f16x2(pr[1][0], pr[1][1]);
 #pragma unroll
@@ -704,47 +733,9 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
             for (int c = 0; c < 2; ++c) load_v(u, j, c, 0, NB / 2);
         }
-        if (edge) {
-#pragma unroll
-          for (int j = 0; j < 2; ++j)
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-              const int key = base + 16 * u + 8 * j + 2 * t + c;
-              if (!(key >= key_lo && key < key_hi)) sc[j][c] = -INFINITY;
-            }
-        }
-        // Online softmax of row g: the 16 keys sit in the 4 lanes t.
-        float mx = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m, mx);
-        if (__any_sync(0xffffffffu, m_new != m)) {  // rare after the first keys: skip the O rescale
-          const float ms = m_new == -INFINITY ? 0.0f : m_new;
-          const float corr = fast_exp2(m - ms);  // m = -inf: 0 (d and o are 0 then anyway)
-          d *= corr;
-          // O^T's columns are rows 2t and 2t + 1: their factors live in lanes 8t and 8t + 4.
-          const float c0 = __shfl_sync(0xffffffffu, corr, 8 * t);
-          const float c1 = __shfl_sync(0xffffffffu, corr, 8 * t + 4);
-#pragma unroll
-          for (int b = 0; b < NB; ++b)
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
-              o[b][mt][0] *= c0;
-              o[b][mt][1] *= c1;
-              o[b][mt][2] *= c0;
-              o[b][mt][3] *= c1;
-            }
-          m = m_new;
-        }
-        const float ms = m == -INFINITY ? 0.0f : m;  // nothing live yet: keep exp2 away from -inf - -inf
+        if (edge) rows8_mask_tile(sc, base + 16 * u, t, key_lo, key_hi);
         float pr[2][2];
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-#pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            pr[j][c] = fast_exp2(sc[j][c] - ms);  // masked: 2^-inf = 0
-            d += pr[j][c];
-          }
+        rows8_softmax_step(sc, t, m, d, pr, [&](float c0, float c1) { rescale_o_blocks(o, c0, c1); });
         // P^T's B fragment is S's C fragment: keys 2t, 2t+1 (b0) and 2t+8, 2t+9 (b1) of row g.
         const uint32_t p01 = pack_f16x2(pr[0][0], pr[0][1]);
         const uint32_t p89 = pack_f16x2(pr[1][0], pr[1][1]);

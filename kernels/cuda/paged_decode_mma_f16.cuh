@@ -131,15 +131,20 @@ struct MmaPlainLayout {
   static constexpr int kKWords = 4 * kKLoads;  // = 2 kSteps
   static constexpr int kVLoads = HD / 64;      // 16-byte loads of lane g's eighth of a V row
   static constexpr int kVWords = 4 * kVLoads;  // = kSteps
-  // K: lane t's load i is chunk t + 4i (one instruction: 8 keys x 64 contiguous bytes).
-  __device__ __forceinline__ static void k_load(const uint8_t* row, int t, uint32_t (&w)[kKWords]) {
+  // 16-byte chunks first + stride i of a row, i < N, into words 4i..4i+3.
+  template <int N>
+  __device__ __forceinline__ static void load_chunks(const uint8_t* row, int first, int stride, uint32_t (&w)[4 * N]) {
 #pragma unroll
-    for (int i = 0; i < kKLoads; ++i) {
+    for (int i = 0; i < N; ++i) {
       uint32_t x[4];
-      ldg_words<4>(row + 16 * (t + 4 * i), x);
+      ldg_words<4>(row + 16 * (first + stride * i), x);
 #pragma unroll
       for (int k = 0; k < 4; ++k) w[4 * i + k] = x[k];
     }
+  }
+  // K: lane t's load i is chunk t + 4i (one instruction: 8 keys x 64 contiguous bytes).
+  __device__ __forceinline__ static void k_load(const uint8_t* row, int t, uint32_t (&w)[kKWords]) {
+    load_chunks<kKLoads>(row, t, 4, w);
   }
   // Element of k-step j's register r (0: b0 = word 2j, 1: b1 = word 2j + 1), half h.
   __device__ __forceinline__ static int k_elem(int t, int j, int r, int h) {
@@ -148,13 +153,7 @@ struct MmaPlainLayout {
   }
   // V: lane g's load i is chunk g + 8i (one instruction: 4 keys x 128 contiguous bytes).
   __device__ __forceinline__ static void v_load(const uint8_t* row, int g, uint32_t (&w)[kVWords]) {
-#pragma unroll
-    for (int i = 0; i < kVLoads; ++i) {
-      uint32_t x[4];
-      ldg_words<4>(row + 16 * (g + 8 * i), x);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) w[4 * i + k] = x[k];
-    }
+    load_chunks<kVLoads>(row, g, 8, w);
   }
   // Head dim of lane g's m-tile mt (its word mt), row g + 8 h (half h).
   __device__ __forceinline__ static int v_dim(int g, int mt, int h) {
@@ -276,45 +275,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
       }
     }
     float sc[2][2] = {{acc[0][0], acc[0][1]}, {acc[1][0], acc[1][1]}};
-    if (key0 < lo_max || key0 + 16 > hi_min) {  // warp-uniform
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int key = key0 + 8 * j + 2 * t + c;
-          if (!(key >= key_lo && key < key_hi)) sc[j][c] = -INFINITY;
-        }
-    }
-    // Online softmax of row g (version 4's): the 16 keys sit in the 4 lanes t.
-    float mx = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m, mx);
-    if (__any_sync(0xffffffffu, m_new != m)) {
-      const float ms = m_new == -INFINITY ? 0.0f : m_new;
-      const float corr = fast_exp2(m - ms);
-      d *= corr;
-      // O^T's columns are rows 2t and 2t + 1: their factors live in lanes 8t and 8t + 4.
-      const float c0 = __shfl_sync(0xffffffffu, corr, 8 * t);
-      const float c1 = __shfl_sync(0xffffffffu, corr, 8 * t + 4);
-#pragma unroll
-      for (int mt = 0; mt < NS; ++mt) {
-        o[mt][0] *= c0;
-        o[mt][1] *= c1;
-        o[mt][2] *= c0;
-        o[mt][3] *= c1;
-      }
-      m = m_new;
-    }
-    const float ms = m == -INFINITY ? 0.0f : m;
+    if (key0 < lo_max || key0 + 16 > hi_min) rows8_mask_tile(sc, key0, t, key_lo, key_hi);  // warp-uniform
     float pr[2][2];
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        pr[j][c] = fast_exp2(sc[j][c] - ms);  // masked: 2^-inf = 0
-        d += pr[j][c];
-      }
+    rows8_softmax_step(sc, t, m, d, pr, [&](float c0, float c1) { rescale_o_tiles(o, c0, c1); });
     // P^T's B fragment is S's C fragment: keys 2t, 2t+1 (b0) and 2t+8, 2t+9 (b1) of row g.
     const uint32_t p01 = T::pack(pr[0][0], pr[0][1]);
     const uint32_t p89 = T::pack(pr[1][0], pr[1][1]);

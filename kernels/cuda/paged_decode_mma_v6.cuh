@@ -304,45 +304,9 @@ __global__ void __launch_bounds__(kThreads, MmaV6Traits<KP, VP, HD>::kMinCtas)
       }
     }
     float sc[2][2] = {{acc[0][0], acc[0][1]}, {acc[1][0], acc[1][1]}};
-    if (key0 < lo_max || key0 + Tr::kTileKeys > hi_min) {  // warp-uniform
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int key = key0 + 8 * j + 2 * t + c;
-          if (!(key >= key_lo && key < key_hi)) sc[j][c] = -INFINITY;
-        }
-    }
-    float mx = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m, mx);
-    if (__any_sync(0xffffffffu, m_new != m)) {  // rare after the first keys: skip the O rescale
-      const float ms = m_new == -INFINITY ? 0.0f : m_new;
-      const float corr = fast_exp2(m - ms);
-      d *= corr;
-      const float c0 = __shfl_sync(0xffffffffu, corr, 8 * t);
-      const float c1 = __shfl_sync(0xffffffffu, corr, 8 * t + 4);
-#pragma unroll
-      for (int b = 0; b < NB; ++b)
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          o[b][mt][0] *= c0;
-          o[b][mt][1] *= c1;
-          o[b][mt][2] *= c0;
-          o[b][mt][3] *= c1;
-        }
-      m = m_new;
-    }
-    const float ms = m == -INFINITY ? 0.0f : m;
+    if (key0 < lo_max || key0 + Tr::kTileKeys > hi_min) rows8_mask_tile(sc, key0, t, key_lo, key_hi);  // warp-uniform
     float pr[2][2];
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        pr[j][c] = fast_exp2(sc[j][c] - ms);
-        d += pr[j][c];
-      }
+    rows8_softmax_step(sc, t, m, d, pr, [&](float c0, float c1) { rescale_o_blocks(o, c0, c1); });
     const uint32_t p01 = pack_f16x2(pr[0][0], pr[0][1]);
     const uint32_t p89 = pack_f16x2(pr[1][0], pr[1][1]);
 #pragma unroll
