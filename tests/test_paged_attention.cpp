@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "common.h"
+#include "cpu/kv_quant.h"
 #include "cpu/ops.h"
 #include "cuda/attn_state.h"
 #include "dtype.h"
@@ -1365,69 +1366,77 @@ TEST(PagedAttentionBench, DecodeSweep) {
 }
 
 // Probe of the pool layout (NHD: a page is [token][kv head][dim], so one KV
-// head's keys of a page are 16 rows of 256 bytes at a 2 KB stride) against
-// per-head contiguous pages (HND, as cuDNN's contiguous [B, H, L, D] reads
-// them): the same bytes and GQA ratio as B=64 L=8192 GQA 32/8, once as is
-// and once as B=512 sequences of one KV head (4 query heads), where each
-// page of a (sequence, head) is 4 KB in one piece. f16, shuffled pages, two
-// rotations. Outputs are only checked finite here (DecodeSweep validates
-// these kernels against the reference).
+// head's keys of a page are 16 rows of 256 bytes (f16; q8_0 128, q4_0 64)
+// at a stride of all heads' row) against per-head contiguous pages (HND, as
+// cuDNN's contiguous [B, H, L, D] reads them): the same bytes and GQA ratio
+// as B=64 L=8192 GQA 32/8, once as is and once as B=512 sequences of one KV
+// head (4 query heads), where each page of a (sequence, head) is one piece
+// (f16 4 KB). f16, q8_0 and q4_0 pools (K and V the same type), shuffled
+// pages, two rotations. Outputs are only checked finite here (DecodeSweep
+// and KvTypes validate these kernels against the reference).
 TEST(PagedAttentionBench, HeadLayoutProbe) {
   if (!bench_enabled()) GTEST_SKIP() << "set RUNLM_BENCH=1";
   REQUIRE_DEVICE();
   const int hd = 128, bs = 16, L = 8192, pages = L / bs, n_rot = 2;
-  const size_t pool_bytes = size_t(n_rot) * 64 * pages * bs * 8 * hd * 2;  // equal for both shapes
-  DevBuf kpool(pool_bytes), vpool(pool_bytes);
-  {
-    std::mt19937 rng(5);
-    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-    std::vector<uint16_t> h(size_t(32) << 20);
-    for (auto& x : h) x = fp32_to_fp16(u(rng));
-    for (DevBuf* pool : {&kpool, &vpool})
-      for (size_t off = 0; off < pool_bytes; off += h.size() * 2)
-        ck(cudaMemcpy(static_cast<char*>(pool->p) + off, h.data(), std::min(h.size() * 2, pool_bytes - off),
-                      cudaMemcpyHostToDevice),
-           "fill");
-  }
-  struct Shape {
-    int B, n_heads, n_kv;
-  };
-  for (const Shape sh : {Shape{64, 32, 8}, Shape{512, 4, 1}}) {
-    const int B = sh.B;
-    std::mt19937 rng(B);
-    const size_t need = size_t(B) * pages;
-    std::vector<int32_t> tables(need * n_rot);
-    std::iota(tables.begin(), tables.end(), 0);
-    for (int r = 0; r < n_rot; ++r) std::shuffle(tables.begin() + r * need, tables.begin() + (r + 1) * need, rng);
-    std::vector<int32_t> lens(B, L), cu(B + 1);
-    std::iota(cu.begin(), cu.end(), 0);
-    std::vector<float> hq(size_t(B) * sh.n_heads * hd);
-    std::uniform_real_distribution<float> u(-3.0f, 3.0f);
-    for (float& x : hq) x = u(rng);
-    DevBuf dq(hq.size() * 4), dout(hq.size() * 4), dlens(B * 4), dcu((B + 1) * 4), dtab(tables.size() * 4);
-    upload(dq, hq);
-    upload(dlens, lens);
-    upload(dcu, cu);
-    upload(dtab, tables);
-    const size_t ws_bytes = paged_decode_workspace_bytes(B, B, sh.n_heads, hd, L);
-    DevBuf ws(ws_bytes);
-    std::vector<PagedDecodeParams> ps;
-    for (int r = 0; r < n_rot; ++r)
-      ps.push_back(one_token_params(dq, dout, dcu, dlens, dtab.as<int32_t>() + size_t(r) * need, kpool.p, vpool.p,
-                                    KvType::F16, B, L, bs, sh.n_heads, sh.n_kv, hd));
-    ck(cudaMemset(dout.p, 0xff, hq.size() * 4), "poison");
-    paged_decode_attention(ps[0], ws.p, ws_bytes, nullptr);
-    ck(cudaDeviceSynchronize(), "sync");
-    std::vector<float> out(hq.size());
-    ck(cudaMemcpy(out.data(), dout.p, out.size() * 4, cudaMemcpyDeviceToHost), "download");
-    EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float x) { return std::isfinite(x); })) << "B=" << B;
-    const double kv_bytes = 2.0 * B * L * sh.n_kv * hd * 2;
-    for (int part : {-1, 0, 4096}) {
-      if (part > 0 && size_t(B) * sh.n_heads * ceil_div(L, part) * (hd + 2) * 4 > ws_bytes) continue;
-      const double t = time_launches(ps, ws.p, ws_bytes, part);
-      std::printf("{\"bench\":\"paged_head_layout\",\"B\":%d,\"n_heads\":%d,\"n_kv\":%d,\"L\":%d,\"part\":%d,"
-                  "\"auto_part\":%d,\"us\":%.2f,\"gbps\":%.1f}\n",
-                  B, sh.n_heads, sh.n_kv, L, part, paged_decode_auto_partition(ps[0]), t * 1e6, kv_bytes / t / 1e9);
+  for (const KvType t : {KvType::F16, KvType::Q8_0, KvType::Q4_0}) {
+    // Bytes of the whole problem: equal for both shapes (page bytes scale with n_kv).
+    const size_t pool_bytes = size_t(n_rot) * 64 * pages * kv_pool_layout(t, bs, 8, hd).page;
+    DevBuf kpool(pool_bytes), vpool(pool_bytes);
+    {
+      // Finite f16 values; as quantized pools their bytes are quants and
+      // scales in (-1, 1).
+      std::mt19937 rng(5);
+      std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+      std::vector<uint16_t> h(size_t(32) << 20);
+      for (auto& x : h) x = fp32_to_fp16(u(rng));
+      for (DevBuf* pool : {&kpool, &vpool})
+        for (size_t off = 0; off < pool_bytes; off += h.size() * 2)
+          ck(cudaMemcpy(static_cast<char*>(pool->p) + off, h.data(), std::min(h.size() * 2, pool_bytes - off),
+                        cudaMemcpyHostToDevice),
+             "fill");
+    }
+    struct Shape {
+      int B, n_heads, n_kv;
+    };
+    for (const Shape sh : {Shape{64, 32, 8}, Shape{512, 4, 1}}) {
+      const int B = sh.B;
+      std::mt19937 rng(B);
+      const size_t need = size_t(B) * pages;
+      std::vector<int32_t> tables(need * n_rot);
+      std::iota(tables.begin(), tables.end(), 0);
+      for (int r = 0; r < n_rot; ++r) std::shuffle(tables.begin() + r * need, tables.begin() + (r + 1) * need, rng);
+      std::vector<int32_t> lens(B, L), cu(B + 1);
+      std::iota(cu.begin(), cu.end(), 0);
+      std::vector<float> hq(size_t(B) * sh.n_heads * hd);
+      std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+      for (float& x : hq) x = u(rng);
+      DevBuf dq(hq.size() * 4), dout(hq.size() * 4), dlens(B * 4), dcu((B + 1) * 4), dtab(tables.size() * 4);
+      upload(dq, hq);
+      upload(dlens, lens);
+      upload(dcu, cu);
+      upload(dtab, tables);
+      const size_t ws_bytes = paged_decode_workspace_bytes(B, B, sh.n_heads, hd, L);
+      DevBuf ws(ws_bytes);
+      std::vector<PagedDecodeParams> ps;
+      for (int r = 0; r < n_rot; ++r)
+        ps.push_back(one_token_params(dq, dout, dcu, dlens, dtab.as<int32_t>() + size_t(r) * need, kpool.p, vpool.p,
+                                      t, B, L, bs, sh.n_heads, sh.n_kv, hd));
+      ck(cudaMemset(dout.p, 0xff, hq.size() * 4), "poison");
+      paged_decode_attention(ps[0], ws.p, ws_bytes, nullptr);
+      ck(cudaDeviceSynchronize(), "sync");
+      std::vector<float> out(hq.size());
+      ck(cudaMemcpy(out.data(), dout.p, out.size() * 4, cudaMemcpyDeviceToHost), "download");
+      EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float x) { return std::isfinite(x); }))
+          << kv_type_name(t) << " B=" << B;
+      const double kv_bytes = double(pool_bytes) / n_rot * 2;  // K and V pools, one rotation
+      for (int part : {-1, 0, 4096}) {
+        if (part > 0 && size_t(B) * sh.n_heads * ceil_div(L, part) * (hd + 2) * 4 > ws_bytes) continue;
+        const double secs = time_launches(ps, ws.p, ws_bytes, part);
+        std::printf("{\"bench\":\"paged_head_layout\",\"kv\":\"%s\",\"B\":%d,\"n_heads\":%d,\"n_kv\":%d,"
+                    "\"L\":%d,\"part\":%d,\"auto_part\":%d,\"us\":%.2f,\"gbps\":%.1f}\n",
+                    kv_type_name(t), B, sh.n_heads, sh.n_kv, L, part, paged_decode_auto_partition(ps[0]), secs * 1e6,
+                    kv_bytes / secs / 1e9);
+      }
     }
   }
 }
