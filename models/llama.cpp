@@ -17,6 +17,36 @@ struct ArchRow {
 // as "llama" with a sliding_window key; "mistral" is accepted as well.
 constexpr ArchRow kArchs[] = {{Arch::Llama, "llama"}, {Arch::Mistral, "mistral"}};
 
+// llama.attention.sliding_window_pattern, as llama.cpp reads it: an array
+// with one flag a layer (true = the sliding window applies), or an integer n
+// meaning "every n-th layer attends to everything": layer l slides when
+// n == 0 or l % n < n - 1 (llama_hparams::set_swa_pattern). A pattern that
+// leaves every layer sliding is returned empty (the same model).
+std::vector<uint8_t> read_swa_pattern(const GgufFile& g, const std::string& p, const GgufValue& v, int n_layers) {
+  const std::string key = p + "attention.sliding_window_pattern";
+  std::vector<uint8_t> layers(size_t(n_layers), 1);
+  if (v.type == GgufType::ARRAY) {
+    RUNLM_CHECK(v.arr.size() == size_t(n_layers), "%s: %s has %zu entries for %d layers", g.path().c_str(),
+                key.c_str(), v.arr.size(), n_layers);
+    for (size_t l = 0; l < v.arr.size(); ++l) {
+      const GgufValue& e = v.arr[l];
+      RUNLM_CHECK(e.type == GgufType::BOOL || (e.is_int() && (e.as_int() == 0 || e.as_int() == 1)),
+                  "%s: %s[%zu] must be a bool (or 0/1), got %s", g.path().c_str(), key.c_str(), l,
+                  gguf_type_name(e.type));
+      layers[l] = e.as_bool() ? 1 : 0;
+    }
+  } else {
+    RUNLM_CHECK(v.is_int() && v.as_int() >= 0 && v.as_int() < (int64_t{1} << 31),
+                "%s: %s must be a non-negative integer or an array of bools, got %s", g.path().c_str(), key.c_str(),
+                gguf_type_name(v.type));
+    const int64_t n = v.as_int();
+    for (int l = 0; l < n_layers; ++l) layers[size_t(l)] = n == 0 || l % n < n - 1;
+  }
+  for (uint8_t x : layers)
+    if (!x) return layers;
+  return {};
+}
+
 struct TensorRow {
   TensorRole role;
   const char* name;  // per-layer names get the "blk.N." prefix
@@ -88,6 +118,8 @@ ModelConfig read_model_config(const GgufFile& g) {
                 (p + "attention.sliding_window").c_str(), static_cast<long long>(*w));
     c.sliding_window = static_cast<int>(*w);
   }
+  if (const GgufValue* pat = g.find(p + "attention.sliding_window_pattern"))
+    c.swa_layers = read_swa_pattern(g, p, *pat, c.n_layers);
   // NaN or non-positive values would silently turn every logit into NaN.
   RUNLM_CHECK(std::isfinite(c.rms_eps) && c.rms_eps > 0, "%s: %sattention.layer_norm_rms_epsilon = %g must be positive",
               g.path().c_str(), p.c_str(), static_cast<double>(c.rms_eps));

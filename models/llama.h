@@ -4,7 +4,9 @@
 // Llama 1/2 differ only in shape, so all share this graph.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace runlm {
 
@@ -28,8 +30,13 @@ struct ModelConfig {
   float rope_theta = 10000.0f;
   float rope_freq_scale = 1.0f;  // linear rope scaling: position * freq_scale
   int sliding_window = 0;        // 0 = full attention
+  // Which layers the window applies to, one flag a layer (1 = sliding, 0 =
+  // full attention), for models that alternate local and global layers
+  // (llama.attention.sliding_window_pattern); empty = every layer.
+  std::vector<uint8_t> swa_layers;
   bool tied_embeddings = false;  // output.weight absent: logits use token_embd
 
+  bool layer_uses_window(int layer) const { return swa_layers.empty() || swa_layers[size_t(layer)] != 0; }
   int q_dim() const { return n_heads * head_dim; }
   int kv_dim() const { return n_kv_heads * head_dim; }
 };

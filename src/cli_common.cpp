@@ -44,7 +44,7 @@ void add_model_options(cxxopts::Options& opts) {
       ("cache-type-k", "KV cache type of K (-ctk): f32, f16, bf16, q8_0, q4_0, fp8 (default: f32 on the CPU, f16 on the GPU)",
        cxxopts::value<std::string>())
       ("cache-type-v", "KV cache type of V (-ctv): same choices", cxxopts::value<std::string>())
-      ("swa", "sliding window: N tokens, or 'off' (default: the model's)",
+      ("swa", "sliding window: N tokens (on the layers the model's pattern marks), or 'off' (default: the model's)",
        cxxopts::value<std::string>()->default_value(""))
       ("h,help", "show this help");
 }

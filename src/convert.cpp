@@ -288,6 +288,7 @@ ConvertResult convert_hf(const std::string& dir, const std::string& out_path, st
   hp.rope_scaling_factor = static_cast<float>(cfg.rope_scaling_factor);
   hp.rope_scaling_original_context = cfg.rope_scaling_original_context;
   hp.sliding_window = cfg.sliding_window;
+  hp.swa_layers = cfg.swa_layers;
   hp.tied_embeddings = cfg.tie_word_embeddings;
   RUNLM_CHECK(hp.tied_embeddings || st->find("lm_head.weight"),
               "%s: tie_word_embeddings is false but tensor 'lm_head.weight' is missing", dir.c_str());

@@ -44,7 +44,7 @@ class CpuEngine final : public Engine {
       : model_(model), cfg_(model.config()), pool_(opt.n_threads), layout_(opt.kv) {
     n_ctx_ = opt.n_ctx > 0 ? opt.n_ctx : cfg_.ctx_train;
     n_batch_ = std::max(1, opt.n_batch);
-    window_ = opt.sliding_window >= 0 ? opt.sliding_window : cfg_.sliding_window;
+    windows_ = layer_windows(cfg_, opt.sliding_window);
     type_k_ = opt.type_k.value_or(KvType::F32);
     type_v_ = opt.type_v.value_or(KvType::F32);
     // Stops with an error for a quantized type whose blocks cannot follow head_dim.
@@ -103,7 +103,7 @@ class CpuEngine final : public Engine {
   KvType type_v() const override { return type_v_; }
   BlockManager* blocks() override { return blocks_.get(); }
   int max_batch_tokens() const override { return n_batch_; }
-  int sliding_window() const override { return window_; }
+  int sliding_window() const override { return common_window(windows_); }
 
   double measure_copy_bandwidth() override {
     // 256 MiB each way, split across the pool's threads like the matmuls.
@@ -210,7 +210,7 @@ class CpuEngine final : public Engine {
         for (int64_t t = b; t < e; ++t) {
           kv.block_table = slots[t].table;
           attention_one_token(&att_[t * q_dim], &q_[t * q_dim], kv, slots[t].pos, c.n_heads, c.n_kv_heads, c.head_dim,
-                              window_, scale, scores_[thread].data());
+                              windows_[size_t(l)], scale, scores_[thread].data());
         }
       });
       matmul(qmatrix(lw.wo), att_.data(), xb_.data(), m, pool_);
@@ -254,7 +254,7 @@ class CpuEngine final : public Engine {
   KvLayout layout_;
   int n_ctx_ = 0;
   int n_batch_ = 512;
-  int window_ = 0;
+  std::vector<int> windows_;  // per layer, 0 = full attention (layer_windows)
   int block_size_ = 0;
   std::unique_ptr<BlockManager> blocks_;  // paged only
   KvType type_k_ = KvType::F32, type_v_ = KvType::F32;

@@ -175,7 +175,7 @@ class CudaEngine final : public Engine {
   KvType type_k() const override { return type_k_; }
   KvType type_v() const override { return type_v_; }
   int max_batch_tokens() const override { return n_batch_; }
-  int sliding_window() const override { return window_; }
+  int sliding_window() const override { return common_window(windows_); }
   BlockManager* blocks() override { return blocks_.get(); }
 
   // A step over several sequences of the paged cache. Tokens are reordered
@@ -302,7 +302,7 @@ class CudaEngine final : public Engine {
     check_kv_types(opt);
     n_ctx_ = opt.n_ctx > 0 ? opt.n_ctx : cfg_.ctx_train;
     n_batch_ = std::max(1, opt.n_batch);
-    window_ = opt.sliding_window >= 0 ? opt.sliding_window : cfg_.sliding_window;
+    windows_ = layer_windows(cfg_, opt.sliding_window);
     upload_weights();
     allocate_buffers();
     build_gemm_groups();
@@ -327,7 +327,9 @@ class CudaEngine final : public Engine {
     probe.head_dim = cfg_.head_dim;
     probe.dtype = DType::F16;
     probe.causal = true;
-    probe.window_left = window_ > 0 ? window_ - 1 : -1;
+    // The widest layer window: a window at all is what a backend may lack.
+    const int widest = *std::max_element(windows_.begin(), windows_.end());
+    probe.window_left = widest > 0 ? widest - 1 : -1;
     const AttnBackend chosen = attn_resolve(attn_, probe);
     const int32_t dummy_table = 0;  // attn_unsupported_reason tests block_tables for null only
     probe.block_tables = &dummy_table;
@@ -688,7 +690,7 @@ class CudaEngine final : public Engine {
         p.max_q_per_seq = plan.max_dec_q;
         p.max_seq_len = plan.max_dec_len;
         p.n_heads = c.n_heads;
-        p.window = window_;
+        p.window = window(l);
         p.scale = scale;
         p.kv.k_pool = k_pool(l);
         p.kv.v_pool = v_pool(l);
@@ -733,7 +735,7 @@ class CudaEngine final : public Engine {
         p.head_dim = c.head_dim;
         p.dtype = DType::F16;
         p.causal = true;
-        p.window_left = window_ > 0 ? window_ - 1 : -1;
+        p.window_left = window_left(l);
         p.scale = scale;
         p.stream = stream_;
         attention_dispatch(attn_, p);
@@ -801,13 +803,13 @@ class CudaEngine final : public Engine {
       void* att_out_x8 = att_x8 ? x8_.get() : nullptr;
       if (rope_in_attention_) {  // RoPE and the K/V store inside the attention launch
         gpu::decode_attention_rope(q_.get(), k_.get(), v_.get(), positions_.get(), m, c.n_heads, c.n_kv_heads,
-                                   c.head_dim, c.rope_theta, c.rope_freq_scale, k_cache(l), v_cache(l), window_,
+                                   c.head_dim, c.rope_theta, c.rope_freq_scale, k_cache(l), v_cache(l), window(l),
                                    scale, n_ctx_, att_.get(), stream_, att_out_x8);
       } else {
         gpu::rope_and_store_kv(q_.get(), k_.get(), v_.get(), positions_.get(), m, c.n_heads, c.n_kv_heads,
                                c.head_dim, c.rope_theta, c.rope_freq_scale, k_cache(l), v_cache(l), nullptr, stream_);
         gpu::decode_attention(q_.get(), k_cache(l), v_cache(l), m, positions_.get(), c.n_heads, c.n_kv_heads,
-                              c.head_dim, window_, scale, n_ctx_, att_.get(), stream_, att_out_x8);
+                              c.head_dim, window(l), scale, n_ctx_, att_.get(), stream_, att_out_x8);
       }
       project_gemv({{&g.wo, xb_.get()}}, att_.get(), m, att_x8);
       norm_for_gemv(g.ffn_norm, xb_.get(), m, uses_x8(g.w_gate) || uses_x8(g.w_up));
@@ -973,7 +975,7 @@ class CudaEngine final : public Engine {
       p.head_dim = c.head_dim;
       p.dtype = DType::F16;
       p.causal = true;
-      p.window_left = window_ > 0 ? window_ - 1 : -1;
+      p.window_left = window_left(l);
       p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
       p.stream = stream_;
       attention_dispatch(attn_, p);
@@ -1002,7 +1004,11 @@ class CudaEngine final : public Engine {
   AttnBackend attn_;
   cudaStream_t stream_ = nullptr;
   cudaGraphExec_t graph_exec_ = nullptr;
-  int n_ctx_ = 0, n_batch_ = 512, window_ = 0;
+  int n_ctx_ = 0, n_batch_ = 512;
+  std::vector<int> windows_;  // per layer, 0 = full attention (layer_windows)
+  int window(int layer) const { return windows_[size_t(layer)]; }
+  // AttnParams::window_left of a layer: keys [q - window_left, q], -1 = all.
+  int window_left(int layer) const { return window(layer) > 0 ? window(layer) - 1 : -1; }
   int64_t hidden_ = 0;  // feed-forward width on the GPU (padded_hidden)
 
   gpu::GpuMatrix tok_embd_, output_;

@@ -85,6 +85,21 @@ KvLayout kv_layout_from_name(const std::string& name) {
 
 const char* kv_layout_name(KvLayout k) { return k == KvLayout::Paged ? "paged" : "contiguous"; }
 
+std::vector<int> layer_windows(const ModelConfig& config, int option) {
+  const int window = option >= 0 ? option : config.sliding_window;
+  std::vector<int> out(size_t(config.n_layers), 0);
+  for (int l = 0; l < config.n_layers; ++l)
+    if (config.layer_uses_window(l)) out[size_t(l)] = window;
+  return out;
+}
+
+int common_window(const std::vector<int>& windows) {
+  int w = windows.empty() ? 0 : windows[0];
+  for (int x : windows)
+    if (x != w) return 0;
+  return w;
+}
+
 void reserve_sequence0(BlockManager& blocks, int pos, int n) {
   if (!blocks.has_sequence(0)) blocks.add_sequence(0, {});
   blocks.truncate(0, pos);

@@ -32,7 +32,9 @@ struct EngineOptions {
   int n_ctx = 0;          // KV cache capacity in tokens; 0 = the model's training context
   int n_threads = 0;      // CPU threads; 0 = all hardware threads
   int n_batch = 512;      // prefill chunk: tokens evaluated per pass
-  int sliding_window = -1;  // -1 = the model's own, 0 = full attention, N = window of N
+  // -1 = the model's own, 0 = full attention, N = a window of N on the
+  // layers the model's pattern marks (every layer when it has none).
+  int sliding_window = -1;
   AttnBackend attn = AttnBackend::Auto;  // prefill attention (GPU); the CPU has its own
   KvLayout kv = KvLayout::Contiguous;
   int block_size = 16;    // tokens per page (paged)
@@ -89,12 +91,22 @@ class Engine {
   virtual float* logits_buffer(size_t n);
   // Most tokens one forward_batch may carry (the prefill chunk size).
   virtual int max_batch_tokens() const = 0;
-  // The attention window in tokens (0 = full attention).
+  // The attention window every layer keeps to, in tokens (0 = some layer
+  // attends to everything): keys older than it are never read again, so a
+  // paged cache may release their pages.
   virtual int sliding_window() const = 0;
 
  private:
   std::vector<float> logits_buffer_;  // logits_buffer()'s default
 };
+
+// Each layer's attention window in tokens (0 = full attention): the model's
+// window on the layers its pattern marks (ModelConfig::swa_layers; every
+// layer without a pattern); `option` (EngineOptions::sliding_window) 0 makes
+// every layer full, N > 0 resizes the window of the marked layers.
+std::vector<int> layer_windows(const ModelConfig& config, int option);
+// The window all layers keep to (0 when some layer has full attention).
+int common_window(const std::vector<int>& windows);
 
 // Bytes of the K and V caches together for n_ctx tokens of elem_bytes
 // elements (2 x n_layers x n_ctx x n_kv_heads x head_dim x elem_bytes),

@@ -103,6 +103,9 @@ void validate_llama_hparams(const LlamaHParams& hp, const std::string& src) {
               "%s: rope scaling '%s' (factor %g) not supported (supported: linear with a positive factor)", s,
               hp.rope_scaling_type.c_str(), hp.rope_scaling_factor);
   if (hp.sliding_window) positive(*hp.sliding_window, "sliding window");
+  RUNLM_CHECK(hp.swa_layers.empty() || int64_t(hp.swa_layers.size()) == hp.n_layers,
+              "%s: the sliding-window pattern has %zu entries for %lld layers", s, hp.swa_layers.size(),
+              static_cast<long long>(hp.n_layers));
 }
 
 void write_llama_hparams(GgufWriter& w, const LlamaHParams& hp, uint32_t file_type) {
@@ -134,6 +137,12 @@ void write_llama_hparams(GgufWriter& w, const LlamaHParams& hp, uint32_t file_ty
       set_u32_checked(w, p + "rope.scaling.original_context_length", hp.rope_scaling_original_context);
   }
   if (hp.sliding_window) set_u32_checked(w, p + "attention.sliding_window", *hp.sliding_window);
+  // llama.cpp's per-layer form: one bool a layer (true = sliding).
+  if (!hp.swa_layers.empty()) {
+    std::vector<GgufValue> flags;
+    for (uint8_t x : hp.swa_layers) flags.push_back(GgufValue::make_bool(x != 0));
+    w.set(p + "attention.sliding_window_pattern", GgufValue::make_array(GgufType::BOOL, std::move(flags)));
+  }
 }
 
 uint32_t llama_ftype_for(DType t) {

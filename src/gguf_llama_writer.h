@@ -34,6 +34,7 @@ struct LlamaHParams {
   float rope_scaling_factor = 1.0f;
   int64_t rope_scaling_original_context = 0;  // 0: not written
   std::optional<int64_t> sliding_window;      // Mistral
+  std::vector<uint8_t> swa_layers;            // per layer 1 = sliding, 0 = full; empty = every layer
   bool tied_embeddings = false;               // no output.weight: logits use token_embd
 };
 

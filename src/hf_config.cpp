@@ -1,6 +1,7 @@
 // Parses a Hugging Face config.json into HfConfig (see hf_config.h).
 #include "hf_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -132,6 +133,21 @@ HfConfig parse_hf_config(const std::string& text, const std::string& src) {
     else if (!it->is_null()) c.sliding_window = positive(j, "sliding_window", src);
   } else if (member(j, "sliding_window")) {
     c.sliding_window = positive(j, "sliding_window", src);
+  }
+  if (const json* lt = member(j, "layer_types")) {
+    RUNLM_CHECK(lt->is_array() && lt->size() == size_t(c.num_hidden_layers),
+                "%s: layer_types must be a list of %lld entries, got %s", src.c_str(),
+                static_cast<long long>(c.num_hidden_layers), json_brief(*lt).c_str());
+    for (const json& e : *lt) {
+      const bool sliding = e.is_string() && e.get<std::string>() == "sliding_attention";
+      RUNLM_CHECK(sliding || (e.is_string() && e.get<std::string>() == "full_attention"),
+                  "%s: layer_types entry %s is not supported (supported: sliding_attention, full_attention)",
+                  src.c_str(), json_brief(e).c_str());
+      c.swa_layers.push_back(sliding ? 1 : 0);
+    }
+    const bool any_sliding = std::find(c.swa_layers.begin(), c.swa_layers.end(), 1) != c.swa_layers.end();
+    RUNLM_CHECK(!any_sliding || c.sliding_window, "%s: layer_types has sliding_attention layers but no sliding_window",
+                src.c_str());
   }
 
   // Features the llama graph does not have: refuse rather than drop them.

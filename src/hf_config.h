@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace runlm {
 
@@ -28,6 +29,9 @@ struct HfConfig {
   double rope_scaling_factor = 1.0;
   int64_t rope_scaling_original_context = 0;  // 0 when the config does not say
   std::optional<int64_t> sliding_window;       // Mistral; absent or null = full attention
+  // layer_types (transformers' per-layer attention kinds): 1 a
+  // "sliding_attention" layer, 0 a "full_attention" one; empty when absent.
+  std::vector<uint8_t> swa_layers;
   bool tie_word_embeddings = false;
   std::string torch_dtype;          // "bfloat16", "float16", "float32" or ""
 };
