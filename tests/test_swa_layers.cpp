@@ -6,10 +6,15 @@
 // that left the window only when every layer has it.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <map>
 
 #include "common.h"
+#include "convert.h"
 #include "engine.h"
 #include "generation.h"
 #include "gguf.h"
@@ -93,6 +98,29 @@ std::vector<int> greedy(Engine& engine, const Model& model, const std::vector<in
   return generate(engine, sampler, model.tokenizer(), req, nullptr).tokens;
 }
 
+// sotu29m (7 layers, head_dim 128) converted from a copy of its directory
+// whose config.json adds a window of 32 and layer_types sliding on the even
+// layers; the directory is removed when the object dies.
+struct Sotu29mWithLayerTypes {
+  std::filesystem::path dir;
+  TempPath gguf{".gguf"};
+  Sotu29mWithLayerTypes() {
+    namespace fs = std::filesystem;
+    dir = fs::path(TempPath(".d").str());
+    fs::create_directories(dir);
+    for (const auto& e : fs::directory_iterator(shared_model("sotu29m")))
+      if (e.path().filename() != "config.json") fs::create_symlink(fs::absolute(e.path()), dir / e.path().filename());
+    auto cfg = nlohmann::json::parse(read_file(shared_model("sotu29m/config.json")));
+    cfg["sliding_window"] = 32;
+    cfg["layer_types"] = nlohmann::json::array();
+    for (int l = 0; l < cfg["num_hidden_layers"].get<int>(); ++l)
+      cfg["layer_types"].push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");
+    std::ofstream(dir / "config.json") << cfg.dump();
+    convert_hf(dir.string(), gguf.str());
+  }
+  ~Sotu29mWithLayerTypes() { std::filesystem::remove_all(dir); }
+};
+
 }  // namespace
 
 TEST(SwaLayers, GgufPatternAsArrayOrInteger) {
@@ -151,7 +179,8 @@ TEST(SwaLayers, HfLayerTypesAndTheConvertedKey) {
   e = error_of(base + R"("layer_types": ["full_attention", "sliding_attention"]})");
   EXPECT_NE(e.find("sliding_attention layers but no sliding_window"), std::string::npos) << e;
 
-  // The writer's key reads back as the same pattern.
+  // The writer's key: llama.cpp's array form (the loader's side is
+  // GgufPatternAsArrayOrInteger).
   LlamaHParams hp;
   hp.context_length = 64;
   hp.dim = 64;
@@ -167,11 +196,24 @@ TEST(SwaLayers, HfLayerTypesAndTheConvertedKey) {
   write_llama_hparams(w, hp, llama_ftype_for(DType::F32));
   TempPath out(".gguf");
   w.write(out.str());
-  const ModelConfig back = read_model_config(*GgufFile::open(out.str()));
-  EXPECT_EQ(back.sliding_window, 16);
-  EXPECT_EQ(back.swa_layers, (std::vector<uint8_t>{1, 0, 1}));
+  auto back = GgufFile::open(out.str());
+  EXPECT_EQ(back->get_int("llama.attention.sliding_window"), 16);
+  const GgufValue& pattern = back->get("llama.attention.sliding_window_pattern");
+  ASSERT_EQ(pattern.type, GgufType::ARRAY);
+  ASSERT_EQ(pattern.arr.size(), 3u);
+  for (size_t l = 0; l < 3; ++l) {
+    EXPECT_EQ(pattern.arr[l].type, GgufType::BOOL);
+    EXPECT_EQ(pattern.arr[l].as_bool(), c.swa_layers[l] != 0) << l;
+  }
   hp.swa_layers = {1, 0};
   EXPECT_THROW(write_llama_hparams(w, hp, llama_ftype_for(DType::F32)), Error);
+}
+
+TEST(SwaLayers, ConvertedLayerTypesReachTheModel) {
+  const Sotu29mWithLayerTypes conv;
+  auto model = Model::load(conv.gguf.str());
+  EXPECT_EQ(model->config().sliding_window, 32);
+  EXPECT_EQ(model->config().swa_layers, (std::vector<uint8_t>{1, 0, 1, 0, 1, 0, 1}));
 }
 
 // The CPU engine (the reference) applies the window on the marked layers
@@ -260,5 +302,22 @@ TEST(SwaLayers, GpuEngineMatchesTheCpu) {
     eo.block_size = 16;
     auto gpu = make_cuda_engine(*model, eo);
     EXPECT_EQ(greedy(*gpu, *model, prompt, 120), want) << kv_layout_name(kv);
+  }
+  // sotu29m (head_dim 128: the fa2/fa3 prefill and tensor-core decode
+  // kernels) with a window of 32 on its even layers, a 100-token prompt.
+  const Sotu29mWithLayerTypes conv;
+  auto sotu = Model::load(conv.gguf.str());
+  std::vector<int> long_prompt = sotu->tokenizer().encode(
+      "The state of the union is strong, and the work of the people goes on in every town and every city", true);
+  while (long_prompt.size() < 100) long_prompt.push_back(long_prompt[long_prompt.size() % 20 + 1]);
+  const std::vector<int> sotu_want = greedy(*cpu_engine(*sotu), *sotu, long_prompt, 48);
+  for (KvLayout kv : {KvLayout::Contiguous, KvLayout::Paged}) {
+    EngineOptions eo;
+    eo.device = Device::Cuda;
+    eo.n_ctx = 256;
+    eo.kv = kv;
+    eo.block_size = 16;
+    auto gpu = make_cuda_engine(*sotu, eo);
+    EXPECT_EQ(greedy(*gpu, *sotu, long_prompt, 48), sotu_want) << "sotu29m " << kv_layout_name(kv);
   }
 }
