@@ -76,6 +76,14 @@
 // SIMT kernel (version 3), which every other head_dim and the mixed
 // f16/bf16 pairs run; tests and benches switch it with
 // paged_decode_set_f16_mma. RUNLM_PAGED_DECODE=simt turns it off too.
+// Version 11 (issue 7, opt-in: RUNLM_PAGED_DECODE_MMA=v11, sm_90a): version
+// 7's math with each 16-key tile's K/V bytes brought by TMA into a per-warp
+// shared-memory ring of 3-4 stages (paged_decode_mma_v11.cuh), for K and V
+// both q8_0 or fp8 at head_dim 128, block_size >= 16, n_kv_heads even; the
+// other cases run what version 9 runs (mma_version_at). The host encodes 4
+// tensor maps a launch (make_v11_maps). RUNLM_PAGED_DECODE_V11=s4c3
+// (default: 4 stages, 3 CTAs an SM) or s3c4 (3 stages, 4 CTAs) picks the
+// configuration.
 #include <algorithm>
 #include <atomic>
 #include <cfloat>
@@ -87,6 +95,8 @@
 #include "cuda/paged_attention.h"
 #include "cuda/paged_decode_mma.cuh"
 #include "cuda/paged_decode_mma_f16.cuh"
+#include "cuda/paged_decode_mma_v11.cuh"
+#include "cuda/tensor_map.h"
 
 namespace runlm {
 
@@ -272,9 +282,10 @@ int mma_version() {
     v = 9;
     if (e && *e) {
       RUNLM_CHECK(std::strcmp(e, "v4") == 0 || std::strcmp(e, "v5") == 0 || std::strcmp(e, "v6") == 0 ||
-                      std::strcmp(e, "v7") == 0 || std::strcmp(e, "v8") == 0 || std::strcmp(e, "v9") == 0,
-                  "RUNLM_PAGED_DECODE_MMA=%s unsupported; supported: v4, v5, v6, v7, v8, v9", e);
-      v = e[1] - '0';
+                      std::strcmp(e, "v7") == 0 || std::strcmp(e, "v8") == 0 || std::strcmp(e, "v9") == 0 ||
+                      std::strcmp(e, "v11") == 0,
+                  "RUNLM_PAGED_DECODE_MMA=%s unsupported; supported: v4, v5, v6, v7, v8, v9, v11", e);
+      v = std::atoi(e + 1);
     }
     g_mma_version.store(v, std::memory_order_relaxed);
   }
@@ -329,16 +340,120 @@ bool use_mma(const PagedDecodeParams& p) {
 // 64 and 128 only, 7 to 9 only with K and V both quantized; elsewhere the
 // chosen version runs as version 4 (same results contract; the tests and
 // the bench report the version asked for).
-int mma_version_at(int version, KvType k, KvType v, int hd) {
-  if (hd == 256) return 4;
+// Version 11's configuration (MmaV11Config): RUNLM_PAGED_DECODE_V11=s4c3
+// (0, the default) or s3c4 (1), read once.
+int v11_config() {
+  static const int c = [] {
+    const char* e = std::getenv("RUNLM_PAGED_DECODE_V11");
+    if (!e || !*e || std::strcmp(e, "s4c3") == 0) return 0;
+    RUNLM_CHECK(std::strcmp(e, "s3c4") == 0, "RUNLM_PAGED_DECODE_V11=%s unsupported; supported: s4c3, s3c4", e);
+    return 1;
+  }();
+  return c;
+}
+
+// Whether the current device runs sm_90a code (compute capability 9.0: the
+// build's Hopper code is sm_90a only, version 11's TMA and mbarriers need
+// it), cached per device; false without a device.
+bool device_is_sm90() {
+  struct Entry {
+    int dev;
+    bool yes;
+  };
+  static thread_local Entry cache[16];
+  static thread_local int n_cache = 0;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  for (int i = 0; i < n_cache; ++i)
+    if (cache[i].dev == dev) return cache[i].yes;
+  int major = 0, minor = 0;
+  const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess;
+  if (!ok) cudaGetLastError();
+  const bool yes = ok && major == 9 && minor == 0;
+  if (n_cache < 16) cache[n_cache++] = {dev, yes};
+  return yes;
+}
+
+// Version 11's cases (paged_decode_mma_v11.cuh): K and V both q8_0 or fp8,
+// head_dim 128, pages of >= 16 slots (a 16-key tile is one TMA box of one
+// page), an even n_kv_heads (scale rows of n_kv x 8 bytes: TMA wants the
+// 16-byte multiples), 16-byte aligned pools, an sm_90 device.
+bool v11_applies(const PagedDecodeParams& p) {
+  const PagedKvView& kv = p.kv;
+  auto is8 = [](KvType t) { return t == KvType::Q8_0 || t == KvType::FP8; };
+  return is8(kv.k_type) && is8(kv.v_type) && kv.head_dim == 128 && kv.block_size >= 16 && kv.n_kv_heads % 2 == 0 &&
+         reinterpret_cast<uintptr_t>(kv.k_pool) % 16 == 0 && reinterpret_cast<uintptr_t>(kv.v_pool) % 16 == 0 &&
+         device_is_sm90();
+}
+
+// The version that runs for these params: 5 to 9 exist at head_dim 64 and
+// 128 only, 7 to 9 only with K and V both quantized; elsewhere the chosen
+// version runs as version 4 (same results contract; the tests and the bench
+// report the version asked for). Version 11 runs where v11_applies, and
+// everywhere else exactly what version 9 would run.
+int mma_version_at(int version, const PagedDecodeParams& p) {
+  const KvType k = p.kv.k_type, v = p.kv.v_type;
+  if (version == 11) return v11_applies(p) ? 11 : mma_version_at(9, p);
+  if (p.kv.head_dim == 256) return 4;
   if (version >= 7 && (k == KvType::F16 || v == KvType::F16)) return 4;
   return version;
 }
 
-// Sets the dynamic shared memory limit of a version 6 kernel once per
+// A version 11 launch's tensor maps (MmaV11Maps) over one pool (K or V):
+// quants [pages][block_size][n_kv x 128] u8 in 128-byte swizzled boxes of
+// one head's row x 16 slots, scales [pages][block_size][n_kv x 4] f16 in
+// boxes of 8 scales (this head's 4, the next head's 4 or zero fill) x 16
+// slots. The pool's page count is not in the params: the page dimension is
+// the largest that keeps the mapped range under 2^48 bytes (coordinates
+// come from valid table entries only; TMA wants dims <= 2^32).
+void make_v11_maps(const void* pool, int n_kv, int bs, const char* what, CUtensorMap* quants, CUtensorMap* scales) {
+  const int64_t q_row = int64_t(n_kv) * 128, s_row = int64_t(n_kv) * 8;
+  const int64_t page = bs * (q_row + s_row);
+  const int64_t pages = std::max<int64_t>(1, std::min<int64_t>(INT32_MAX, (int64_t(1) << 48) / page));
+  const cuuint32_t estr[3] = {1, 1, 1};
+  {
+    const cuuint64_t dims[3] = {cuuint64_t(q_row), cuuint64_t(bs), cuuint64_t(pages)};
+    const cuuint64_t strides[2] = {cuuint64_t(q_row), cuuint64_t(page)};
+    const cuuint32_t box[3] = {128, 16, 1};
+    const CUresult e = encode_tiled_fn()(quants, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void*>(pool), dims,
+                                         strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                         CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    RUNLM_CHECK(e == CUDA_SUCCESS,
+                "paged_decode_attention (version 11): cuTensorMapEncodeTiled(%s quants, n_kv_heads=%d block_size=%d) "
+                "failed: CUresult %d",
+                what, n_kv, bs, int(e));
+  }
+  {
+    const cuuint64_t dims[3] = {cuuint64_t(n_kv) * 4, cuuint64_t(bs), cuuint64_t(pages)};
+    const cuuint64_t strides[2] = {cuuint64_t(s_row), cuuint64_t(page)};
+    const cuuint32_t box[3] = {8, 16, 1};
+    void* base = static_cast<uint8_t*>(const_cast<void*>(pool)) + bs * q_row;
+    const CUresult e = encode_tiled_fn()(scales, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, base, dims, strides, box, estr,
+                                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                                         CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    RUNLM_CHECK(e == CUDA_SUCCESS,
+                "paged_decode_attention (version 11): cuTensorMapEncodeTiled(%s scales, n_kv_heads=%d block_size=%d) "
+                "failed: CUresult %d",
+                what, n_kv, bs, int(e));
+  }
+}
+
+MmaV11Maps make_v11_maps(const PagedKvView& kv) {
+  MmaV11Maps m;
+  make_v11_maps(kv.k_pool, kv.n_kv_heads, kv.block_size, "K", &m.kq, &m.ks);
+  make_v11_maps(kv.v_pool, kv.n_kv_heads, kv.block_size, "V", &m.vq, &m.vs);
+  return m;
+}
+
+// Sets the dynamic shared memory limit of a version 6 or 11 kernel once per
 // (device, kernel): not a stream operation, so legal during graph capture
-// (as the occupancy query below).
-void ensure_smem_attr(KernelFn fn, int smem_bytes) {
+// (as the occupancy query below). max_carveout (version 11, whose 3-4 CTAs
+// an SM need 228-230 KB): the whole unified L1 / shared memory as shared.
+void ensure_smem_attr(KernelFn fn, int smem_bytes, bool max_carveout = false) {
   if (smem_bytes <= 48 * 1024) return;
   struct Entry {
     int dev;
@@ -351,6 +466,8 @@ void ensure_smem_attr(KernelFn fn, int smem_bytes) {
   for (int i = 0; i < n_done; ++i)
     if (done[i].dev == dev && done[i].fn == fn) return;
   cudaCheck(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+  if (max_carveout)
+    cudaCheck(cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
   if (n_done < 64) done[n_done++] = {dev, fn};
 }
 
@@ -393,7 +510,8 @@ int device_concurrency(KernelFn fn, int smem_bytes) {
 }
 
 struct Plan {
-  KernelFn fn = nullptr;
+  KernelFn fn = nullptr;   // the kernel (for version 11: v11's address, for the attribute and occupancy queries)
+  KernelV11Fn v11 = nullptr;  // version 11's kernel (its own parameter list: the tensor maps)
   int rows_per_cta = 1;
   int n_chunks = 1;
   int smem_bytes = 0;      // dynamic shared memory (version 6)
@@ -424,8 +542,16 @@ Plan make_plan(const PagedDecodeParams& p, int forced_partition) {
   } else if (use_mma(p)) {
     pl.rows_per_cta = kMmaRows;
     pl.n_chunks = ceil_div(rows, kMmaRows);
-    pl.fn = pick_mma_kernel(p.kv.k_type, p.kv.v_type, p.kv.head_dim, mma_version_at(mma_version(), p.kv.k_type, p.kv.v_type, p.kv.head_dim),
-                            &pl.smem_bytes);
+    const int version = mma_version_at(mma_version(), p);
+    if (version == 11) {
+      pl.v11 = pick_mma_v11_kernel(p.kv.k_type, p.kv.v_type, v11_config(), &pl.smem_bytes);
+      RUNLM_CHECK(pl.v11, "paged_decode_attention: no version 11 kernel for K=%s V=%s", kv_type_name(p.kv.k_type),
+                  kv_type_name(p.kv.v_type));
+      pl.fn = reinterpret_cast<KernelFn>(pl.v11);  // never launched through this type
+      ensure_smem_attr(pl.fn, pl.smem_bytes, true);
+    } else {
+      pl.fn = pick_mma_kernel(p.kv.k_type, p.kv.v_type, p.kv.head_dim, version, &pl.smem_bytes);
+    }
   } else {
     pl.rows_per_cta = rows_per_cta(rows);
     pl.n_chunks = ceil_div(rows, pl.rows_per_cta);
@@ -493,8 +619,8 @@ size_t paged_decode_workspace_bytes(int n_seqs, int total_q, int n_heads, int he
 int paged_decode_mma_version() { return mma_version(); }
 
 void paged_decode_set_mma_version(int version) {
-  RUNLM_CHECK(version >= 4 && version <= 9,
-              "paged_decode_set_mma_version: version=%d unsupported; supported: 4, 5, 6, 7, 8, 9", version);
+  RUNLM_CHECK((version >= 4 && version <= 9) || version == 11,
+              "paged_decode_set_mma_version: version=%d unsupported; supported: 4, 5, 6, 7, 8, 9, 11", version);
   g_mma_version.store(version, std::memory_order_relaxed);
 }
 
@@ -535,8 +661,14 @@ void paged_decode_attention(const PagedDecodeParams& p, void* workspace, size_t 
   float* ws_md = pl.partition_size > 0 ? ws_o + rows_total * pl.n_parts * p.kv.head_dim : nullptr;
   const dim3 grid(static_cast<unsigned>(pl.n_parts * pl.n_chunks), static_cast<unsigned>(p.kv.n_kv_heads),
                   static_cast<unsigned>(p.n_seqs));
-  pl.fn<<<grid, kThreads, pl.smem_bytes, st>>>(p, pl.partition_size, pl.n_chunks, ilog2(p.kv.block_size), ws_o, ws_md,
-                                   pl.n_parts);
+  if (pl.v11) {
+    const MmaV11Maps maps = make_v11_maps(p.kv);
+    pl.v11<<<grid, kThreads, pl.smem_bytes, st>>>(p, maps, pl.partition_size, pl.n_chunks, ilog2(p.kv.block_size),
+                                                 ws_o, ws_md, pl.n_parts);
+  } else {
+    pl.fn<<<grid, kThreads, pl.smem_bytes, st>>>(p, pl.partition_size, pl.n_chunks, ilog2(p.kv.block_size), ws_o,
+                                                 ws_md, pl.n_parts);
+  }
   cudaCheckLaunch();
   if (pl.partition_size > 0) {
     const dim3 cgrid(static_cast<unsigned>(p.max_q_per_seq * p.n_heads), static_cast<unsigned>(p.n_seqs));

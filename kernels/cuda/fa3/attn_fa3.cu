@@ -40,6 +40,7 @@
 #include "cuda/fa3/sm90.cuh"
 #include "cuda/fa3/softmax.cuh"
 #include "cuda/fa3/tile_scheduler.cuh"
+#include "cuda/tensor_map.h"
 
 namespace runlm {
 
@@ -120,20 +121,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (wgc == 0) pp.wait_turn();
   }
 #endif
-}
-
-// cuTensorMapEncodeTiled through the runtime's driver entry point, so that
-// runlm does not call into libcuda directly (a CPU-only machine can still
-// load a CUDA build and run its CPU tests).
-PFN_cuTensorMapEncodeTiled_v12000 encode_tiled_fn() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    cudaCheck(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q));
-    RUNLM_CHECK(f && q == cudaDriverEntryPointSuccess, "fa3: the CUDA driver has no cuTensorMapEncodeTiled");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
 }
 
 // A rank-3 tensor map over [rows, heads, D] (innermost last in memory) with
