@@ -185,6 +185,7 @@ struct Case {
   int max_seq_slack = 0;   // max_seq_len = max(lens) + slack
   KvType k_type = KvType::F16, v_type = KvType::F16;
   bool shuffle = true;
+  bool stale_tail = false;  // slots past each sequence's length in its last page: NaN / inf / garbage (stale_tail_slots)
   uint32_t seed = 1;
 };
 
@@ -242,6 +243,34 @@ std::vector<uint8_t> random_pool(KvType t, const KvPoolLayout& l, int n_pages, i
   return pool;
 }
 
+// Writes NaN / inf / garbage into the slots past each sequence's length in
+// its last page, K and V, quants and scales (a reused page's stale rows, or
+// memory never written): f16 scales NaN, +-inf, 65504 and random bits, quant
+// bytes 0x7f / 0xff (e4m3 NaN; int8 127, -1) and random bytes. The
+// reference reads no key past a length; no kernel may let these rows into
+// the output (version 11 reads whole 16-slot rows of a page by TMA).
+void stale_tail_slots(const Case& c, const std::vector<int32_t>& tables, int max_blocks, KvType t,
+                      const KvPoolLayout& l, std::vector<uint8_t>& pool, std::mt19937& rng) {
+  const uint16_t scales[] = {0x7e00, 0x7c00, 0xfc00, 0x7bff};
+  const uint8_t quants[] = {0x7f, 0xff};
+  for (size_t s = 0; s < c.lens.size(); ++s) {
+    const int len = c.lens[s], bs = c.bs;
+    if (len % bs == 0) continue;
+    const int64_t page = tables[s * max_blocks + (len - 1) / bs];
+    for (int r = len % bs; r < bs; ++r) {
+      const int64_t slot = page * bs + r;
+      uint8_t* q = pool.data() + l.quant_offset(slot);
+      for (int64_t i = 0; i < l.q_row; ++i) q[i] = i % 3 == 2 ? uint8_t(rng()) : quants[(i + r) % 2];
+      if (l.s_row == 0) continue;
+      uint8_t* sc = pool.data() + l.scale_offset(slot);
+      for (int64_t i = 0; i + 1 < l.s_row; i += 2) {
+        const uint16_t x = (i / 2) % 5 == 4 ? uint16_t(rng()) : scales[(i / 2 + r) % 4];
+        std::memcpy(sc + i, &x, 2);
+      }
+    }
+  }
+}
+
 HostProblem make_problem(const Case& c) {
   HostProblem hp;
   hp.c = c;
@@ -269,6 +298,10 @@ HostProblem make_problem(const Case& c) {
   int next = 0;
   for (int s = 0; s < n; ++s)
     for (int j = 0; j < ceil_div(c.lens[s], c.bs); ++j) hp.tables[size_t(s) * hp.max_blocks + j] = pages[next++];
+  if (c.stale_tail) {
+    stale_tail_slots(c, hp.tables, hp.max_blocks, c.k_type, hp.lk, hp.kpool, rng);
+    stale_tail_slots(c, hp.tables, hp.max_blocks, c.v_type, hp.lv, hp.vpool, rng);
+  }
   hp.cu_q = {0};
   for (int s = 0; s < n; ++s) {
     hp.cu_q.push_back(hp.cu_q.back() + c.nq[s]);
@@ -544,8 +577,10 @@ double row_tolerance(const PagedDecodeParams& p) {
 // all_mma_versions: where the case runs on the tensor-core kernel, check
 // version 4, 5 (the pipelined key loop), 6 (the cp.async ring in shared
 // memory), 7 (16-byte register loads, scales in the conversion), 8 (7
-// with a register ring) and 9 (7 at 3 CTAs an SM; 7 to 9 run version 4
-// for pairs with an f16 side) against the same reference
+// with a register ring), 9 (7 at 3 CTAs an SM; 7 to 9 run version 4
+// for pairs with an f16 side) and 11 (7's math through a TMA ring, K and V
+// both q8_0 / fp8 at hd 128, bs >= 16, even n_kv, sm_90; elsewhere what 9
+// runs) against the same reference
 // (paged_decode_set_mma_version), then restore the one in use. At head_dim
 // 256 versions 5 to 9 run version 4: 4 and 6 there (the fallback is
 // exercised, not repeated).
@@ -577,7 +612,7 @@ void check_case(const Case& c, std::vector<int> partitions = {-1}, bool all_mma_
     const double tol = row_tolerance(dp.params());
     std::vector<int> versions = {in_use};
     if (all_mma_versions && paged_decode_uses_tensor_cores(dp.params()) && !plain_mma_case(c))
-      versions = c.hd <= 128 ? std::vector<int>{4, 5, 6, 7, 8, 9} : std::vector<int>{4, 6};
+      versions = c.hd <= 128 ? std::vector<int>{4, 5, 6, 7, 8, 9, 11} : std::vector<int>{4, 6};
     for (int v : versions) {
       paged_decode_set_mma_version(v);
       for (int part : partitions) {
@@ -775,6 +810,37 @@ TEST(PagedAttention, PlainTensorCoreHeadDimsRowsPages) {
         }
         check_case(c, {-1, 0, 256});
       }
+}
+
+// Version 11's cases (K and V both q8_0 or fp8, hd 128, pages of 16 and 64)
+// with NaN / inf / garbage in the slots past each sequence's length in its
+// last page (Case::stale_tail; lengths 1, 17, 300, 1100 and 4100 end inside
+// a page, 16-key tile and 256-key partition), every version; windows 0, 17
+// (ends inside a tile) and 300; split auto / none / 256; GQA 32/8 (4 rows a
+// CTA at 1 token, 8 at 2) and 8/2 (the last KV head's scale box reads past
+// the scale row: TMA's zero fill), and 6/3 (odd n_kv: version 11 runs
+// version 9's choice).
+TEST(PagedAttention, TensorCoreStaleTailSlots) {
+  REQUIRE_DEVICE();
+  struct Heads {
+    int n_heads, n_kv;
+  };
+  const KvType types[] = {KvType::Q8_0, KvType::FP8};
+  uint32_t seed = 1500;
+  int n = 0;
+  for (KvType kt : types)
+    for (KvType vt : types)
+      for (int bs : {16, 64})
+        for (Heads h : {Heads{32, 8}, Heads{8, 2}, Heads{6, 3}}) {
+          const int window = n % 3 == 0 ? 0 : n % 3 == 1 ? 17 : 300;
+          const int nq = 1 + (n / 3) % 2;
+          ++n;
+          Case c = make_case({1, 17, 300, 1100, 4100}, nq, h.n_heads, h.n_kv, 128, bs, window, seed++);
+          c.k_type = kt;
+          c.v_type = vt;
+          c.stale_tail = true;
+          check_case(c, {-1, 0, 256}, kAllMmaVersions);
+        }
 }
 
 TEST(PagedAttention, WindowEdges) {
@@ -1057,7 +1123,7 @@ std::vector<float> one_sequence_reference(const PagedDecodeParams& p, const floa
 // kernel actually reads (quants + scales of K and V), tokens/s (decode steps
 // of the whole batch per second: B / time) and the ratio to f16. Rows on the
 // tensor-core kernel are also timed with a second version in the same run
-// (RUNLM_PAGED_DECODE_MMA_CMP=v4..v9, default v7: 16-byte register
+// (RUNLM_PAGED_DECODE_MMA_CMP=v4..v9 or v11, default v7: 16-byte register
 // loads, paged_decode_mma_v7.cuh): the "vN" columns (validated first, as
 // the main columns).
 // The f16 and bf16 rows' "vN" columns run version 10 (tensor cores for
@@ -1075,7 +1141,8 @@ void kv_type_sweep(double copy_bw, const std::vector<KvType>& types, int f16_cmp
               std::getenv("RUNLM_PAGED_DECODE") ? std::getenv("RUNLM_PAGED_DECODE") : "tensor cores",
               paged_decode_mma_version(), copy_bw / 1e9);
   const char* cmp_env = std::getenv("RUNLM_PAGED_DECODE_MMA_CMP");
-  const int cmp = cmp_env && cmp_env[0] == 'v' && cmp_env[1] >= '4' && cmp_env[1] <= '9' ? cmp_env[1] - '0' : 7;
+  const int cmp_n = cmp_env && cmp_env[0] == 'v' ? std::atoi(cmp_env + 1) : 0;
+  const int cmp = (cmp_n >= 4 && cmp_n <= 9) || cmp_n == 11 ? cmp_n : 7;
   const std::string col_us = "v" + std::to_string(cmp) + " us", col_gbps = "v" + std::to_string(cmp) + " GB/s",
                     col_vs = "v" + std::to_string(cmp) + " vs";
   std::printf("(f16 / bf16 rows: main columns f16 mode %d, the vN columns version 10 mode %d (%s); 0 simt, 1 mma, "

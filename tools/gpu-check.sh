@@ -348,6 +348,22 @@ section_paged_v6() { paged_mma_ab v6 "v4 v6"; }
 # at 3 CTAs an SM): v4, v8 and v9 each beside v7.
 section_paged_v7() { paged_mma_ab v7 "v4 v8 v9"; }
 
+# Version 11 (kernels/cuda/paged_decode_mma_v11.cuh: version 7's math with a
+# per-warp TMA ring in shared memory, opt-in; q8_0 / fp8 K and V at hd 128):
+# the paged tests (every tensor-core case also runs v11), the by-KV-type
+# table with v9 in the main columns and v11 (4 stages, 3 CTAs an SM) beside
+# it, then v11's s3c4 configuration (3 stages, 4 CTAs) in the main columns.
+# Logs: paged_v11_*.
+section_paged_v11() {
+  local rc=0
+  paged_mma_ab v11 "v9" || rc=1
+  RUNLM_PAGED_DECODE_V11=s3c4 RUNLM_PAGED_DECODE_MMA=v11 RUNLM_PAGED_DECODE_MMA_CMP=v11 RUNLM_BENCH=1 \
+    timeout "$BENCH_TIMEOUT" "$TESTS" --gtest_filter='PagedAttentionBench.KvTypes' \
+    >"$OUT/paged_v11_bench_s3c4.log" 2>&1 || rc=1
+  sed -n '/^paged decode by KV type/,$p' "$OUT/paged_v11_bench_s3c4.log" | grep -vE '^\{|^\['
+  return $rc
+}
+
 # Version 10 (kernels/cuda/paged_decode_mma_f16.cuh: tensor cores for
 # f16/f16 and bf16/bf16 pools, opt-in RUNLM_PAGED_DECODE_F16): the paged
 # tests that run plain pools (each runs the SIMT kernel and modes mma, mma2,

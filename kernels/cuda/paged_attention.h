@@ -55,8 +55,11 @@ bool paged_decode_uses_tensor_cores(const PagedDecodeParams& p);
 // 16-byte register loads and the scales in the conversion), 8 (7 with a
 // register ring of tiles) or 9 (7 at 3 CTAs an SM); 5 to 9 at head_dim 64
 // and 128 (7 to 9 with K and V both quantized), elsewhere version 4 runs.
-// From RUNLM_PAGED_DECODE_MMA=v4..v9, v4 when unset; the setter overrides
-// it for the process (tests run all).
+// 11 (opt-in, sm_90: 7's math through a per-warp TMA ring in shared memory)
+// for K and V both q8_0 or fp8 at head_dim 128, block_size >= 16, even
+// n_kv_heads; elsewhere 11 runs what 9 runs.
+// From RUNLM_PAGED_DECODE_MMA=v4..v9 or v11, v9 when unset; the setter
+// overrides it for the process (tests run all).
 int paged_decode_mma_version();
 void paged_decode_set_mma_version(int version);
 
