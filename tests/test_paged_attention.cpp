@@ -463,6 +463,15 @@ void ck(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw Error(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
+// Compute capability 9.0 (the build's sm_90a code: version 11 runs there).
+bool device_is_sm90() {
+  int dev = 0, major = 0, minor = 0;
+  ck(cudaGetDevice(&dev), "cudaGetDevice");
+  ck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cc major");
+  ck(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), "cc minor");
+  return major == 9 && minor == 0;
+}
+
 struct DevBuf {
   void* p = nullptr;
   explicit DevBuf(size_t bytes) { ck(cudaMalloc(&p, bytes ? bytes : 16), "cudaMalloc"); }
@@ -839,6 +848,16 @@ TEST(PagedAttention, TensorCoreStaleTailSlots) {
           c.k_type = kt;
           c.v_type = vt;
           c.stale_tail = true;
+          {  // version 11 runs where it applies (an sm_90 device, even n_kv), else version 9's choice
+            const HostProblem hp = make_problem(c);
+            DevProblem dp(hp);
+            const int in_use = paged_decode_mma_version();
+            paged_decode_set_mma_version(11);
+            if (paged_decode_uses_tensor_cores(dp.params()))
+              EXPECT_EQ(paged_decode_mma_version_for(dp.params()), h.n_kv % 2 == 0 && device_is_sm90() ? 11 : 9)
+                  << describe(c, -1);
+            paged_decode_set_mma_version(in_use);
+          }
           check_case(c, {-1, 0, 256}, kAllMmaVersions);
         }
 }

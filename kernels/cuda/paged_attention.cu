@@ -624,6 +624,12 @@ void paged_decode_set_mma_version(int version) {
   g_mma_version.store(version, std::memory_order_relaxed);
 }
 
+int paged_decode_mma_version_for(const PagedDecodeParams& p) {
+  check_params(p);
+  if (use_plain_mma(p) || !use_mma(p)) return 0;
+  return mma_version_at(mma_version(), p);
+}
+
 int paged_decode_f16_mma() { return f16_mma_mode(); }
 
 void paged_decode_set_f16_mma(int mode) {

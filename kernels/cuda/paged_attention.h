@@ -62,6 +62,11 @@ bool paged_decode_uses_tensor_cores(const PagedDecodeParams& p);
 // overrides it for the process (tests run all).
 int paged_decode_mma_version();
 void paged_decode_set_mma_version(int version);
+// The version that these params run under the version in use (after the
+// fallbacks above: 4 where the version does not exist for them, version
+// 9's choice where 11 does not apply); 0 when they do not run on versions
+// 4-11 (the SIMT kernel or version 10). Tests check version 11 really ran.
+int paged_decode_mma_version_for(const PagedDecodeParams& p);
 
 // Version 10, tensor cores for the plain pools (K and V both f16 or both
 // bf16, head_dim 64 and 128; paged_decode_mma_f16.cuh): 0 off (the SIMT
