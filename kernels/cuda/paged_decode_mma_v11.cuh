@@ -71,14 +71,15 @@ constexpr int kV11QBytes = 16 * kV11Hd;  // one head's quants of a 16-key tile
 constexpr int kV11SBytes = 16 * 16;      // the tile's 16-byte scale rows
 constexpr int kV11TxBytes = 2 * kV11QBytes + 2 * kV11SBytes;
 
-// Stages and CTAs an SM, two configurations (RUNLM_PAGED_DECODE_V11, both
-// 123-125 registers, 0 spill bytes; a stage's shared memory is 18464 bytes
-// with its mbarriers, a CTA's + 1 KB alignment slack + 1 KB the SM reserves):
+// Stages and CTAs an SM, two configurations (RUNLM_PAGED_DECODE_V11; ptxas
+// sm_90a: 123-125 registers, 0 spill bytes in both). Shared memory a CTA:
+// S x 18464 bytes (4 warps x (2 x 2048 quants + 2 x 256 scales + 8 mbarrier))
+// + 1024 alignment slack, and the SM reserves 1024 a CTA, of 233472:
 //   0 "s4c3" (default): S = 4 at 3 CTAs (12 warps, 3 tiles in flight a warp
-//     while it computes: 12 x 3 x 4.6 KB = 166 KB an SM against version 9's
-//     <= 104 KB); 3 x 75.9 KB = 228 KB of the 228 KB (233472 bytes) an SM.
+//     while it computes: 12 x 3 x 4608 = 166 KB an SM, against version 9's
+//     <= 104 KB); 3 x (74880 + 1024) = 227712 bytes.
 //   1 "s3c4": S = 3 at 4 CTAs (16 warps, 2 tiles in flight: 147 KB);
-//     4 x 57.4 KB = 230 KB.
+//     4 x (56416 + 1024) = 229760 bytes.
 template <int kConfig>
 struct MmaV11Config {
   static constexpr int kStages = kConfig == 0 ? 4 : 3;
