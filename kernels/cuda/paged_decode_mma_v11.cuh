@@ -102,6 +102,11 @@ struct MmaV11Smem {
   static_assert(kSd + kWarps * kMmaRows * 4 <= kBar, "version 11: the merge buffers overlap the mbarriers");
 };
 
+// Both configurations fit an SM (233472 bytes, 1024 reserved a CTA).
+static_assert(MmaV11Config<0>::kMinCtas * (MmaV11Smem<MmaV11Config<0>::kStages>::kBytes + 1024) <= 233472 &&
+                  MmaV11Config<1>::kMinCtas * (MmaV11Smem<MmaV11Config<1>::kStages>::kBytes + 1024) <= 233472,
+              "version 11: a configuration's CTAs do not fit an SM's shared memory");
+
 using KernelV11Fn = void (*)(const PagedDecodeParams, const MmaV11Maps, int, int, int, float*, float*, int);
 
 // grid, workspace and results as paged_decode_mma_kernel (version 4).
@@ -147,6 +152,44 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
   }
   __syncwarp();  // and to the warp's other lanes before their first wait
 
+  const int32_t* table = kv.block_tables + int64_t(s) * kv.max_blocks_per_seq;
+  const int bs_mask = kv.block_size - 1;
+
+  // Tile n of this warp: keys tile_key(n) .. + 15, one page's rows.
+  const int k_first = k_begin & ~15;
+  auto tile_key = [&](int n) { return k_first + 16 * (kWarps * n + warp); };
+  const int first_key = tile_key(0);
+  const int n_tiles = k_end > first_key ? (k_end - first_key + 16 * kWarps - 1) / (16 * kWarps) : 0;
+  // Page of tile n (n < n_tiles: a key of [k_first, k_end), never a
+  // released -1 entry, as version 7's groups).
+  auto page_of = [&](int n) { return __ldg(table + (min(tile_key(n), k_end - 1) >> bs_shift)); };
+  // Lane 0: arm stage st's barrier with the tile's bytes and issue its 4 boxes.
+  auto issue = [&](int st, int n, int page) {
+    const uint32_t bar = bar_at(st);
+    const int row = tile_key(n) & bs_mask;
+    fa3::mbar_arrive_expect_tx(bar, kV11TxBytes);
+    fa3::tma_load_3d(sbase + kq_off(st), &tm.kq, bar, kvh * HD, row, page);
+    fa3::tma_load_3d(sbase + vq_off(st), &tm.vq, bar, kvh * HD, row, page);
+    fa3::tma_load_3d(sbase + ks_off(st), &tm.ks, bar, kvh * (HD / 32), row, page);
+    fa3::tma_load_3d(sbase + vs_off(st), &tm.vs, bar, kvh * (HD / 32), row, page);
+  };
+
+  // The ring: tile n in stage n % S. Tiles 0 .. S - 2 go out first (before
+  // q's fragments: their latency overlaps the prologue); before computing
+  // tile i (the loop below) the warp refills the stage of tile i - 1
+  // (computed) with tile i + S - 1. pg_next (lane 0): the page of the next tile to
+  // issue, read one tile ahead so the table's latency hides behind a tile.
+  int pg_next = 0;
+  if (lane == 0) {
+    int pgs[S - 1];
+#pragma unroll
+    for (int n = 0; n < S - 1; ++n) pgs[n] = n < n_tiles ? page_of(n) : 0;
+    if (S - 1 < n_tiles) pg_next = page_of(S - 1);
+#pragma unroll
+    for (int n = 0; n < S - 1; ++n)
+      if (n < n_tiles) issue(n, n, pgs[n]);
+  }
+
   const DecodeRow row_g = decode_row<R, HD>(p, cta, g);
   const int key_lo = row_g.key_lo, key_hi = row_g.key_hi;  // row g's keys in this CTA: [key_lo, key_hi)
 
@@ -176,28 +219,6 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
   for (int mt = 0; mt < NS; ++mt)
 #pragma unroll
     for (int c = 0; c < 4; ++c) o[mt][c] = 0.0f;
-
-  const int32_t* table = kv.block_tables + int64_t(s) * kv.max_blocks_per_seq;
-  const int bs_mask = kv.block_size - 1;
-
-  // Tile n of this warp: keys tile_key(n) .. + 15, one page's rows.
-  const int k_first = k_begin & ~15;
-  auto tile_key = [&](int n) { return k_first + 16 * (kWarps * n + warp); };
-  const int first_key = tile_key(0);
-  const int n_tiles = k_end > first_key ? (k_end - first_key + 16 * kWarps - 1) / (16 * kWarps) : 0;
-  // Page of tile n (n < n_tiles: a key of [k_first, k_end), never a
-  // released -1 entry, as version 7's groups).
-  auto page_of = [&](int n) { return __ldg(table + (min(tile_key(n), k_end - 1) >> bs_shift)); };
-  // Lane 0: arm stage st's barrier with the tile's bytes and issue its 4 boxes.
-  auto issue = [&](int st, int n, int page) {
-    const uint32_t bar = bar_at(st);
-    const int row = tile_key(n) & bs_mask;
-    fa3::mbar_arrive_expect_tx(bar, kV11TxBytes);
-    fa3::tma_load_3d(sbase + kq_off(st), &tm.kq, bar, kvh * HD, row, page);
-    fa3::tma_load_3d(sbase + vq_off(st), &tm.vq, bar, kvh * HD, row, page);
-    fa3::tma_load_3d(sbase + ks_off(st), &tm.ks, bar, kvh * (HD / 32), row, page);
-    fa3::tma_load_3d(sbase + vs_off(st), &tm.vs, bar, kvh * (HD / 32), row, page);
-  };
 
   // S, the online softmax of row g and P V of the tile in stage st.
   auto compute_tile = [&](int st, int key0) {
@@ -263,20 +284,6 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
     }
   };
 
-  // The ring: tile n in stage n % S. Tiles 0 .. S - 2 go out first; before
-  // computing tile i the warp refills the stage of tile i - 1 (computed)
-  // with tile i + S - 1. pg_next (lane 0): the page of the next tile to
-  // issue, read one tile ahead so the table's latency hides behind a tile.
-  int pg_next = 0;
-  if (lane == 0) {
-    int pgs[S - 1];
-#pragma unroll
-    for (int n = 0; n < S - 1; ++n) pgs[n] = n < n_tiles ? page_of(n) : 0;
-    if (S - 1 < n_tiles) pg_next = page_of(S - 1);
-#pragma unroll
-    for (int n = 0; n < S - 1; ++n)
-      if (n < n_tiles) issue(n, n, pgs[n]);
-  }
   int st = 0;           // stage of tile i
   uint32_t phase = 0;   // parity of tile i's use of that stage
   for (int i = 0; i < n_tiles; ++i) {
