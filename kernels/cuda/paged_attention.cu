@@ -406,7 +406,7 @@ int mma_version_at(int version, const PagedDecodeParams& p) {
 // A version 11 launch's tensor maps (MmaV11Maps) over one pool (K or V):
 // quants [pages][block_size][n_kv x 128] u8 in 128-byte swizzled boxes of
 // one head's row x 16 slots, scales [pages][block_size][n_kv x 4] f16 in
-// boxes of 8 scales (this head's 4, the next head's 4 or zero fill) x 16
+// boxes of 8 scales (the head pair kvh & ~1, kvh | 1: boxes start 16-byte aligned) x 16
 // slots. The pool's page count is not in the params: the page dimension is
 // the largest that keeps the mapped range under 2^48 bytes (coordinates
 // come from valid table entries only; TMA wants dims <= 2^32).

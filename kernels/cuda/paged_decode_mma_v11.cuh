@@ -21,8 +21,10 @@
 // Ring (per warp, S stages; warp w takes tiles k_first + 16 (4n + w), as
 // version 8): a stage holds K quants [16 keys][128 B] and V quants [16][128]
 // (each 1024-byte aligned, 128-byte swizzle: 16-byte chunk c of key row r
-// sits at chunk c ^ (r & 7)), K and V scale rows [16][16 B] (this head's 4
-// f16 scales, then the next head's 4 or TMA's zero fill), and an mbarrier
+// sits at chunk c ^ (r & 7)), K and V scale rows [16][16 B] (the f16
+// scales of the head pair kvh & ~1, kvh | 1: a scale box that starts at an
+// odd head, 8 bytes off a 16-byte boundary, was an illegal instruction on
+// the H100), and an mbarrier
 // (count 1). Lane 0 arms the barrier with the tile's 4608 bytes and issues
 // the 4 boxes of tile i + S - 1 before the warp computes tile i; the warp
 // waits on tile i's barrier phase, computes from shared memory, and syncs
@@ -170,8 +172,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
     fa3::mbar_arrive_expect_tx(bar, kV11TxBytes);
     fa3::tma_load_3d(sbase + kq_off(st), &tm.kq, bar, kvh * HD, row, page);
     fa3::tma_load_3d(sbase + vq_off(st), &tm.vq, bar, kvh * HD, row, page);
-    fa3::tma_load_3d(sbase + ks_off(st), &tm.ks, bar, kvh * (HD / 32), row, page);
-    fa3::tma_load_3d(sbase + vs_off(st), &tm.vs, bar, kvh * (HD / 32), row, page);
+    // Scale boxes start 16-byte aligned: the pair of heads (kvh & ~1, kvh | 1).
+    fa3::tma_load_3d(sbase + ks_off(st), &tm.ks, bar, (kvh & ~1) * (HD / 32), row, page);
+    fa3::tma_load_3d(sbase + vs_off(st), &tm.vs, bar, (kvh & ~1) * (HD / 32), row, page);
   };
 
   // The ring: tile n in stage n % S. Tiles 0 .. S - 2 go out first (before
@@ -221,6 +224,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
     for (int c = 0; c < 4; ++c) o[mt][c] = 0.0f;
 
   // S, the online softmax of row g and P V of the tile in stage st.
+  const int sc_half = 8 * (kvh & 1);  // this head's 8 scale bytes in a 16-byte scale row
   auto compute_tile = [&](int st, int key0) {
     const uint8_t* kq = sm + kq_off(st);
     const uint8_t* vq = sm + vq_off(st);
@@ -233,7 +237,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
       const uint4 c0 = *reinterpret_cast<const uint4*>(kq + row * 128 + 16 * ((2 * t) ^ g));
       const uint4 c1 = *reinterpret_cast<const uint4*>(kq + row * 128 + 16 * ((2 * t + 1) ^ g));
       const uint32_t kw[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
-      const uint32_t sk = *reinterpret_cast<const uint16_t*>(ks + row * 16 + 2 * t);
+      const uint32_t sk = *reinterpret_cast<const uint16_t*>(ks + row * 16 + sc_half + 2 * t);
       const uint32_t s2 = __byte_perm(sk, 0, 0x1010);  // block t's scale as half2
 #pragma unroll
       for (int w = 0; w < NS; ++w) {
@@ -257,7 +261,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
       const int row = 8 * (slot >> 1) + 2 * t + (slot & 1);  // row & 7 = 2t + c
       const uint4 x = *reinterpret_cast<const uint4*>(vq + row * 128 + 16 * (g ^ (row & 7)));
       vw[slot][0] = x.x, vw[slot][1] = x.y, vw[slot][2] = x.z, vw[slot][3] = x.w;
-      sv[slot] = *reinterpret_cast<const uint16_t*>(vs + row * 16 + 2 * vb);
+      sv[slot] = *reinterpret_cast<const uint16_t*>(vs + row * 16 + sc_half + 2 * vb);
     }
     if (key0 < k_begin || key0 + 16 > k_end) {  // warp-uniform: rows outside the CTA's keys may hold NaN / inf
 #pragma unroll
