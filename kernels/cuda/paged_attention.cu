@@ -413,8 +413,7 @@ int mma_version_at(int version, const PagedDecodeParams& p) {
 void make_v11_maps(const void* pool, int n_kv, int bs, const char* what, CUtensorMap* quants, CUtensorMap* scales) {
   const int64_t q_row = int64_t(n_kv) * 128, s_row = int64_t(n_kv) * 8;
   const int64_t page = bs * (q_row + s_row);
-  int64_t pages = std::max<int64_t>(1, std::min<int64_t>(INT32_MAX, (int64_t(1) << 48) / page));
-  if (const char* e = std::getenv("RUNLM_V11_PAGES")) pages = std::atoll(e);  // session 9 diagnosis only
+  const int64_t pages = std::max<int64_t>(1, std::min<int64_t>(INT32_MAX, (int64_t(1) << 48) / page));
   const cuuint32_t estr[3] = {1, 1, 1};
   {
     const cuuint64_t dims[3] = {cuuint64_t(q_row), cuuint64_t(bs), cuuint64_t(pages)};
