@@ -289,20 +289,24 @@ TEST(SwaLayers, BatchKeepsPagesForTheGlobalLayers) {
 // caches): its greedy tokens on the mixed model equal the CPU engine's.
 TEST(SwaLayers, GpuEngineMatchesTheCpu) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device (or built without CUDA)";
+  // The GPU's greedy tokens with a contiguous and a paged cache against the CPU's.
+  auto expect_gpu_equals_cpu = [](const Model& model, const std::vector<int>& prompt, int n, const char* what) {
+    const std::vector<int> want = greedy(*cpu_engine(model), model, prompt, n);
+    for (KvLayout kv : {KvLayout::Contiguous, KvLayout::Paged}) {
+      EngineOptions eo;
+      eo.device = Device::Cuda;
+      eo.n_ctx = 256;
+      eo.kv = kv;
+      eo.block_size = 16;
+      auto gpu = make_cuda_engine(model, eo);
+      EXPECT_EQ(greedy(*gpu, model, prompt, n), want) << what << " " << kv_layout_name(kv);
+    }
+  };
   TempPath pm(".gguf");
   const GgufValue mixed = bools({1, 0, 1, 0, 1});
   auto model = Model::load(with_window(pm, kWindow, &mixed));
-  const std::vector<int> prompt = model->tokenizer().encode("Once upon a time, there was a little girl", true);
-  const std::vector<int> want = greedy(*cpu_engine(*model), *model, prompt, 120);
-  for (KvLayout kv : {KvLayout::Contiguous, KvLayout::Paged}) {
-    EngineOptions eo;
-    eo.device = Device::Cuda;
-    eo.n_ctx = 256;
-    eo.kv = kv;
-    eo.block_size = 16;
-    auto gpu = make_cuda_engine(*model, eo);
-    EXPECT_EQ(greedy(*gpu, *model, prompt, 120), want) << kv_layout_name(kv);
-  }
+  expect_gpu_equals_cpu(*model, model->tokenizer().encode("Once upon a time, there was a little girl", true), 120,
+                        "stories260K");
   // sotu29m (head_dim 128: the fa2/fa3 prefill and tensor-core decode
   // kernels) with a window of 32 on its even layers, a 100-token prompt.
   const Sotu29mWithLayerTypes conv;
@@ -310,14 +314,5 @@ TEST(SwaLayers, GpuEngineMatchesTheCpu) {
   std::vector<int> long_prompt = sotu->tokenizer().encode(
       "The state of the union is strong, and the work of the people goes on in every town and every city", true);
   while (long_prompt.size() < 100) long_prompt.push_back(long_prompt[long_prompt.size() % 20 + 1]);
-  const std::vector<int> sotu_want = greedy(*cpu_engine(*sotu), *sotu, long_prompt, 48);
-  for (KvLayout kv : {KvLayout::Contiguous, KvLayout::Paged}) {
-    EngineOptions eo;
-    eo.device = Device::Cuda;
-    eo.n_ctx = 256;
-    eo.kv = kv;
-    eo.block_size = 16;
-    auto gpu = make_cuda_engine(*sotu, eo);
-    EXPECT_EQ(greedy(*gpu, *sotu, long_prompt, 48), sotu_want) << "sotu29m " << kv_layout_name(kv);
-  }
+  expect_gpu_equals_cpu(*sotu, long_prompt, 48, "sotu29m");
 }
