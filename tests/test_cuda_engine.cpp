@@ -68,6 +68,12 @@ std::map<int, std::vector<int>> batch_greedy(Engine& engine, const Model& model,
   return out;
 }
 
+// sotu29m converted into `gguf` and loaded (the file lives as long as gguf).
+std::unique_ptr<Model> load_sotu29m(const TempPath& gguf) {
+  convert_hf(shared_model("sotu29m"), gguf.str());
+  return Model::load(gguf.str());
+}
+
 double relative_error(const std::vector<float>& a, const std::vector<float>& ref) {
   double num = 0, den = 0;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -97,8 +103,7 @@ TEST(CudaEngine, Stories260KGreedyMatchesGolden) {
 TEST(CudaEngine, Sotu29mMatchesTransformersAndTheCpu) {
   REQUIRE_GPU();
   TempPath gguf(".gguf");
-  convert_hf(shared_model("sotu29m"), gguf.str());
-  auto model = Model::load(gguf.str());
+  auto model = load_sotu29m(gguf);
   const auto ref = nlohmann::json::parse(read_file(shared_model("sotu29m/reference.json")));
   auto engine = engine_on(Device::Cuda, *model);
   for (const auto& [prompt, r] : ref["greedy_64"].items())
@@ -138,8 +143,7 @@ std::unique_ptr<Engine> engine_with_attn(const Model& m, AttnBackend attn, int n
 TEST(CudaEngine, Sotu29mGreedyIsTheSameWithEveryAttnBackend) {
   REQUIRE_GPU();
   TempPath gguf(".gguf");
-  convert_hf(shared_model("sotu29m"), gguf.str());
-  auto model = Model::load(gguf.str());
+  auto model = load_sotu29m(gguf);
   const auto ref = nlohmann::json::parse(read_file(shared_model("sotu29m/reference.json")));
   int ran = 0;
   for (AttnBackend be : {AttnBackend::Naive, AttnBackend::Fa2, AttnBackend::Fa3}) {
@@ -321,8 +325,7 @@ TEST(CudaEngine, GemvSwigluFusedEqualsSeparateSwiglu) {
 TEST(CudaEngine, BatchedPagedStepsMatchSingleSequenceRuns) {
   REQUIRE_GPU();
   TempPath gguf(".gguf");
-  convert_hf(shared_model("sotu29m"), gguf.str());
-  auto model = Model::load(gguf.str());
+  auto model = load_sotu29m(gguf);
   const std::vector<std::string> prompts = {
       "The President said that", "Our nation faces",
       "In the last year the Congress has passed laws on trade, on taxes and on the budget, and the people of the "
@@ -353,8 +356,7 @@ TEST(CudaEngine, BatchedPagedStepsMatchSingleSequenceRuns) {
 TEST(CudaEngine, BatchedPagedSlidingWindowMatchesSingleSequenceRuns) {
   REQUIRE_GPU();
   TempPath gguf(".gguf");
-  convert_hf(shared_model("sotu29m"), gguf.str());
-  auto model = Model::load(gguf.str());
+  auto model = load_sotu29m(gguf);
   const std::string long_text =
       "In the last year the Congress has passed laws on trade, on taxes and on the budget, and the people of the "
       "United States have seen the results of these laws in their daily lives and in their work. ";
@@ -427,8 +429,7 @@ std::unique_ptr<Engine> kv_engine(Device d, const Model& m, KvType k, KvType v, 
 TEST(CudaEngine, Sotu29mQ8KvGreedyMatchesTheCpu) {
   REQUIRE_GPU();
   TempPath gguf(".gguf");
-  convert_hf(shared_model("sotu29m"), gguf.str());
-  auto model = Model::load(gguf.str());
+  auto model = load_sotu29m(gguf);
   const auto ref = nlohmann::json::parse(read_file(shared_model("sotu29m/reference.json")));
   for (const auto& [prompt, r] : ref["greedy_64"].items()) {
     const auto ids = r["prompt_ids"].get<std::vector<int>>();
@@ -452,8 +453,7 @@ TEST(CudaEngine, Sotu29mQ8KvGreedyMatchesTheCpu) {
 TEST(CudaEngine, Sotu29mEveryKvTypePairCloseToTheCpu) {
   REQUIRE_GPU();
   TempPath gguf(".gguf");
-  convert_hf(shared_model("sotu29m"), gguf.str());
-  auto model = Model::load(gguf.str());
+  auto model = load_sotu29m(gguf);
   const KvType types[] = {KvType::F16, KvType::BF16, KvType::Q8_0, KvType::Q4_0, KvType::FP8};
   std::vector<int> ids;
   for (int i = 0; i < 48; ++i) ids.push_back(1 + (i * 997) % 8000);
@@ -485,8 +485,7 @@ TEST(CudaEngine, Sotu29mEveryKvTypePairCloseToTheCpu) {
 TEST(CudaEngine, Sotu29mTypedKvPrefillReadsPagesInPlace) {
   REQUIRE_GPU();
   TempPath gguf(".gguf");
-  convert_hf(shared_model("sotu29m"), gguf.str());
-  auto model = Model::load(gguf.str());
+  auto model = load_sotu29m(gguf);
   const KvType types[] = {KvType::F16, KvType::BF16, KvType::Q8_0, KvType::Q4_0, KvType::FP8};
   std::vector<int> ids;
   for (int i = 0; i < 40; ++i) ids.push_back(1 + (i * 997) % 8000);

@@ -12,23 +12,6 @@ using namespace runlm::test;
 
 namespace {
 
-// Rewrites stories260K.gguf with `edit` applied to its metadata and tensors.
-std::string rewritten(const TempPath& out, const std::function<void(GgufWriter&)>& edit_meta,
-                      const std::string& skip_tensor = "", const std::string& reshape_tensor = "") {
-  auto src = GgufFile::open(shared_model("stories260K.gguf"));
-  GgufWriter w;
-  w.copy_metadata(*src);
-  edit_meta(w);
-  for (const auto& t : src->tensors()) {
-    if (t.name == skip_tensor) continue;
-    auto ne = t.ne;
-    if (t.name == reshape_tensor) std::swap(ne[0], ne[1]);
-    w.add_tensor(t.name, t.type, ne, src->tensor_data(t));
-  }
-  w.write(out.str());
-  return out.str();
-}
-
 std::string load_error(const std::string& path) {
   try {
     Model::load(path);
@@ -57,19 +40,20 @@ TEST(Model, Stories260KHyperparameters) {
 
 TEST(Model, UnknownArchitectureIsNamed) {
   TempPath p(".gguf");
-  const std::string e = load_error(rewritten(p, [](GgufWriter& w) { w.set_string("general.architecture", "gpt2"); }));
+  const std::string e =
+      load_error(rewritten_stories260k(p, [](GgufWriter& w) { w.set_string("general.architecture", "gpt2"); }));
   EXPECT_NE(e.find("unknown architecture 'gpt2'"), std::string::npos) << e;
 }
 
 TEST(Model, MissingTensorIsNamed) {
   TempPath p(".gguf");
-  const std::string e = load_error(rewritten(p, [](GgufWriter&) {}, "blk.2.ffn_up.weight"));
+  const std::string e = load_error(rewritten_stories260k(p, [](GgufWriter&) {}, "blk.2.ffn_up.weight"));
   EXPECT_NE(e.find("tensor not found in model: blk.2.ffn_up.weight"), std::string::npos) << e;
 }
 
 TEST(Model, WrongShapeIsNamed) {
   TempPath p(".gguf");
-  const std::string e = load_error(rewritten(p, [](GgufWriter&) {}, "", "blk.0.attn_k.weight"));
+  const std::string e = load_error(rewritten_stories260k(p, [](GgufWriter&) {}, "", "blk.0.attn_k.weight"));
   EXPECT_NE(e.find("blk.0.attn_k.weight has shape [32, 64], expected [64, 32]"), std::string::npos) << e;
 }
 
@@ -87,7 +71,7 @@ TEST(Model, MissingHyperparameterIsNamed) {
 
 TEST(Model, MistralStyleSlidingWindowAndTiedEmbeddings) {
   TempPath p(".gguf");
-  auto m = Model::load(rewritten(
+  auto m = Model::load(rewritten_stories260k(
       p, [](GgufWriter& w) { w.set_u32("llama.attention.sliding_window", 32); }, "output.weight"));
   EXPECT_EQ(m->config().sliding_window, 32);
   EXPECT_TRUE(m->config().tied_embeddings);
@@ -96,6 +80,7 @@ TEST(Model, MistralStyleSlidingWindowAndTiedEmbeddings) {
 
 TEST(Model, UnsupportedRopeScalingIsNamed) {
   TempPath p(".gguf");
-  const std::string e = load_error(rewritten(p, [](GgufWriter& w) { w.set_string("llama.rope.scaling.type", "yarn"); }));
+  const std::string e =
+      load_error(rewritten_stories260k(p, [](GgufWriter& w) { w.set_string("llama.rope.scaling.type", "yarn"); }));
   EXPECT_NE(e.find("yarn"), std::string::npos) << e;
 }

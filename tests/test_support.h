@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "common.h"
+#include "gguf.h"
 
 namespace runlm::test {
 
@@ -54,6 +55,25 @@ class TempPath {
  private:
   std::string path_;
 };
+
+// Rewrites stories260K.gguf into `out` with `edit_meta` applied to its
+// metadata, leaving out `skip_tensor` and swapping the two dimensions of
+// `reshape_tensor` (model-loading and metadata tests). Returns out's path.
+inline std::string rewritten_stories260k(const TempPath& out, const std::function<void(GgufWriter&)>& edit_meta,
+                                         const std::string& skip_tensor = "", const std::string& reshape_tensor = "") {
+  auto src = GgufFile::open(shared_model("stories260K.gguf"));
+  GgufWriter w;
+  w.copy_metadata(*src);
+  edit_meta(w);
+  for (const auto& t : src->tensors()) {
+    if (t.name == skip_tensor) continue;
+    auto ne = t.ne;
+    if (t.name == reshape_tensor) std::swap(ne[0], ne[1]);
+    w.add_tensor(t.name, t.type, ne, src->tensor_data(t));
+  }
+  w.write(out.str());
+  return out.str();
+}
 
 struct CommandResult {
   int exit_code = -1;    // -1 when the process died from a signal

@@ -36,14 +36,10 @@ constexpr int kWindow = 4;
 // stories260K.gguf (5 layers) with a window of `window` and `pattern` (null:
 // no pattern key) in its metadata.
 std::string with_window(const TempPath& out, int window, const GgufValue* pattern) {
-  auto src = GgufFile::open(shared_model("stories260K.gguf"));
-  GgufWriter w;
-  w.copy_metadata(*src);
-  if (window > 0) w.set_u32("llama.attention.sliding_window", uint32_t(window));
-  if (pattern) w.set("llama.attention.sliding_window_pattern", *pattern);
-  for (const auto& t : src->tensors()) w.add_tensor(t.name, t.type, t.ne, src->tensor_data(t));
-  w.write(out.str());
-  return out.str();
+  return rewritten_stories260k(out, [&](GgufWriter& w) {
+    if (window > 0) w.set_u32("llama.attention.sliding_window", uint32_t(window));
+    if (pattern) w.set("llama.attention.sliding_window_pattern", *pattern);
+  });
 }
 
 GgufValue bools(const std::vector<int>& flags) {
