@@ -583,7 +583,7 @@ TEST(GpuOps, GemmFusedQuantAgainstMatmul) {
   std::vector<Shape> shapes = {{272, 512}, {1000, 1024}, {200, 960}};
   if (!small_only()) shapes.push_back({4096 + 48, 2048});
   std::vector<int> versions = {1};
-  if (gpu::gemm_fused_has_wgmma()) versions.insert(versions.end(), {2, 3, 4});
+  if (gpu::gemm_fused_has_wgmma()) versions.insert(versions.end(), {2, 3, 4, 5});
   for (DType t : {DType::Q4_0, DType::Q8_0}) {
     for (const Shape& sh : shapes) {
       const HostMatrix hm = make_matrix(t, sh.rows, sh.cols, 5000 + static_cast<uint32_t>(sh.rows));
@@ -675,7 +675,7 @@ TEST(GpuOps, GemmFusedQuantMulti) {
   std::vector<Group> groups = {{{1000, 272, 200}, 1024}, {{200, 1000}, 960}};
   if (!small_only()) groups.push_back({{4096 + 48, 1024, 1024}, 2048});
   std::vector<int> versions = {0, 1};
-  if (gpu::gemm_fused_has_wgmma()) versions.insert(versions.end(), {2, 3, 4});
+  if (gpu::gemm_fused_has_wgmma()) versions.insert(versions.end(), {2, 3, 4, 5});
   const size_t scratch_bytes = size_t(64) << 20;  // every forced slice count fits: no slice capped
   DevBuf scratch(scratch_bytes);
   for (DType t : {DType::Q4_0, DType::Q8_0}) {
@@ -1530,8 +1530,8 @@ TEST(GpuOpsBench, GemvLlama7bShapes) {
   }
 }
 
-// Fused Q4_0 / Q8_0 GEMM (gemm_fused_q version 1 = mma.sync, versions 2, 3
-// and 4 = wgmma where the device has it; v4 is v3 up to 64 tokens, v2 to 16) against dequantization + cuBLAS
+// Fused Q4_0 / Q8_0 GEMM (gemm_fused_q version 1 = mma.sync, versions 2, 3,
+// 4 and 5 = wgmma where the device has it; v4 and v5 are v3 up to 64 tokens, v2 to 16) against dequantization + cuBLAS
 // (gemm_cublas) on the Llama-2-7B shapes, in one table: us, TFLOP/s and
 // weight GB/s (the matrix's device bytes / time) for each, cuBLAS time over
 // the best fused time, and the largest relative difference of a fused
@@ -1540,11 +1540,13 @@ TEST(GpuOpsBench, GemvLlama7bShapes) {
 TEST(GpuOpsBench, GemmFusedQuantShapes) {
   REQUIRE_GPU();
   if (!bench_enabled()) GTEST_SKIP() << "set RUNLM_BENCH_GPU_OPS=1";
-  constexpr int kMaxTokens = 512;
+  constexpr int kMaxTokens = 2048;
   const bool wg = gpu::gemm_fused_has_wgmma();
-  std::printf("[bench] %-5s %13s %4s | %8s %7s %6s | %8s %7s %6s | %8s %7s %6s | %8s %7s %6s | %9s %7s %6s | %7s %8s\n",
+  std::printf("[bench] %-5s %13s %4s | %8s %7s %6s | %8s %7s %6s | %8s %7s %6s | %8s %7s %6s | %8s %7s %6s | %9s %7s "
+              "%6s | %7s %8s\n",
               "type", "rows x cols", "n", "mma us", "TFLOP/s", "GB/s", "v2 us", "TFLOP/s", "GB/s", "v3 us", "TFLOP/s",
-              "GB/s", "v4 us", "TFLOP/s", "GB/s", "cublas us", "TFLOP/s", "GB/s", "speedup", "rel diff");
+              "GB/s", "v4 us", "TFLOP/s", "GB/s", "v5 us", "TFLOP/s", "GB/s", "cublas us", "TFLOP/s", "GB/s", "speedup",
+              "rel diff");
   for (DType t : {DType::Q4_0, DType::Q8_0}) {
     for (int si = 0; si < 3; ++si) {
       const BenchShape& s = kLlama7b[si];
@@ -1560,7 +1562,7 @@ TEST(GpuOpsBench, GemmFusedQuantShapes) {
       for (size_t i = 0; i < x.size(); ++i) xh[i] = fp32_to_fp16(x[i]);
       auto dx = upload(xh);
       DevBuf dy_fused(sizeof(float) * kMaxTokens * s.rows), dy_cublas(sizeof(float) * kMaxTokens * s.rows);
-      for (int n : {16, 64, 128, 256, 512}) {
+      for (int n : {16, 64, 128, 256, 512, 2048}) {
         const size_t outs = static_cast<size_t>(n) * s.rows;
         const float cublas_ms = time_ms(
             [&](int i) {
@@ -1568,9 +1570,9 @@ TEST(GpuOpsBench, GemmFusedQuantShapes) {
             },
             20);
         const std::vector<float> y_cublas = dy_cublas.get<float>(outs);
-        float fused_ms[5] = {0, 0, 0, 0, 0};  // by version; 0 = not run
+        float fused_ms[6] = {0, 0, 0, 0, 0, 0};  // by version; 0 = not run
         double diff = 0;
-        for (int version = 1; version <= (wg ? 4 : 1); ++version) {
+        for (int version = 1; version <= (wg ? 5 : 1); ++version) {
           fused_ms[version] = time_ms(
               [&](int i) {
                 gpu::gemm_fused_q(ms[i % copies], dx->as<uint16_t>(), dy_fused.as<float>(), n, scratch.p,
@@ -1580,7 +1582,8 @@ TEST(GpuOpsBench, GemmFusedQuantShapes) {
           diff = std::max(diff, rel_err(dy_fused.get<float>(outs), y_cublas));
         }
         const double flop = 2.0 * s.rows * s.cols * n, wbytes = double(base.bytes);
-        const float best = wg ? std::min({fused_ms[1], fused_ms[2], fused_ms[3], fused_ms[4]}) : fused_ms[1];
+        const float best =
+            wg ? std::min({fused_ms[1], fused_ms[2], fused_ms[3], fused_ms[4], fused_ms[5]}) : fused_ms[1];
         auto cols3 = [&](float ms_, int w) {
           if (ms_ <= 0) return std::printf(" | %*s %7s %6s", w, "-", "-", "-");
           return std::printf(" | %*.1f %7.1f %6.0f", w, ms_ * 1e3, flop / (ms_ * 1e9), wbytes / (ms_ * 1e6));
@@ -1591,6 +1594,7 @@ TEST(GpuOpsBench, GemmFusedQuantShapes) {
         cols3(fused_ms[2], 8);
         cols3(fused_ms[3], 8);
         cols3(fused_ms[4], 8);
+        cols3(fused_ms[5], 8);
         cols3(cublas_ms, 9);
         std::printf(" | %6.2fx %8.1e\n", cublas_ms / best, diff);
       }
@@ -1600,10 +1604,10 @@ TEST(GpuOpsBench, GemmFusedQuantShapes) {
   // Several matrices in one launch (gemm_fused_q_multi, what the engine runs
   // for q/k/v and gate/up) against the same matrices one launch each: us of
   // the singles at auto (summed: the launches run back to back), of the
-  // multi launch at auto, version 3 and version 4, and singles / best multi.
+  // multi launch at auto, versions 3, 4 and 5, and singles / best multi.
   if (!wg) return;
-  std::printf("[bench] multi %-5s %15s %4s | %10s | %9s %9s %9s | %7s %8s\n", "type", "matrices", "n", "singles us",
-              "auto us", "v3 us", "v4 us", "speedup", "rel diff");
+  std::printf("[bench] multi %-5s %15s %4s | %10s | %9s %9s %9s %9s | %7s %8s\n", "type", "matrices", "n",
+              "singles us", "auto us", "v3 us", "v4 us", "v5 us", "speedup", "rel diff");
   for (DType t : {DType::Q4_0, DType::Q8_0}) {
     for (const auto& [k, s] : {std::pair{3, kLlama7b[0]}, std::pair{2, kLlama7b[1]}}) {
       const HostMatrix hm = bench_matrix(t, s.rows, s.cols, 80);
@@ -1634,9 +1638,9 @@ TEST(GpuOpsBench, GemmFusedQuantShapes) {
                 gpu::gemm_fused_q(*o.w, dx->as<uint16_t>(), o.y, n, scratch.p, scratch_bytes, nullptr, 0, 0);
             },
             20);
-        float multi_ms[3] = {0, 0, 0};  // auto, v3, v4
+        float multi_ms[4] = {0, 0, 0, 0};  // auto, v3, v4, v5
         double diff = 0;
-        for (int vi = 0; vi < 3; ++vi) {
+        for (int vi = 0; vi < 4; ++vi) {
           multi_ms[vi] = time_ms(
               [&](int i) {
                 const std::vector<gpu::GemmOut> o = outs_of(i, ys);
@@ -1650,12 +1654,13 @@ TEST(GpuOpsBench, GemmFusedQuantShapes) {
             diff = std::max(diff, rel_err(ys[j]->get<float>(outs), ys1[j]->get<float>(outs)));
           }
         }
-        const float best = std::min({multi_ms[0], multi_ms[1], multi_ms[2]});
+        const float best = std::min({multi_ms[0], multi_ms[1], multi_ms[2], multi_ms[3]});
         char name[32];
         std::snprintf(name, sizeof(name), "%dx%lldx%lld", k, static_cast<long long>(s.rows),
                       static_cast<long long>(s.cols));
-        std::printf("[bench] multi %-5s %15s %4d | %10.1f | %9.1f %9.1f %9.1f | %6.2fx %8.1e\n", dtype_name(t), name, n,
-                    single_ms * 1e3, multi_ms[0] * 1e3, multi_ms[1] * 1e3, multi_ms[2] * 1e3, single_ms / best, diff);
+        std::printf("[bench] multi %-5s %15s %4d | %10.1f | %9.1f %9.1f %9.1f %9.1f | %6.2fx %8.1e\n", dtype_name(t),
+                    name, n, single_ms * 1e3, multi_ms[0] * 1e3, multi_ms[1] * 1e3, multi_ms[2] * 1e3,
+                    multi_ms[3] * 1e3, single_ms / best, diff);
       }
       gpu::free_matrix(base);
     }

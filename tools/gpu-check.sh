@@ -421,7 +421,7 @@ section_batch_model() {
   write_batch_prompts
   for t in $MODEL_TYPES; do
     /usr/bin/time -f "batch $t wall %e s" "$RUNLM" batch -m "$MODEL_DIR/llama2-7b-$t.gguf" -f "$OUT/batch_prompts.jsonl" \
-      -o "$OUT/batch_out_$t.jsonl" -n 128 --ignore-eos --temp 0 -np "${BATCH_PARALLEL:-256}" -c 512 -b 4096 \
+      -o "$OUT/batch_out_$t.jsonl" -n 128 --ignore-eos --temp 0 -np "${BATCH_PARALLEL:-256}" -c 512 -b "${BATCH_TOKENS:-4096}" \
       >"$OUT/batch_$t.log" 2>&1 || rc=1
     tail -2 "$OUT/batch_$t.log"
   done

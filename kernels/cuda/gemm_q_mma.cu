@@ -18,6 +18,10 @@
 //     loop on 256-row tiles (4 warpgroups, 512 threads) over a persistent
 //     stream-K grid; sm_90a, auto's choice past 64 tokens in launches of
 //     many row tiles (auto_version). See "version 4" further down.
+//   5 gemm_q_wgmma_v5_kernel (n_tokens > 64, cols % 256 == 0; version = 5
+//     only): warp-specialized, producer warpgroups decode into an f16 A tile
+//     in shared memory, consumers issue the wgmmas. Measured no faster end
+//     to end (shared-memory bound). See "version 5" further down.
 // Every version takes 1 to 3 matrices of one type and cols reading the same
 // x in one launch (gemm_fused_q_multi; MatSet below).
 //
@@ -98,6 +102,7 @@
 #include "cuda/gpu_ops.h"
 #include "cuda/fa3/sm90.cuh"
 #include "cuda/mma_sm80.cuh"
+#include "cuda/tensor_map.h"
 #include "cuda/wgmma_rs_f16.cuh"
 
 namespace runlm::gpu {
@@ -306,30 +311,32 @@ __device__ __forceinline__ void load_stage(const Args& a, const MatView& w, uint
 // kNT n8 tiles in the mma C layout: c0, c1 at (row, tok), (row, tok + 1),
 // c2, c3 at row + 8; tiles 16 rows and 8 tokens apart from row0, tok0) go
 // to y, through the split-K reduction when the columns are split.
-template <int kMT, int kNT>
-__device__ __forceinline__ void finish_tile(const MmaArgs& a, const MatView& w, float (&acc)[kMT][kNT][4], int row0,
-                                            int tok0, int split) {
-  const int tid = threadIdx.x;
+// kThr threads own the accumulators, tid is this one's index among them and
+// sync() a barrier over exactly them (version 5: the two consumer
+// warpgroups, the producer has left).
+template <int kMT, int kNT, int kThr, typename Sync>
+__device__ __forceinline__ void finish_tile_by(const MmaArgs& a, const MatView& w, float (&acc)[kMT][kNT][4], int row0,
+                                               int tok0, int split, int tid, Sync sync) {
   const int tile = blockIdx.y * gridDim.x + blockIdx.x;
   if (a.splits > 1) {
     // This slice's partial tile, fragment order: thread tid's float4 of
     // (mt, nt) at [tile][split][mt * kNT + nt][tid].
-    float4* part = reinterpret_cast<float4*>(a.partial) + (int64_t(tile) * a.splits) * kMT * kNT * kThreads;
+    float4* part = reinterpret_cast<float4*>(a.partial) + (int64_t(tile) * a.splits) * kMT * kNT * kThr;
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt)
-        __stcg(part + (int64_t(split) * kMT * kNT + mt * kNT + nt) * kThreads + tid,
+        __stcg(part + (int64_t(split) * kMT * kNT + mt * kNT + nt) * kThr + tid,
                make_float4(acc[mt][nt][0], acc[mt][nt][1], acc[mt][nt][2], acc[mt][nt][3]));
     // Release: the partial stores are visible device-wide before the ticket.
     __threadfence();
-    __syncthreads();
+    sync();
     __shared__ int last;
     if (tid == 0) {
       last = atomicAdd(a.tickets + tile, 1) == a.splits - 1;
       if (last) a.tickets[tile] = 0;  // every slice has taken its ticket: ready for the next call
     }
-    __syncthreads();
+    sync();
     if (!last) return;
     __threadfence();  // acquire: the other slices' partials (read from L2 below)
     // Sum in slice order whichever slice came last: deterministic.
@@ -340,7 +347,7 @@ __device__ __forceinline__ void finish_tile(const MmaArgs& a, const MatView& w, 
         float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         for (int sp = 0; sp < a.splits; ++sp) {
           const float4 p = sp == split ? make_float4(acc[mt][nt][0], acc[mt][nt][1], acc[mt][nt][2], acc[mt][nt][3])
-                                       : __ldcg(part + (int64_t(sp) * kMT * kNT + mt * kNT + nt) * kThreads + tid);
+                                       : __ldcg(part + (int64_t(sp) * kMT * kNT + mt * kNT + nt) * kThr + tid);
           sum.x += p.x;
           sum.y += p.y;
           sum.z += p.z;
@@ -365,6 +372,11 @@ __device__ __forceinline__ void finish_tile(const MmaArgs& a, const MatView& w, 
         if (tok + 1 < a.n) w.y[int64_t(tok + 1) * w.rows + r] = acc[mt][nt][2 * h + 1];
       }
     }
+}
+template <int kMT, int kNT>
+__device__ __forceinline__ void finish_tile(const MmaArgs& a, const MatView& w, float (&acc)[kMT][kNT][4], int row0,
+                                            int tok0, int split) {
+  finish_tile_by<kMT, kNT, kThreads>(a, w, acc, row0, tok0, split, threadIdx.x, [] { __syncthreads(); });
 }
 
 template <DType kT, int BN>
@@ -974,6 +986,230 @@ __global__ void __launch_bounds__(Wg4Traits<kT, BN>::kThr, 1) gemm_q_wgmma_v4_ke
 #endif
 }
 
+// ---- version 5: warp-specialized, the f16 A tile in shared memory (sm_90a) ----
+//
+// Versions 2-4 dequantize A into registers inside the warpgroups that issue
+// the wgmmas, so decode and tensor work alternate per warpgroup. Here
+// producer warpgroups do all decoding into an f16 A tile in shared memory
+// and the consumer warpgroups only load fragments and issue wgmmas:
+//   producers (warpgroups 0, 1; thread p: row p % 128, quant block p / 128):
+//     raw quants and scales come by TMA, a slot = 128 quant bytes a row (4
+//     k-tiles of Q4_0, 2 of Q8_0; 128-byte swizzle) and a 16-byte scale row
+//     (8 scales), kRaw - 1 slots ahead of the decode. Per k-tile i: wait
+//     until the consumers freed stage i % S (empty barrier), thread 0 starts
+//     the TMA of x's k-tile into the stage (expect_tx on its full barrier),
+//     every thread decodes its 32 columns into the stage's A tile (rows of
+//     128 bytes in the 128-byte swizzle, 4 conflict-free 16-byte stores) and
+//     arrives on the full barrier (256 arrivals + the TMA bytes complete it).
+//   consumers (warpgroups 2, 3: rows 0-63, 64-127): wait full, A fragments
+//     by ldmatrix, 4 wgmma m64n128k16 with A from registers and x from the
+//     stage, wait_group 0, release the stage (256 arrivals on empty).
+// setmaxnreg: producers 56 registers, consumers 200.
+// Tile 128 rows x 128 tokens x 64 columns a k-tile, a CTA an SM (512
+// threads, ~215 KB of rings). The decode is versions 1-4's (exponent trick,
+// exact level, one f16 rounding of level x scale): every version multiplies
+// the same f16 A. Grid and split-K (finish_tile by the 256 consumer
+// threads) as versions 1-3; column slices chosen for the shortest waves
+// (launch_v5). Needs cols % 256 == 0 (the scale rows' TMA stride);
+// elsewhere version 4 runs.
+//
+// Measured (H100, session 10; kernels/cuda/NOTES.md "Version 5"): correct,
+// not the default. The f16 A round trip makes it shared-memory bound: per
+// k-tile ~85 KB of shared traffic (raw 4.5, A written 16 and read 16, x
+// written 16 and read twice 32) is ~660 cycles at 128 B/clk against 512
+// tensor cycles; without the decode (a timing probe) the same pipeline ran
+// at 615-711 TFLOP/s at 2048 tokens, with it 450-494 (version 4: 456-467).
+// At 256 tokens it wins on 4096-row matrices by 0-10% and loses on 11008
+// rows (its grid of 128 x 128 tiles: 1.3 waves), so end to end the batch
+// job is unchanged (3.34 s against 3.32 s with version 4).
+constexpr int kV5BK = 64;  // columns a k-tile
+constexpr int kV5ColAlign = 256;
+
+template <DType kT>
+struct Wg5Traits {
+  static constexpr int BN = 128;
+  static constexpr int kProdThr = 256;  // two producer warpgroups: thread p decodes row p % 128, block p / 128
+  static constexpr int kThr = kProdThr + 256;
+  static constexpr int kABytes = kBM * kV5BK * 2;
+  static constexpr int kXBytes = BN * kV5BK * 2;
+  static constexpr int kStageBytes = kABytes + kXBytes;
+  static constexpr int kSlotK = kT == DType::Q4_0 ? 4 : 2;  // k-tiles a raw slot
+  static constexpr int kQBytes = kBM * 128;                 // a slot's quants
+  static constexpr int kSBytes = kBM * 16;                  // a slot's scale rows
+  static constexpr int kRawBytes = kQBytes + kSBytes;
+  static constexpr int kRaw = 3;
+  static constexpr int kStages = 5;
+  static constexpr int kBarBytes = 8 * (2 * kStages + kRaw);
+  static constexpr int kSmem = 1024 + kStages * kStageBytes + kRaw * kRawBytes + kBarBytes;
+  static_assert(kSmem <= kSmemBudget, "gemm_q_wgmma_v5: rings beyond the shared-memory budget");
+};
+
+// The TMA maps of a version-5 launch: x, and each matrix's quants and scales.
+struct V5Maps {
+  CUtensorMap x;
+  CUtensorMap q[kMaxMats];
+  CUtensorMap d[kMaxMats];
+};
+
+__device__ __forceinline__ void sts128(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+
+// Block b (32 columns) of row r of k-tile j of a raw slot (quants sq in
+// the 128-byte swizzle, scale word sc = the k-tile's 2 f16 scales) as f16
+// into the A tile at sa, natural column order: chunk q (8 columns) at
+// q ^ (r & 7).
+template <DType kT>
+__device__ __forceinline__ void decode_block_v5(uint32_t sq, uint32_t sc, int r, int j, int b, uint32_t sa) {
+  const uint32_t qrow = sq + r * 128, row = sa + r * 128;
+  auto raw = [&](int chunk) { return lds128(qrow + ((chunk ^ (r & 7)) << 4)); };
+  auto put = [&](int q, const uint32_t (&v)[4]) { sts128(row + ((q ^ (r & 7)) << 4), v[0], v[1], v[2], v[3]); };
+  const __half2 d = bits_h2(__byte_perm(sc, 0, b ? 0x3232 : 0x1010));
+  if constexpr (kT == DType::Q4_0) {
+    // 16 bytes: low nibbles columns 0-15 of the block, high nibbles 16-31.
+    const uint4 w = raw(2 * j + b);
+    uint32_t o[4][2][2];
+    decode_q4(w.x, d, o[0]);
+    decode_q4(w.y, d, o[1]);
+    decode_q4(w.z, d, o[2]);
+    decode_q4(w.w, d, o[3]);
+    put(4 * b + 0, {o[0][0][0], o[0][0][1], o[1][0][0], o[1][0][1]});
+    put(4 * b + 1, {o[2][0][0], o[2][0][1], o[3][0][0], o[3][0][1]});
+    put(4 * b + 2, {o[0][1][0], o[0][1][1], o[1][1][0], o[1][1][1]});
+    put(4 * b + 3, {o[2][1][0], o[2][1][1], o[3][1][0], o[3][1][1]});
+  } else {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // 16 columns a raw chunk, two f16 chunks
+      const uint4 w = raw(4 * j + 2 * b + h);
+      uint32_t o[4][2];
+      decode_q8(w.x, d, o[0]);
+      decode_q8(w.y, d, o[1]);
+      decode_q8(w.z, d, o[2]);
+      decode_q8(w.w, d, o[3]);
+      put(4 * b + 2 * h, {o[0][0], o[0][1], o[1][0], o[1][1]});
+      put(4 * b + 2 * h + 1, {o[2][0], o[2][1], o[3][0], o[3][1]});
+    }
+  }
+}
+
+template <DType kT>
+__global__ void __launch_bounds__(Wg5Traits<kT>::kThr, 1)
+    gemm_q_wgmma_v5_kernel(const __grid_constant__ V5Maps tm, MmaArgs a) {
+#if RUNLM_FA3_DEVICE
+  using Tr = Wg5Traits<kT>;
+  constexpr int S = Tr::kStages, R = Tr::kRaw, K = Tr::kSlotK;
+  extern __shared__ __align__(1024) uint8_t smem[];
+  const uint32_t s0 = (smem_u32(smem) + 1023u) & ~1023u;
+  auto sa_of = [&](int st) { return s0 + st * Tr::kStageBytes; };
+  auto sx_of = [&](int st) { return s0 + st * Tr::kStageBytes + Tr::kABytes; };
+  const uint32_t raw0 = s0 + S * Tr::kStageBytes;
+  auto sq_of = [&](int slot) { return raw0 + slot * Tr::kRawBytes; };
+  auto ss_of = [&](int slot) { return raw0 + slot * Tr::kRawBytes + Tr::kQBytes; };
+  const uint32_t bars = raw0 + R * Tr::kRawBytes;
+  auto full = [&](int st) { return bars + 8 * st; };
+  auto empty = [&](int st) { return bars + 8 * (S + st); };
+  auto raw_full = [&](int slot) { return bars + 8 * (2 * S + slot); };
+
+  int rt = blockIdx.x;  // launch row tile -> its matrix's
+  const int mi = rt >= a.w.tile2 ? 2 : rt >= a.w.tile1 ? 1 : 0;
+  const MatView w = a.w.pick(rt);
+  const int m0 = rt * kBM, n0 = blockIdx.y * Tr::BN, split = blockIdx.z;
+  const int kt0 = split * a.k_tiles_per_split;
+  const int nk = min(a.k_tiles, kt0 + a.k_tiles_per_split) - kt0;
+  const int wg = threadIdx.x >> 7;
+  if (threadIdx.x == 0) {
+    for (int st = 0; st < S; ++st) {
+      fa3::mbar_init(full(st), Tr::kProdThr);
+      fa3::mbar_init(empty(st), 256);
+    }
+    for (int slot = 0; slot < R; ++slot) fa3::mbar_init(raw_full(slot), 1);
+    fa3::mbar_init_fence();
+  }
+  __syncthreads();
+
+  // 512 threads leave 128 registers each; the producers need few, the
+  // consumers' accumulators many: 256 x 56 + 256 x 200 = the 64K file.
+  if (threadIdx.x < Tr::kProdThr) {
+    fa3::regs_dealloc<56>();
+    // ---- producer. Slots hold whole groups of K k-tiles from column 0 of
+    // the matrix, so a slice starting mid-group uses the tail of its first.
+    const CUtensorMap* tq = mi == 2 ? &tm.q[2] : mi == 1 ? &tm.q[1] : &tm.q[0];
+    const CUtensorMap* td = mi == 2 ? &tm.d[2] : mi == 1 ? &tm.d[1] : &tm.d[0];
+    const int g0 = kt0 / K, g_end = (kt0 + nk - 1) / K + 1;  // slot groups this CTA needs
+    auto load_group = [&](int g) {  // thread 0
+      const int slot = (g - g0) % R;
+      fa3::mbar_arrive_expect_tx(raw_full(slot), Tr::kRawBytes);
+      fa3::tma_load_2d(sq_of(slot), tq, raw_full(slot), g * 128, m0);
+      // Scale rows: 8 f16 from a 16-byte aligned column (Q8_0's groups are 4 scales: every other one reads ahead).
+      fa3::tma_load_2d(ss_of(slot), td, raw_full(slot), (g * K * 2) & ~7, m0);
+    };
+    const int tid = threadIdx.x, r = tid & (kBM - 1), b = tid / kBM;
+    if (tid == 0) {
+      fa3::tma_prefetch_desc(&tm.x);
+      for (int g = g0; g < min(g_end, g0 + R - 1); ++g) load_group(g);
+    }
+    for (int i = 0; i < nk; ++i) {
+      const int kt = kt0 + i, g = kt / K, j = kt % K, slot = (g - g0) % R;
+      if (j == 0 || i == 0) {
+        // Slot (g - 1)'s k-tiles are decoded by everyone: it takes group g + R - 1.
+        fa3::named_bar_sync(1, Tr::kProdThr);
+        if (tid == 0 && g + R - 1 < g_end) load_group(g + R - 1);
+        fa3::mbar_wait(raw_full(slot), ((g - g0) / R) & 1);
+      }
+      const int st = i % S;
+      if (i >= S) fa3::mbar_wait(empty(st), ((i / S) & 1) ^ 1);  // consumers done with k-tile i - S
+      if (tid == 0) {
+        fa3::mbar_expect_tx(full(st), Tr::kXBytes);
+        fa3::tma_load_2d(sx_of(st), &tm.x, full(st), kt * kV5BK, n0);
+      }
+      const uint32_t sc = lds32(ss_of(slot) + 16 * r + 4 * ((g * K * 2) % 8 / 2 + j));
+      decode_block_v5<kT>(sq_of(slot), sc, r, j, b, sa_of(st));
+      fa3::mbar_arrive(full(st));
+    }
+    return;
+  }
+
+  // ---- consumers
+  fa3::regs_alloc<200>();
+  const int c = wg - Tr::kProdThr / 128, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  float acc[Tr::BN / 2];
+#pragma unroll
+  for (int i = 0; i < Tr::BN / 2; ++i) acc[i] = 0.0f;
+  for (int i = 0; i < nk; ++i) {
+    const int st = i % S;
+    fa3::mbar_wait(full(st), (i / S) & 1);
+    // A by ldmatrix (the 16 x 16 fragments of this warp's rows), x from the stage.
+    const uint64_t dx = fa3::make_desc(sx_of(st), 16, 1024);
+    uint32_t af[kV5BK / 16][4];
+    const int arow = c * 64 + warp * 16 + (lane & 15);
+#pragma unroll
+    for (int kk = 0; kk < kV5BK / 16; ++kk)
+      ldmatrix_x4(sa_of(st) + arow * 128 + (((2 * kk + (lane >> 4)) ^ (arow & 7)) << 4), af[kk][0], af[kk][1],
+                  af[kk][2], af[kk][3]);
+    fa3::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kV5BK / 16; ++kk) WgmmaRsF16<Tr::BN>::rs(acc, af[kk], dx + 2 * kk, 1);
+    fa3::wgmma_commit();
+    fa3::wgmma_wait<0>();
+    fa3::fence_regs(acc);
+    fence_regs_a(af);
+    fa3::mbar_arrive(empty(st));  // A read into registers, x read by the wgmmas: the stage can refill
+  }
+  fa3::wgmma_wait<0>();
+  fa3::fence_regs(acc);
+  const int g = lane >> 2, t = lane & 3;
+  // wgmma's m64nN accumulator is the mma C layout per warp, n8 tile i at acc[4i .. 4i+3].
+  finish_tile_by<1, Tr::BN / 8, 256>(a, w, *reinterpret_cast<float(*)[1][Tr::BN / 8][4]>(&acc),
+                                     m0 + 64 * c + 16 * warp + g, n0 + 2 * t, split, threadIdx.x - Tr::kProdThr,
+                                     [] { fa3::named_bar_sync(2, 256); });
+#endif
+}
+
 struct DeviceInfo {
   int sms = 0;
   int smem_optin = 0;
@@ -1152,6 +1388,89 @@ void launch_v4(const Mats& ms, const uint16_t* x, int n, void* scratch, size_t s
   cudaCheckLaunch();
 }
 
+// A 2-D TMA map of a row-major [rows][inner] array of elem-byte elements,
+// boxes of box_inner x box_rows (what is past the array reads zeros).
+CUtensorMap tmap_2d(const void* base, CUtensorMapDataType type, int elem, int64_t inner, int64_t rows, int box_inner,
+                    int box_rows, CUtensorMapSwizzle swizzle, const char* what) {
+  RUNLM_CHECK(reinterpret_cast<uintptr_t>(base) % 16 == 0 && inner * elem % 16 == 0,
+              "gemm_fused_q: %s for TMA needs 16-byte aligned rows (%lld bytes a row)", what,
+              static_cast<long long>(inner * elem));
+  CUtensorMap m;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(inner * elem)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_inner), static_cast<cuuint32_t>(box_rows)}, estr[2] = {1, 1};
+  const CUresult e = encode_tiled_fn()(&m, type, 2, const_cast<void*>(base), dims, strides, box, estr,
+                                       CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  RUNLM_CHECK(e == CUDA_SUCCESS, "gemm_fused_q: cuTensorMapEncodeTiled failed (%d) for %s [%lld x %lld]",
+              static_cast<int>(e), what, static_cast<long long>(rows), static_cast<long long>(inner));
+  return m;
+}
+
+// Version 5 (BN = 128, n_tokens > 64, cols % 256 == 0): one CTA a tile of
+// 128 rows x 128 tokens and column slice, the slices (1-4) chosen for the
+// shortest waves with each extra slice charged 10% for its fixup (version
+// 3's rule), and no more than the scratch holds; force_splits > 0 forces
+// them (tests). TMA maps: x [n][cols] f16 in boxes of 64 columns x 128
+// tokens (128-byte swizzle; tokens past n read zeros), each matrix's quants
+// in boxes of 128 bytes x 128 rows (128-byte swizzle) and scales in boxes of
+// 8 x 128 (rows past the matrix read zeros).
+template <DType kT>
+void launch_v5(const Mats& ms, const uint16_t* x, int n, void* scratch, size_t scratch_bytes, int force_splits,
+               cudaStream_t s) {
+  using Tr = Wg5Traits<kT>;
+  const DeviceInfo dev = device_info();
+  RUNLM_CHECK(Tr::kSmem <= dev.smem_optin,
+              "gemm_fused_q: %s version 5 needs %d bytes of shared memory per block; the device allows %d",
+              dtype_name(kT), Tr::kSmem, dev.smem_optin);
+  auto kernel = gemm_q_wgmma_v5_kernel<kT>;
+  static bool smem_set[16] = {};
+  if (!smem_set[dev.index]) {
+    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tr::kSmem));
+    smem_set[dev.index] = true;
+  }
+  const int cols = static_cast<int>(ms.v[0].cols);
+  RUNLM_CHECK(cols % kV5ColAlign == 0, "gemm_fused_q: version 5 needs cols %% %d == 0, got %d", kV5ColAlign, cols);
+  int tiles_m = 0;
+  const MatSet set = ms.set(kBM, tiles_m);
+  const int tiles_n = ceil_div(n, Tr::BN), tiles = tiles_m * tiles_n;
+  const int k_tiles = cols / kV5BK;
+  int splits = 1;
+  if (force_splits > 0) {
+    splits = std::min(force_splits, k_tiles);
+  } else {
+    auto cost = [&](int sp) { return ceil_div(tiles * sp, dev.sms) * (1.0 + 0.1 * (sp - 1)) / sp; };
+    for (int sp = 2; sp <= 4 && sp * 8 <= k_tiles; ++sp)
+      if (cost(sp) < cost(splits)) splits = sp;
+  }
+  const size_t ticket_bytes = align_up(size_t(tiles) * sizeof(int), kPartAlign);
+  const size_t slice_bytes = size_t(tiles) * kBM * Tr::BN * sizeof(float);
+  const size_t fit = scratch && scratch_bytes > ticket_bytes ? (scratch_bytes - ticket_bytes) / slice_bytes : 0;
+  splits = std::max(1, std::min<int>(splits, static_cast<int>(std::min<size_t>(fit, k_tiles))));
+  const int per_split = ceil_div(k_tiles, splits);
+  splits = ceil_div(k_tiles, per_split);  // no empty slice
+
+  MmaArgs a{set, reinterpret_cast<const __half*>(x), nullptr, nullptr, cols, n, k_tiles, per_split, splits};
+  if (splits > 1) {
+    a.tickets = static_cast<int*>(scratch);
+    a.partial = reinterpret_cast<float*>(static_cast<uint8_t*>(scratch) + ticket_bytes);
+    cudaCheck(cudaMemsetAsync(a.tickets, 0, size_t(tiles) * sizeof(int), s));
+  }
+  RUNLM_CHECK(tiles_n <= 65535, "gemm_fused_q: n_tokens=%d too large for the grid", n);
+  V5Maps tm;
+  tm.x = tmap_2d(x, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, cols, n, kV5BK, Tr::BN, CU_TENSOR_MAP_SWIZZLE_128B, "x");
+  const int64_t q_row = kT == DType::Q4_0 ? cols / 2 : cols;
+  for (int i = 0; i < kMaxMats; ++i) {
+    const MatView& m = set.m[i];  // absent entries repeat matrix 0
+    tm.q[i] = tmap_2d(m.q, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, q_row, m.rows, 128, kBM, CU_TENSOR_MAP_SWIZZLE_128B,
+                      "quants");
+    tm.d[i] = tmap_2d(m.d, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, cols / 32, m.rows, 8, kBM, CU_TENSOR_MAP_SWIZZLE_NONE,
+                      "scales");
+  }
+  kernel<<<dim3(tiles_m, tiles_n, splits), Tr::kThr, Tr::kSmem, s>>>(tm, a);
+  cudaCheckLaunch();
+}
+
 template <DType kT, int kVer>
 void launch_fused_tokens(const Mats& ms, const uint16_t* x, int n, void* scratch, size_t scratch_bytes,
                          int force_splits, cudaStream_t s) {
@@ -1168,10 +1487,13 @@ void launch_fused_tokens(const Mats& ms, const uint16_t* x, int n, void* scratch
 template <DType kT>
 void launch_fused_version(int ver, const Mats& ms, const uint16_t* x, int n, void* scratch, size_t scratch_bytes,
                           int force_splits, cudaStream_t s) {
-  // Version 4 runs from 65 tokens; below, what auto picks (3, and 2 up to 16).
-  if (ver == 4 && n > 64)
+  // Versions 4 and 5 run from 65 tokens; below, what auto picks (3, and 2 up to 16).
+  // Version 5 needs cols % 256 == 0 (its TMA maps); elsewhere version 4 runs.
+  if (ver == 5 && n > 64 && ms.v[0].cols % kV5ColAlign == 0)
+    launch_v5<kT>(ms, x, n, scratch, scratch_bytes, force_splits, s);
+  else if (ver >= 4 && n > 64)
     launch_v4<kT>(ms, x, n, scratch, scratch_bytes, force_splits, s);
-  else if (ver == 4 && n <= 16)
+  else if (ver >= 4 && n <= 16)
     launch_fused_tokens<kT, 2>(ms, x, n, scratch, scratch_bytes, force_splits, s);
   else if (ver >= 3)
     launch_fused_tokens<kT, 3>(ms, x, n, scratch, scratch_bytes, force_splits, s);
@@ -1224,11 +1546,11 @@ bool gemm_fused_supports(const GpuMatrix& w) {
 bool gemm_fused_fits_device(const GpuMatrix& w) {
   const DeviceInfo d = device_info();
   const bool q4 = w.type == DType::Q4_0;
-  // Versions 2 and 3 both run on sm_90 (by token count): the larger of their largest tiles.
+  // Versions 2-5 all run on sm_90 (by token count and version): the largest of their tiles.
   constexpr int kWgQ4 = std::max({WgTraits<DType::Q4_0, 128>::kSmem, Wg3Traits<DType::Q4_0, 128>::kSmem,
-                                  Wg4Traits<DType::Q4_0, 128>::kSmem});
+                                  Wg4Traits<DType::Q4_0, 128>::kSmem, Wg5Traits<DType::Q4_0>::kSmem});
   constexpr int kWgQ8 = std::max({WgTraits<DType::Q8_0, 128>::kSmem, Wg3Traits<DType::Q8_0, 128>::kSmem,
-                                  Wg4Traits<DType::Q8_0, 128>::kSmem});
+                                  Wg4Traits<DType::Q8_0, 128>::kSmem, Wg5Traits<DType::Q8_0>::kSmem});
   const int smem = d.sm90 ? (q4 ? kWgQ4 : kWgQ8)
                           : (q4 ? MmaTraits<DType::Q4_0, 128>::kSmem : MmaTraits<DType::Q8_0, 128>::kSmem);
   return smem <= d.smem_optin;
@@ -1276,8 +1598,8 @@ void gemm_fused_q_multi(const GemmOut* outs, int n_outs, const uint16_t* x_f16, 
     return e && *e ? std::atoi(e) : 0;
   }();
   if (version == 0) version = env_version;
-  RUNLM_CHECK(version >= 0 && version <= 4,
-              "gemm_fused_q: version %d unsupported; supported: 0 (auto), 1, 2, 3, 4", version);
+  RUNLM_CHECK(version >= 0 && version <= 5,
+              "gemm_fused_q: version %d unsupported; supported: 0 (auto), 1, 2, 3, 4, 5", version);
   const DeviceInfo dev = device_info();
   RUNLM_CHECK(version < 2 || dev.sm90, "gemm_fused_q: version %d (wgmma) needs sm_90; this device runs version 1",
               version);

@@ -128,6 +128,10 @@ void gemm_multi(const GemmOut* outs, int n_outs, const uint16_t* x_f16, int n_to
 // 4 = version 3's loop on 256-row tiles over a stream-K persistent grid,
 // past 64 tokens (sm_90 only; at 64 and fewer it runs what auto runs; for
 // version 4, splits > 0 means splits x tiles CTAs),
+// 5 = warp-specialized: producer warpgroups decode into an f16 A tile in
+// shared memory, past 64 tokens where cols % 256 == 0 (sm_90 only; version
+// 4 elsewhere past 64 tokens, what auto runs at 64 and fewer; not auto's
+// choice: measured no faster),
 // 0 = RUNLM_GEMM_FUSED_VERSION if set (gemm() passes 0), else on sm_90 2
 // up to 16 tokens, past 16 3, and past 64 4 where the launch has many row
 // tiles (the table and the rule: auto_version in gemm_q_mma.cu), else 1.
