@@ -1263,6 +1263,28 @@ struct Mats {
   }
 };
 
+// The kernel arguments of a grid of tiles x column slices (versions 1-3 and
+// 5): `splits` capped by what the scratch holds (a kBM x bn f32 partial a
+// tile and slice past the tickets) and by k_tiles, no empty slice; with
+// more than one slice the tickets (shared with the dequantization path's
+// use of the scratch) are zeroed on stream s.
+MmaArgs sliced_args(const MatSet& set, const uint16_t* x, int cols, int n, int tiles, int k_tiles, int splits, int bn,
+                    void* scratch, size_t scratch_bytes, cudaStream_t s) {
+  const size_t ticket_bytes = align_up(size_t(tiles) * sizeof(int), kPartAlign);
+  const size_t slice_bytes = size_t(tiles) * kBM * bn * sizeof(float);
+  const size_t fit = scratch && scratch_bytes > ticket_bytes ? (scratch_bytes - ticket_bytes) / slice_bytes : 0;
+  splits = std::max(1, std::min<int>(splits, static_cast<int>(std::min<size_t>(fit, k_tiles))));
+  const int per_split = ceil_div(k_tiles, splits);
+  splits = ceil_div(k_tiles, per_split);  // no empty slice
+  MmaArgs a{set, reinterpret_cast<const __half*>(x), nullptr, nullptr, cols, n, k_tiles, per_split, splits};
+  if (splits > 1) {
+    a.tickets = static_cast<int*>(scratch);
+    a.partial = reinterpret_cast<float*>(static_cast<uint8_t*>(scratch) + ticket_bytes);
+    cudaCheck(cudaMemsetAsync(a.tickets, 0, size_t(tiles) * sizeof(int), s));
+  }
+  return a;
+}
+
 template <DType kT, int BN, int kVer>
 void launch_fused(const Mats& ms, const uint16_t* x, int n, void* scratch, size_t scratch_bytes, int force_splits,
                   cudaStream_t s) {
@@ -1312,23 +1334,10 @@ void launch_fused(const Mats& ms, const uint16_t* x, int n, void* scratch, size_
     splits = best;
   }
   splits = std::min(splits, force_splits > 0 ? k_tiles : std::max(1, k_tiles / 2));
-  const size_t ticket_bytes = align_up(size_t(tiles) * sizeof(int), kPartAlign);
-  const size_t slice_bytes = size_t(tiles) * kBM * BN * sizeof(float);
-  const size_t fit = scratch && scratch_bytes > ticket_bytes ? (scratch_bytes - ticket_bytes) / slice_bytes : 0;
-  splits = std::max(1, std::min<int>(splits, static_cast<int>(std::min<size_t>(fit, k_tiles))));
-  const int per_split = ceil_div(k_tiles, splits);
-  splits = ceil_div(k_tiles, per_split);  // no empty slice
-
-  MmaArgs a{set, reinterpret_cast<const __half*>(x), nullptr, nullptr, cols, n, k_tiles, per_split, splits};
-  if (splits > 1) {
-    a.tickets = static_cast<int*>(scratch);
-    a.partial = reinterpret_cast<float*>(static_cast<uint8_t*>(scratch) + ticket_bytes);
-    // The scratch is shared with the dequantization path: tickets start at zero.
-    cudaCheck(cudaMemsetAsync(a.tickets, 0, size_t(tiles) * sizeof(int), s));
-  }
-  RUNLM_CHECK(tiles_n <= 65535 && splits <= 65535, "gemm_fused_q: n_tokens=%d too large for the grid", n);
+  const MmaArgs a = sliced_args(set, x, cols, n, tiles, k_tiles, splits, BN, scratch, scratch_bytes, s);
+  RUNLM_CHECK(tiles_n <= 65535 && a.splits <= 65535, "gemm_fused_q: n_tokens=%d too large for the grid", n);
   RUNLM_CHECK(tiles_m <= INT32_MAX / 2, "gemm_fused_q: %d row tiles too many for the grid", tiles_m);
-  kernel<<<dim3(tiles_m, tiles_n, splits), kThreads, kSmem, s>>>(a);
+  kernel<<<dim3(tiles_m, tiles_n, a.splits), kThreads, kSmem, s>>>(a);
   cudaCheckLaunch();
 }
 
@@ -1443,19 +1452,7 @@ void launch_v5(const Mats& ms, const uint16_t* x, int n, void* scratch, size_t s
     for (int sp = 2; sp <= 4 && sp * 8 <= k_tiles; ++sp)
       if (cost(sp) < cost(splits)) splits = sp;
   }
-  const size_t ticket_bytes = align_up(size_t(tiles) * sizeof(int), kPartAlign);
-  const size_t slice_bytes = size_t(tiles) * kBM * Tr::BN * sizeof(float);
-  const size_t fit = scratch && scratch_bytes > ticket_bytes ? (scratch_bytes - ticket_bytes) / slice_bytes : 0;
-  splits = std::max(1, std::min<int>(splits, static_cast<int>(std::min<size_t>(fit, k_tiles))));
-  const int per_split = ceil_div(k_tiles, splits);
-  splits = ceil_div(k_tiles, per_split);  // no empty slice
-
-  MmaArgs a{set, reinterpret_cast<const __half*>(x), nullptr, nullptr, cols, n, k_tiles, per_split, splits};
-  if (splits > 1) {
-    a.tickets = static_cast<int*>(scratch);
-    a.partial = reinterpret_cast<float*>(static_cast<uint8_t*>(scratch) + ticket_bytes);
-    cudaCheck(cudaMemsetAsync(a.tickets, 0, size_t(tiles) * sizeof(int), s));
-  }
+  const MmaArgs a = sliced_args(set, x, cols, n, tiles, k_tiles, splits, Tr::BN, scratch, scratch_bytes, s);
   RUNLM_CHECK(tiles_n <= 65535, "gemm_fused_q: n_tokens=%d too large for the grid", n);
   V5Maps tm;
   tm.x = tmap_2d(x, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, cols, n, kV5BK, Tr::BN, CU_TENSOR_MAP_SWIZZLE_128B, "x");
@@ -1467,7 +1464,7 @@ void launch_v5(const Mats& ms, const uint16_t* x, int n, void* scratch, size_t s
     tm.d[i] = tmap_2d(m.d, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, cols / 32, m.rows, 8, kBM, CU_TENSOR_MAP_SWIZZLE_NONE,
                       "scales");
   }
-  kernel<<<dim3(tiles_m, tiles_n, splits), Tr::kThr, Tr::kSmem, s>>>(tm, a);
+  kernel<<<dim3(tiles_m, tiles_n, a.splits), Tr::kThr, Tr::kSmem, s>>>(tm, a);
   cudaCheckLaunch();
 }
 
