@@ -68,6 +68,9 @@ std::map<int, std::vector<int>> batch_greedy(Engine& engine, const Model& model,
   return out;
 }
 
+// transformers' reference outputs for sotu29m (its reference.json).
+nlohmann::json sotu29m_reference() { return nlohmann::json::parse(read_file(shared_model("sotu29m/reference.json"))); }
+
 // sotu29m converted into `gguf` and loaded (the file lives as long as gguf).
 std::unique_ptr<Model> load_sotu29m(const TempPath& gguf) {
   convert_hf(shared_model("sotu29m"), gguf.str());
@@ -104,7 +107,7 @@ TEST(CudaEngine, Sotu29mMatchesTransformersAndTheCpu) {
   REQUIRE_GPU();
   TempPath gguf(".gguf");
   auto model = load_sotu29m(gguf);
-  const auto ref = nlohmann::json::parse(read_file(shared_model("sotu29m/reference.json")));
+  const auto ref = sotu29m_reference();
   auto engine = engine_on(Device::Cuda, *model);
   for (const auto& [prompt, r] : ref["greedy_64"].items())
     EXPECT_EQ(greedy(*engine, *model, r["prompt_ids"].get<std::vector<int>>(), 64),
@@ -144,7 +147,7 @@ TEST(CudaEngine, Sotu29mGreedyIsTheSameWithEveryAttnBackend) {
   REQUIRE_GPU();
   TempPath gguf(".gguf");
   auto model = load_sotu29m(gguf);
-  const auto ref = nlohmann::json::parse(read_file(shared_model("sotu29m/reference.json")));
+  const auto ref = sotu29m_reference();
   int ran = 0;
   for (AttnBackend be : {AttnBackend::Naive, AttnBackend::Fa2, AttnBackend::Fa3}) {
     try {
@@ -430,7 +433,7 @@ TEST(CudaEngine, Sotu29mQ8KvGreedyMatchesTheCpu) {
   REQUIRE_GPU();
   TempPath gguf(".gguf");
   auto model = load_sotu29m(gguf);
-  const auto ref = nlohmann::json::parse(read_file(shared_model("sotu29m/reference.json")));
+  const auto ref = sotu29m_reference();
   for (const auto& [prompt, r] : ref["greedy_64"].items()) {
     const auto ids = r["prompt_ids"].get<std::vector<int>>();
     auto gpu = kv_engine(Device::Cuda, *model, KvType::Q8_0, KvType::Q8_0);

@@ -10,19 +10,6 @@
 using namespace runlm;
 using namespace runlm::test;
 
-namespace {
-
-std::string load_error(const std::string& path) {
-  try {
-    Model::load(path);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-}  // namespace
-
 TEST(Model, Stories260KHyperparameters) {
   auto m = Model::load(shared_model("stories260K.gguf"));
   const ModelConfig& c = m->config();

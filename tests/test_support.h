@@ -17,11 +17,22 @@
 
 #include "common.h"
 #include "gguf.h"
+#include "model.h"
 
 namespace runlm::test {
 
 inline std::string shared_model(const std::string& name) {
   return std::string(RUNLM_SOURCE_DIR) + "/../shared/models/" + name;
+}
+
+// The message Model::load gives for path, or "" when it loads.
+inline std::string load_error(const std::string& path) {
+  try {
+    Model::load(path);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 inline std::string read_file(const std::string& path) {

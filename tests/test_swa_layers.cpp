@@ -48,15 +48,6 @@ GgufValue bools(const std::vector<int>& flags) {
   return GgufValue::make_array(GgufType::BOOL, std::move(items));
 }
 
-std::string load_error(const std::string& path) {
-  try {
-    Model::load(path);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 std::unique_ptr<Engine> cpu_engine(const Model& m, int window_option = -1, KvLayout kv = KvLayout::Contiguous) {
   EngineOptions eo;
   eo.device = Device::Cpu;

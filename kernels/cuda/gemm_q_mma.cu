@@ -1458,7 +1458,12 @@ void launch_v5(const Mats& ms, const uint16_t* x, int n, void* scratch, size_t s
   tm.x = tmap_2d(x, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, cols, n, kV5BK, Tr::BN, CU_TENSOR_MAP_SWIZZLE_128B, "x");
   const int64_t q_row = kT == DType::Q4_0 ? cols / 2 : cols;
   for (int i = 0; i < kMaxMats; ++i) {
-    const MatView& m = set.m[i];  // absent entries repeat matrix 0
+    if (i >= ms.count) {  // absent: never picked; a valid copy of matrix 0's maps
+      tm.q[i] = tm.q[0];
+      tm.d[i] = tm.d[0];
+      continue;
+    }
+    const MatView& m = set.m[i];
     tm.q[i] = tmap_2d(m.q, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, q_row, m.rows, 128, kBM, CU_TENSOR_MAP_SWIZZLE_128B,
                       "quants");
     tm.d[i] = tmap_2d(m.d, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, cols / 32, m.rows, 8, kBM, CU_TENSOR_MAP_SWIZZLE_NONE,
