@@ -587,9 +587,10 @@ double row_tolerance(const PagedDecodeParams& p) {
 // version 4, 5 (the pipelined key loop), 6 (the cp.async ring in shared
 // memory), 7 (16-byte register loads, scales in the conversion), 8 (7
 // with a register ring), 9 (7 at 3 CTAs an SM; 7 to 9 run version 4
-// for pairs with an f16 side) and 11 (7's math through a TMA ring, K and V
+// for pairs with an f16 side), 11 (7's math through a TMA ring, K and V
 // both q8_0 / fp8 at hd 128, bs >= 16, even n_kv, sm_90; elsewhere what 9
-// runs) against the same reference
+// runs) and 12 (11's math, a CTA a group of 8 KV heads: 11's cases with
+// n_kv % 8 == 0) against the same reference
 // (paged_decode_set_mma_version), then restore the one in use. At head_dim
 // 256 versions 5 to 9 run version 4: 4 and 6 there (the fallback is
 // exercised, not repeated).
@@ -621,7 +622,7 @@ void check_case(const Case& c, std::vector<int> partitions = {-1}, bool all_mma_
     const double tol = row_tolerance(dp.params());
     std::vector<int> versions = {in_use};
     if (all_mma_versions && paged_decode_uses_tensor_cores(dp.params()) && !plain_mma_case(c))
-      versions = c.hd <= 128 ? std::vector<int>{4, 5, 6, 7, 8, 9, 11} : std::vector<int>{4, 6};
+      versions = c.hd <= 128 ? std::vector<int>{4, 5, 6, 7, 8, 9, 11, 12} : std::vector<int>{4, 6};
     for (int v : versions) {
       paged_decode_set_mma_version(v);
       for (int part : partitions) {
@@ -821,26 +822,29 @@ TEST(PagedAttention, PlainTensorCoreHeadDimsRowsPages) {
       }
 }
 
-// Version 11's cases (K and V both q8_0 or fp8, hd 128, pages of 16 and 64)
+// Versions 11's and 12's cases (K and V both q8_0 or fp8, hd 128, pages of
+// 16 and 64; pairs with q4_0, version 12 only, at GQA 32/8)
 // with NaN / inf / garbage in the slots past each sequence's length in its
 // last page (Case::stale_tail; lengths 1, 17, 300, 1100 and 4100 end inside
 // a page, 16-key tile and 256-key partition), every version; windows 0, 17
 // (ends inside a tile) and 300; split auto / none / 256; GQA 32/8 (4 rows a
-// CTA at 1 token, 8 at 2) and 8/2 (the last KV head's scale box reads past
-// the scale row: TMA's zero fill), and 6/3 (odd n_kv: version 11 runs
-// version 9's choice).
+// CTA at 1 token, 8 at 2; version 12 runs) and 8/2 (the last KV head's
+// scale box reads past the scale row: TMA's zero fill; version 12 runs 9's
+// choice), and 6/3 (odd n_kv: versions 11 and 12 run version 9's choice).
 TEST(PagedAttention, TensorCoreStaleTailSlots) {
   REQUIRE_DEVICE();
   struct Heads {
     int n_heads, n_kv;
   };
-  const KvType types[] = {KvType::Q8_0, KvType::FP8};
+  const KvType types[] = {KvType::Q8_0, KvType::FP8, KvType::Q4_0};
   uint32_t seed = 1500;
   int n = 0;
   for (KvType kt : types)
     for (KvType vt : types)
       for (int bs : {16, 64})
         for (Heads h : {Heads{32, 8}, Heads{8, 2}, Heads{6, 3}}) {
+          const bool q4 = kt == KvType::Q4_0 || vt == KvType::Q4_0;
+          if (q4 && h.n_kv != 8) continue;  // q4_0 pairs: version 12's case only (11 has none)
           const int window = n % 3 == 0 ? 0 : n % 3 == 1 ? 17 : 300;
           const int nq = 1 + (n / 3) % 2;
           ++n;
@@ -848,14 +852,18 @@ TEST(PagedAttention, TensorCoreStaleTailSlots) {
           c.k_type = kt;
           c.v_type = vt;
           c.stale_tail = true;
-          {  // version 11 runs where it applies (an sm_90 device, even n_kv), else version 9's choice
+          {  // versions 11 and 12 run where they apply (an sm_90 device, n_kv even / a multiple of 8), else 9's choice
             const HostProblem hp = make_problem(c);
             DevProblem dp(hp);
             const int in_use = paged_decode_mma_version();
-            paged_decode_set_mma_version(11);
-            if (paged_decode_uses_tensor_cores(dp.params()))
-              EXPECT_EQ(paged_decode_mma_version_for(dp.params()), h.n_kv % 2 == 0 && device_is_sm90() ? 11 : 9)
+            if (paged_decode_uses_tensor_cores(dp.params())) {
+              paged_decode_set_mma_version(11);
+              EXPECT_EQ(paged_decode_mma_version_for(dp.params()), !q4 && h.n_kv % 2 == 0 && device_is_sm90() ? 11 : 9)
                   << describe(c, -1);
+              paged_decode_set_mma_version(12);
+              EXPECT_EQ(paged_decode_mma_version_for(dp.params()), h.n_kv % 8 == 0 && device_is_sm90() ? 12 : 9)
+                  << describe(c, -1);
+            }
             paged_decode_set_mma_version(in_use);
           }
           check_case(c, {-1, 0, 256}, kAllMmaVersions);
@@ -1142,7 +1150,7 @@ std::vector<float> one_sequence_reference(const PagedDecodeParams& p, const floa
 // kernel actually reads (quants + scales of K and V), tokens/s (decode steps
 // of the whole batch per second: B / time) and the ratio to f16. Rows on the
 // tensor-core kernel are also timed with a second version in the same run
-// (RUNLM_PAGED_DECODE_MMA_CMP=v4..v9 or v11, default v7: 16-byte register
+// (RUNLM_PAGED_DECODE_MMA_CMP=v4..v9, v11 or v12, default v7: 16-byte register
 // loads, paged_decode_mma_v7.cuh): the "vN" columns (validated first, as
 // the main columns).
 // The f16 and bf16 rows' "vN" columns run version 10 (tensor cores for
@@ -1161,7 +1169,7 @@ void kv_type_sweep(double copy_bw, const std::vector<KvType>& types, int f16_cmp
               paged_decode_mma_version(), copy_bw / 1e9);
   const char* cmp_env = std::getenv("RUNLM_PAGED_DECODE_MMA_CMP");
   const int cmp_n = cmp_env && cmp_env[0] == 'v' ? std::atoi(cmp_env + 1) : 0;
-  const int cmp = (cmp_n >= 4 && cmp_n <= 9) || cmp_n == 11 ? cmp_n : 7;
+  const int cmp = (cmp_n >= 4 && cmp_n <= 9) || cmp_n == 11 || cmp_n == 12 ? cmp_n : 7;
   const std::string col_us = "v" + std::to_string(cmp) + " us", col_gbps = "v" + std::to_string(cmp) + " GB/s",
                     col_vs = "v" + std::to_string(cmp) + " vs";
   std::printf("(f16 / bf16 rows: main columns f16 mode %d, the vN columns version 10 mode %d (%s); 0 simt, 1 mma, "

@@ -84,6 +84,13 @@
 // tensor maps a launch (make_v11_maps). RUNLM_PAGED_DECODE_V11=s4c3
 // (default: 4 stages, 3 CTAs an SM) or s3c4 (3 stages, 4 CTAs) picks the
 // configuration.
+// Version 12 (issue 7, opt-in: RUNLM_PAGED_DECODE_MMA=v12, sm_90a): one CTA
+// per (sequence, group of 8 KV heads, row chunk, partition), a producer warp
+// bringing each 16-key tile of the 8 heads (whole 1 KB quant rows and the
+// scale rows of a page) into a CTA-wide TMA ring, 8 consumer warps (one a
+// head) computing it with version 11's math (paged_decode_mma_v12.cuh); K and
+// V each q8_0, fp8 or q4_0, head_dim 128, block_size >= 16, n_kv_heads a
+// multiple of 8; elsewhere what version 9 runs.
 #include <algorithm>
 #include <atomic>
 #include <cfloat>
@@ -96,6 +103,7 @@
 #include "cuda/paged_decode_mma.cuh"
 #include "cuda/paged_decode_mma_f16.cuh"
 #include "cuda/paged_decode_mma_v11.cuh"
+#include "cuda/paged_decode_mma_v12.cuh"
 #include "cuda/tensor_map.h"
 
 namespace runlm {
@@ -283,8 +291,8 @@ int mma_version() {
     if (e && *e) {
       RUNLM_CHECK(std::strcmp(e, "v4") == 0 || std::strcmp(e, "v5") == 0 || std::strcmp(e, "v6") == 0 ||
                       std::strcmp(e, "v7") == 0 || std::strcmp(e, "v8") == 0 || std::strcmp(e, "v9") == 0 ||
-                      std::strcmp(e, "v11") == 0,
-                  "RUNLM_PAGED_DECODE_MMA=%s unsupported; supported: v4, v5, v6, v7, v8, v9, v11", e);
+                      std::strcmp(e, "v11") == 0 || std::strcmp(e, "v12") == 0,
+                  "RUNLM_PAGED_DECODE_MMA=%s unsupported; supported: v4, v5, v6, v7, v8, v9, v11, v12", e);
       v = std::atoi(e + 1);
     }
     g_mma_version.store(v, std::memory_order_relaxed);
@@ -390,6 +398,17 @@ bool v11_applies(const PagedDecodeParams& p) {
          device_is_sm90();
 }
 
+// Version 12's cases (paged_decode_mma_v12.cuh): K and V each q8_0, fp8 or
+// q4_0, head_dim 128, pages of >= 16 slots, n_kv_heads a multiple of 8 (a
+// CTA takes 8 heads), 16-byte aligned pools, an sm_90 device.
+bool v12_applies(const PagedDecodeParams& p) {
+  const PagedKvView& kv = p.kv;
+  auto in = [](KvType t) { return t == KvType::Q8_0 || t == KvType::FP8 || t == KvType::Q4_0; };
+  return in(kv.k_type) && in(kv.v_type) && kv.head_dim == 128 && kv.block_size >= 16 &&
+         kv.n_kv_heads % kV12Heads == 0 && reinterpret_cast<uintptr_t>(kv.k_pool) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(kv.v_pool) % 16 == 0 && device_is_sm90();
+}
+
 // The version that runs for these params: 5 to 9 exist at head_dim 64 and
 // 128 only, 7 to 9 only with K and V both quantized; elsewhere the chosen
 // version runs as version 4 (same results contract; the tests and the bench
@@ -398,54 +417,60 @@ bool v11_applies(const PagedDecodeParams& p) {
 int mma_version_at(int version, const PagedDecodeParams& p) {
   const KvType k = p.kv.k_type, v = p.kv.v_type;
   if (version == 11) return v11_applies(p) ? 11 : mma_version_at(9, p);
+  if (version == 12) return v12_applies(p) ? 12 : mma_version_at(9, p);
   if (p.kv.head_dim == 256) return 4;
   if (version >= 7 && (k == KvType::F16 || v == KvType::F16)) return 4;
   return version;
 }
 
-// A version 11 launch's tensor maps (MmaV11Maps) over one pool (K or V):
-// quants [pages][block_size][n_kv x 128] u8 in 128-byte swizzled boxes of
-// one head's row x 16 slots, scales [pages][block_size][n_kv x 4] f16 in
-// boxes of 8 scales (the head pair kvh & ~1, kvh | 1: boxes start 16-byte aligned) x 16
-// slots. The pool's page count is not in the params: the page dimension is
-// the largest that keeps the mapped range under 2^48 bytes (coordinates
+// A version 11 or 12 launch's tensor maps (MmaV11Maps) over one pool (K or
+// V): quants [pages][block_size][n_kv x 128] u8 in 128-byte swizzled boxes of
+// one head's row x 16 slots (q4_0, version 12: 64-byte rows, no swizzle),
+// scales [pages][block_size][n_kv x 4] f16 in boxes of scale_heads x 4 scales
+// x 16 slots (version 11: 2, the head pair kvh & ~1, kvh | 1, so boxes start
+// 16-byte aligned; version 12: its 8 heads). The pool's page count is not in
+// the params: the page dimension is the largest that keeps the mapped range under 2^48 bytes (coordinates
 // come from valid table entries only; TMA wants dims <= 2^32).
-void make_v11_maps(const void* pool, int n_kv, int bs, const char* what, CUtensorMap* quants, CUtensorMap* scales) {
-  const int64_t q_row = int64_t(n_kv) * 128, s_row = int64_t(n_kv) * 8;
+void make_v11_maps(const void* pool, KvType type, int n_kv, int bs, int scale_heads, const char* what,
+                   CUtensorMap* quants, CUtensorMap* scales) {
+  const int head_row = type == KvType::Q4_0 ? 64 : 128;  // a head's quant bytes of a slot (head_dim 128)
+  const int64_t q_row = int64_t(n_kv) * head_row, s_row = int64_t(n_kv) * 8;
   const int64_t page = bs * (q_row + s_row);
   const int64_t pages = std::max<int64_t>(1, std::min<int64_t>(INT32_MAX, (int64_t(1) << 48) / page));
   const cuuint32_t estr[3] = {1, 1, 1};
   {
     const cuuint64_t dims[3] = {cuuint64_t(q_row), cuuint64_t(bs), cuuint64_t(pages)};
     const cuuint64_t strides[2] = {cuuint64_t(q_row), cuuint64_t(page)};
-    const cuuint32_t box[3] = {128, 16, 1};
+    const cuuint32_t box[3] = {cuuint32_t(head_row), 16, 1};
+    // 8-bit rows in the 128-byte swizzle (versions 11, 12 read them so); q4_0's 64-byte rows (version 12) plain.
+    const CUtensorMapSwizzle swz = head_row == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE;
     const CUresult e = encode_tiled_fn()(quants, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void*>(pool), dims,
-                                         strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                         strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, swz,
                                          CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     RUNLM_CHECK(e == CUDA_SUCCESS,
-                "paged_decode_attention (version 11): cuTensorMapEncodeTiled(%s quants, n_kv_heads=%d block_size=%d) "
+                "paged_decode_attention (versions 11, 12): cuTensorMapEncodeTiled(%s quants, n_kv_heads=%d block_size=%d) "
                 "failed: CUresult %d",
                 what, n_kv, bs, int(e));
   }
   {
     const cuuint64_t dims[3] = {cuuint64_t(n_kv) * 4, cuuint64_t(bs), cuuint64_t(pages)};
     const cuuint64_t strides[2] = {cuuint64_t(s_row), cuuint64_t(page)};
-    const cuuint32_t box[3] = {8, 16, 1};
+    const cuuint32_t box[3] = {cuuint32_t(scale_heads) * 4, 16, 1};
     void* base = static_cast<uint8_t*>(const_cast<void*>(pool)) + bs * q_row;
     const CUresult e = encode_tiled_fn()(scales, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, base, dims, strides, box, estr,
                                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
                                          CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     RUNLM_CHECK(e == CUDA_SUCCESS,
-                "paged_decode_attention (version 11): cuTensorMapEncodeTiled(%s scales, n_kv_heads=%d block_size=%d) "
+                "paged_decode_attention (versions 11, 12): cuTensorMapEncodeTiled(%s scales, n_kv_heads=%d block_size=%d) "
                 "failed: CUresult %d",
                 what, n_kv, bs, int(e));
   }
 }
 
-MmaV11Maps make_v11_maps(const PagedKvView& kv) {
+MmaV11Maps make_v11_maps(const PagedKvView& kv, int scale_heads) {
   MmaV11Maps m;
-  make_v11_maps(kv.k_pool, kv.n_kv_heads, kv.block_size, "K", &m.kq, &m.ks);
-  make_v11_maps(kv.v_pool, kv.n_kv_heads, kv.block_size, "V", &m.vq, &m.vs);
+  make_v11_maps(kv.k_pool, kv.k_type, kv.n_kv_heads, kv.block_size, scale_heads, "K", &m.kq, &m.ks);
+  make_v11_maps(kv.v_pool, kv.v_type, kv.n_kv_heads, kv.block_size, scale_heads, "V", &m.vq, &m.vs);
   return m;
 }
 
@@ -489,7 +514,7 @@ KernelFn pick_mma_kernel(KvType k, KvType v, int hd, int version, int* smem_byte
 // Resident CTAs the device can hold of this kernel (SMs x occupancy), cached
 // per (device, kernel): the queries enqueue nothing, so they are legal while
 // a stream is being captured, but they are not free.
-int device_concurrency(KernelFn fn, int smem_bytes) {
+int device_concurrency(KernelFn fn, int smem_bytes, int threads) {
   struct Entry {
     int dev;
     KernelFn fn;
@@ -503,7 +528,7 @@ int device_concurrency(KernelFn fn, int smem_bytes) {
     if (cache[i].dev == dev && cache[i].fn == fn) return cache[i].ctas;
   int sms = 0, per_sm = 0;
   cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kThreads, smem_bytes));
+  cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, smem_bytes));
   const int ctas = std::max(1, sms * std::max(1, per_sm));
   if (n_cache < 16) cache[n_cache++] = {dev, fn, ctas};
   return ctas;
@@ -511,7 +536,9 @@ int device_concurrency(KernelFn fn, int smem_bytes) {
 
 struct Plan {
   KernelFn fn = nullptr;   // the kernel (for version 11: v11's address, for the attribute and occupancy queries)
-  KernelV11Fn v11 = nullptr;  // version 11's kernel (its own parameter list: the tensor maps)
+  KernelV11Fn v11 = nullptr;  // version 11's or 12's kernel (its own parameter list: the tensor maps)
+  int threads = kThreads;     // a CTA's
+  int heads_per_cta = 1;      // KV heads a CTA (version 12: kV12Heads; grid y = n_kv_heads / this)
   int rows_per_cta = 1;
   int n_chunks = 1;
   int smem_bytes = 0;      // dynamic shared memory (version 6)
@@ -543,10 +570,16 @@ Plan make_plan(const PagedDecodeParams& p, int forced_partition) {
     pl.rows_per_cta = kMmaRows;
     pl.n_chunks = ceil_div(rows, kMmaRows);
     const int version = mma_version_at(mma_version(), p);
-    if (version == 11) {
-      pl.v11 = pick_mma_v11_kernel(p.kv.k_type, p.kv.v_type, v11_config(), &pl.smem_bytes);
-      RUNLM_CHECK(pl.v11, "paged_decode_attention: no version 11 kernel for K=%s V=%s", kv_type_name(p.kv.k_type),
-                  kv_type_name(p.kv.v_type));
+    if (version == 11 || version == 12) {
+      if (version == 11) {
+        pl.v11 = pick_mma_v11_kernel(p.kv.k_type, p.kv.v_type, v11_config(), &pl.smem_bytes);
+      } else {
+        pl.v11 = pick_mma_v12_kernel(p.kv.k_type, p.kv.v_type, &pl.smem_bytes);
+        pl.threads = kV12Threads;
+        pl.heads_per_cta = kV12Heads;
+      }
+      RUNLM_CHECK(pl.v11, "paged_decode_attention: no version %d kernel for K=%s V=%s", version,
+                  kv_type_name(p.kv.k_type), kv_type_name(p.kv.v_type));
       pl.fn = reinterpret_cast<KernelFn>(pl.v11);  // never launched through this type
       ensure_smem_attr(pl.fn, pl.smem_bytes, true);
     } else {
@@ -571,8 +604,8 @@ Plan make_plan(const PagedDecodeParams& p, int forced_partition) {
     // costs (q load, merge, partial state, combine), so prefer partitions of
     // kLongPartition keys while they still give a quarter wave: at B=1,
     // L=32k, 256 CTAs of 1024 keys beat 1024 CTAs of 256 (61 vs 69 us).
-    const int64_t base = int64_t(p.n_seqs) * p.kv.n_kv_heads * pl.n_chunks;
-    const int64_t conc = device_concurrency(pl.fn, pl.smem_bytes);
+    const int64_t base = int64_t(p.n_seqs) * (p.kv.n_kv_heads / pl.heads_per_cta) * pl.n_chunks;
+    const int64_t conc = device_concurrency(pl.fn, pl.smem_bytes, pl.threads);
     const int64_t want = base > 0 ? (2 * conc + base - 1) / base : 1;
     // Unless whole (sequence, KV head) CTAs already fill their last wave to
     // >= 90%: then a split adds the partial states and the combine and
@@ -583,7 +616,17 @@ Plan make_plan(const PagedDecodeParams& p, int forced_partition) {
     // that is the same blind spot as the wave count above.
     const int64_t waves = base > 0 ? (base + conc - 1) / conc : 1;
     const bool fills_waves = base * 10 >= waves * conc * 9;
-    if (want > 1 && !fills_waves) {
+    if (pl.heads_per_cta > 1) {
+      // Version 12 (1 CTA an SM, a ring that fills once a CTA): the longest
+      // partitions that still give every CTA a place in one wave (B=64
+      // L=8192 q8_0: 4096 keys, 128 CTAs, 399.4 us; 2048, 256 CTAs, 402.1).
+      const int64_t fit = base > 0 ? conc / base : 1;
+      if (fit > 1) {
+        int size = std::max(kMinPartition, next_pow2((span + fit - 1) / fit));
+        while (ceil_div(span, size) > bound) size *= 2;
+        pl.partition_size = size;
+      }
+    } else if (want > 1 && !fills_waves) {
       int size = std::max(kMinPartition, next_pow2((span + want - 1) / want));
       if (size < kLongPartition) {
         const int64_t long_parts = ceil_div(span, kLongPartition);
@@ -619,8 +662,8 @@ size_t paged_decode_workspace_bytes(int n_seqs, int total_q, int n_heads, int he
 int paged_decode_mma_version() { return mma_version(); }
 
 void paged_decode_set_mma_version(int version) {
-  RUNLM_CHECK((version >= 4 && version <= 9) || version == 11,
-              "paged_decode_set_mma_version: version=%d unsupported; supported: 4, 5, 6, 7, 8, 9, 11", version);
+  RUNLM_CHECK((version >= 4 && version <= 9) || version == 11 || version == 12,
+              "paged_decode_set_mma_version: version=%d unsupported; supported: 4, 5, 6, 7, 8, 9, 11, 12", version);
   g_mma_version.store(version, std::memory_order_relaxed);
 }
 
@@ -665,11 +708,11 @@ void paged_decode_attention(const PagedDecodeParams& p, void* workspace, size_t 
   float* ws_o = static_cast<float*>(workspace);
   const size_t rows_total = size_t(p.total_q) * p.n_heads;
   float* ws_md = pl.partition_size > 0 ? ws_o + rows_total * pl.n_parts * p.kv.head_dim : nullptr;
-  const dim3 grid(static_cast<unsigned>(pl.n_parts * pl.n_chunks), static_cast<unsigned>(p.kv.n_kv_heads),
-                  static_cast<unsigned>(p.n_seqs));
+  const dim3 grid(static_cast<unsigned>(pl.n_parts * pl.n_chunks),
+                  static_cast<unsigned>(p.kv.n_kv_heads / pl.heads_per_cta), static_cast<unsigned>(p.n_seqs));
   if (pl.v11) {
-    const MmaV11Maps maps = make_v11_maps(p.kv);
-    pl.v11<<<grid, kThreads, pl.smem_bytes, st>>>(p, maps, pl.partition_size, pl.n_chunks, ilog2(p.kv.block_size),
+    const MmaV11Maps maps = make_v11_maps(p.kv, pl.heads_per_cta > 1 ? kV12Heads : 2);
+    pl.v11<<<grid, pl.threads, pl.smem_bytes, st>>>(p, maps, pl.partition_size, pl.n_chunks, ilog2(p.kv.block_size),
                                                  ws_o, ws_md, pl.n_parts);
   } else {
     pl.fn<<<grid, kThreads, pl.smem_bytes, st>>>(p, pl.partition_size, pl.n_chunks, ilog2(p.kv.block_size), ws_o,

@@ -106,6 +106,47 @@ __device__ __forceinline__ void rows8_md_to_smem(float m, float d, int warp, int
   }
 }
 
+// The store of a warp that owns its rows' whole state (version 12: one warp
+// a KV head, nothing to merge across warps), straight from O^T's fragments
+// (o[mt][c]: row 2t + c % 2, head dim VL::v_dim(g, mt, c / 2)): the output
+// O / D (no split) or the partition's (m, d, O) for the combine kernel, as
+// merge_warps_and_store writes them. m: row g's running max (the same in its
+// 4 lanes); d: this lane's part of row g's denominator.
+template <typename VL, int HD, int NS>
+__device__ __forceinline__ void rows8_store_warp(const PagedDecodeParams& p, const DecodeCta& c, int partition_size,
+                                                 float* __restrict__ ws_o, float* __restrict__ ws_md, int ws_parts,
+                                                 float m, float d, const float (&o)[NS][4]) {
+  const int g = c.lane >> 2, t = c.lane & 3;
+  d += __shfl_xor_sync(0xffffffffu, d, 1);
+  d += __shfl_xor_sync(0xffffffffu, d, 2);
+#pragma unroll
+  for (int cc = 0; cc < 2; ++cc) {
+    const int r = 2 * t + cc;  // row r's state sits in lanes 4r .. 4r + 3
+    const float M = __shfl_sync(0xffffffffu, m, 4 * r);
+    const float D = __shfl_sync(0xffffffffu, d, 4 * r);
+    const int rho = c.chunk * kMmaRows + r;
+    if (rho >= c.rows) continue;
+    const int64_t rid = int64_t(c.sr.q0 + rho / c.group) * p.n_heads + c.kvh * c.group + rho % c.group;
+    if (partition_size == 0) {
+      float* out = p.out + rid * HD;
+#pragma unroll
+      for (int mt = 0; mt < NS; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) out[VL::v_dim(g, mt, h)] = o[mt][cc + 2 * h] / D;  // D > 0 for a valid row
+    } else {
+      const int64_t at = rid * ws_parts + c.part;
+#pragma unroll
+      for (int mt = 0; mt < NS; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) ws_o[at * HD + VL::v_dim(g, mt, h)] = o[mt][cc + 2 * h];
+      if (g == 0) {
+        ws_md[at * 2] = M;
+        ws_md[at * 2 + 1] = D;
+      }
+    }
+  }
+}
+
 // Row g's scores of a 16-key tile, sc[j][c] = key key0 + 8j + 2t + c (S's
 // C fragment): keys outside the row's [key_lo, key_hi) become -inf. Callers
 // run it only on tiles that cross a row's bounds (rows8_common_keys).
