@@ -62,7 +62,7 @@
 // ring of 16-key tiles (2-4 stages: tiles in flight while a tile computes).
 // Version 9: version 7 at 3 CTAs an SM (168 registers) where that does not
 // spill. RUNLM_PAGED_DECODE_MMA=v4..v9 picks the version, tests switch it
-// with paged_decode_set_mma_version. Unset: version 9, the fastest measured
+// with paged_decode_set_mma_version. Unset (before version 12): version 9, the fastest measured
 // at B=64, L=8192 (H100, session 6: q8_0 443 us against v4's 496, fp8 461
 // against 490, q4_0 321 against 376); pairs with an f16 side and head_dim
 // 256 run version 4 (mma_version_at).
@@ -84,13 +84,16 @@
 // tensor maps a launch (make_v11_maps). RUNLM_PAGED_DECODE_V11=s4c3
 // (default: 4 stages, 3 CTAs an SM) or s3c4 (3 stages, 4 CTAs) picks the
 // configuration.
-// Version 12 (issue 7, opt-in: RUNLM_PAGED_DECODE_MMA=v12, sm_90a): one CTA
+// Version 12 (issue 7, the default since session 11, sm_90a): one CTA
 // per (sequence, group of 8 KV heads, row chunk, partition), a producer warp
 // bringing each 16-key tile of the 8 heads (whole 1 KB quant rows and the
 // scale rows of a page) into a CTA-wide TMA ring, 8 consumer warps (one a
 // head) computing it with version 11's math (paged_decode_mma_v12.cuh); K and
 // V each q8_0, fp8 or q4_0, head_dim 128, block_size >= 16, n_kv_heads a
-// multiple of 8; elsewhere what version 9 runs.
+// multiple of 8; elsewhere what version 9 runs. RUNLM_PAGED_DECODE_V12=c1
+// or c2 forces its CTAs an SM (v12_ctas). Measured at B=64 L=8192 against
+// f16's version 10 in the same run: q8_0 1.83x, fp8 1.84x, q4_0 3.08x
+// (version 9: 1.62x, 1.64x, 2.25x); NOTES.md "Decode v12".
 #include <algorithm>
 #include <atomic>
 #include <cfloat>
@@ -287,7 +290,7 @@ int mma_version() {
   int v = g_mma_version.load(std::memory_order_relaxed);
   if (v == 0) {
     const char* e = std::getenv("RUNLM_PAGED_DECODE_MMA");
-    v = 9;
+    v = 12;  // where it applies; elsewhere version 9's choice (mma_version_at)
     if (e && *e) {
       RUNLM_CHECK(std::strcmp(e, "v4") == 0 || std::strcmp(e, "v5") == 0 || std::strcmp(e, "v6") == 0 ||
                       std::strcmp(e, "v7") == 0 || std::strcmp(e, "v8") == 0 || std::strcmp(e, "v9") == 0 ||
@@ -398,6 +401,22 @@ bool v11_applies(const PagedDecodeParams& p) {
          device_is_sm90();
 }
 
+// Version 12's CTAs an SM: 1 (128 registers, the whole ring budget) or 2
+// (112 registers, half the ring each). RUNLM_PAGED_DECODE_V12=c1 or c2 forces
+// one (read once); unset: 2, the faster for every pair measured (B=64
+// L=8192, 4 boxes a stage, 4096-key partitions: q8_0 392.2 us against 394.8,
+// fp8 391.8 / 392.4, q4_0 233.7 / 247.8; its kernels spill 8-28 bytes).
+int v12_ctas() {
+  static const int forced = [] {
+    const char* e = std::getenv("RUNLM_PAGED_DECODE_V12");
+    if (!e || !*e) return 0;
+    RUNLM_CHECK(std::strcmp(e, "c1") == 0 || std::strcmp(e, "c2") == 0,
+                "RUNLM_PAGED_DECODE_V12=%s unsupported; supported: c1, c2", e);
+    return e[1] - '0';
+  }();
+  return forced ? forced : 2;
+}
+
 // Version 12's cases (paged_decode_mma_v12.cuh): K and V each q8_0, fp8 or
 // q4_0, head_dim 128, pages of >= 16 slots, n_kv_heads a multiple of 8 (a
 // CTA takes 8 heads), 16-byte aligned pools, an sm_90 device.
@@ -424,28 +443,40 @@ int mma_version_at(int version, const PagedDecodeParams& p) {
 }
 
 // A version 11 or 12 launch's tensor maps (MmaV11Maps) over one pool (K or
-// V): quants [pages][block_size][n_kv x 128] u8 in 128-byte swizzled boxes of
-// one head's row x 16 slots (q4_0, version 12: 64-byte rows, no swizzle),
-// scales [pages][block_size][n_kv x 4] f16 in boxes of scale_heads x 4 scales
-// x 16 slots (version 11: 2, the head pair kvh & ~1, kvh | 1, so boxes start
-// 16-byte aligned; version 12: its 8 heads). The pool's page count is not in
-// the params: the page dimension is the largest that keeps the mapped range under 2^48 bytes (coordinates
-// come from valid table entries only; TMA wants dims <= 2^32).
-void make_v11_maps(const void* pool, KvType type, int n_kv, int bs, int scale_heads, const char* what,
+// V), heads_a_box 1 (version 11) or 8 (version 12): quants [pages]
+// [block_size][n_kv x 128] u8 in 128-byte swizzled boxes of heads_a_box
+// heads' rows x 16 slots (q4_0, version 12 only: 64-byte rows, no swizzle),
+// scales [pages][block_size][n_kv x 4] f16 in boxes of 4 scales x 16 slots
+// of 2 heads (version 11: the head pair kvh & ~1, kvh | 1, so boxes start
+// 16-byte aligned) or 8 (version 12). The pool's page count is not in the
+// params: the page dimension is the largest that keeps the mapped range
+// under 2^48 bytes (coordinates come from valid table entries only; TMA
+// wants dims <= 2^32).
+void make_v11_maps(const void* pool, KvType type, int n_kv, int bs, int heads_a_box, const char* what,
                    CUtensorMap* quants, CUtensorMap* scales) {
   const int head_row = type == KvType::Q4_0 ? 64 : 128;  // a head's quant bytes of a slot (head_dim 128)
   const int64_t q_row = int64_t(n_kv) * head_row, s_row = int64_t(n_kv) * 8;
   const int64_t page = bs * (q_row + s_row);
   const int64_t pages = std::max<int64_t>(1, std::min<int64_t>(INT32_MAX, (int64_t(1) << 48) / page));
-  const cuuint32_t estr[3] = {1, 1, 1};
+  const cuuint32_t estr[4] = {1, 1, 1, 1};
   {
-    const cuuint64_t dims[3] = {cuuint64_t(q_row), cuuint64_t(bs), cuuint64_t(pages)};
-    const cuuint64_t strides[2] = {cuuint64_t(q_row), cuuint64_t(page)};
-    const cuuint32_t box[3] = {cuuint32_t(head_row), 16, 1};
+    // Version 11: 3-D {row bytes, slot, page}, a box = one head's 16 rows.
+    // Version 12: 4-D {a head's row bytes, slot, head, page} with the head
+    // dimension inside the slot one in memory (strides need not grow), so
+    // one box = 8 heads x 16 rows, landing head-major in shared memory.
+    const bool v12 = heads_a_box > 1;
+    const int rank = v12 ? 4 : 3;
+    const cuuint64_t dims3[3] = {cuuint64_t(q_row), cuuint64_t(bs), cuuint64_t(pages)};
+    const cuuint64_t strides3[2] = {cuuint64_t(q_row), cuuint64_t(page)};
+    const cuuint32_t box3[3] = {cuuint32_t(head_row), 16, 1};
+    const cuuint64_t dims4[4] = {cuuint64_t(head_row), cuuint64_t(bs), cuuint64_t(n_kv), cuuint64_t(pages)};
+    const cuuint64_t strides4[3] = {cuuint64_t(q_row), cuuint64_t(head_row), cuuint64_t(page)};
+    const cuuint32_t box4[4] = {cuuint32_t(head_row), 16, cuuint32_t(heads_a_box), 1};
     // 8-bit rows in the 128-byte swizzle (versions 11, 12 read them so); q4_0's 64-byte rows (version 12) plain.
     const CUtensorMapSwizzle swz = head_row == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE;
-    const CUresult e = encode_tiled_fn()(quants, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void*>(pool), dims,
-                                         strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, swz,
+    const CUresult e = encode_tiled_fn()(quants, CU_TENSOR_MAP_DATA_TYPE_UINT8, rank, const_cast<void*>(pool),
+                                         v12 ? dims4 : dims3, v12 ? strides4 : strides3, v12 ? box4 : box3, estr,
+                                         CU_TENSOR_MAP_INTERLEAVE_NONE, swz,
                                          CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     RUNLM_CHECK(e == CUDA_SUCCESS,
                 "paged_decode_attention (versions 11, 12): cuTensorMapEncodeTiled(%s quants, n_kv_heads=%d block_size=%d) "
@@ -455,7 +486,7 @@ void make_v11_maps(const void* pool, KvType type, int n_kv, int bs, int scale_he
   {
     const cuuint64_t dims[3] = {cuuint64_t(n_kv) * 4, cuuint64_t(bs), cuuint64_t(pages)};
     const cuuint64_t strides[2] = {cuuint64_t(s_row), cuuint64_t(page)};
-    const cuuint32_t box[3] = {cuuint32_t(scale_heads) * 4, 16, 1};
+    const cuuint32_t box[3] = {cuuint32_t(heads_a_box == 1 ? 2 : heads_a_box) * 4, 16, 1};
     void* base = static_cast<uint8_t*>(const_cast<void*>(pool)) + bs * q_row;
     const CUresult e = encode_tiled_fn()(scales, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, base, dims, strides, box, estr,
                                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
@@ -467,10 +498,10 @@ void make_v11_maps(const void* pool, KvType type, int n_kv, int bs, int scale_he
   }
 }
 
-MmaV11Maps make_v11_maps(const PagedKvView& kv, int scale_heads) {
+MmaV11Maps make_v11_maps(const PagedKvView& kv, int heads_a_box) {
   MmaV11Maps m;
-  make_v11_maps(kv.k_pool, kv.k_type, kv.n_kv_heads, kv.block_size, scale_heads, "K", &m.kq, &m.ks);
-  make_v11_maps(kv.v_pool, kv.v_type, kv.n_kv_heads, kv.block_size, scale_heads, "V", &m.vq, &m.vs);
+  make_v11_maps(kv.k_pool, kv.k_type, kv.n_kv_heads, kv.block_size, heads_a_box, "K", &m.kq, &m.ks);
+  make_v11_maps(kv.v_pool, kv.v_type, kv.n_kv_heads, kv.block_size, heads_a_box, "V", &m.vq, &m.vs);
   return m;
 }
 
@@ -539,6 +570,7 @@ struct Plan {
   KernelV11Fn v11 = nullptr;  // version 11's or 12's kernel (its own parameter list: the tensor maps)
   int threads = kThreads;     // a CTA's
   int heads_per_cta = 1;      // KV heads a CTA (version 12: kV12Heads; grid y = n_kv_heads / this)
+  int ctas_per_sm = 0;        // version 12's CTAs an SM (v12_ctas)
   int rows_per_cta = 1;
   int n_chunks = 1;
   int smem_bytes = 0;      // dynamic shared memory (version 6)
@@ -574,7 +606,8 @@ Plan make_plan(const PagedDecodeParams& p, int forced_partition) {
       if (version == 11) {
         pl.v11 = pick_mma_v11_kernel(p.kv.k_type, p.kv.v_type, v11_config(), &pl.smem_bytes);
       } else {
-        pl.v11 = pick_mma_v12_kernel(p.kv.k_type, p.kv.v_type, &pl.smem_bytes);
+        pl.ctas_per_sm = v12_ctas();
+        pl.v11 = pick_mma_v12_kernel(p.kv.k_type, p.kv.v_type, pl.ctas_per_sm, &pl.smem_bytes);
         pl.threads = kV12Threads;
         pl.heads_per_cta = kV12Heads;
       }
@@ -617,10 +650,12 @@ Plan make_plan(const PagedDecodeParams& p, int forced_partition) {
     const int64_t waves = base > 0 ? (base + conc - 1) / conc : 1;
     const bool fills_waves = base * 10 >= waves * conc * 9;
     if (pl.heads_per_cta > 1) {
-      // Version 12 (1 CTA an SM, a ring that fills once a CTA): the longest
-      // partitions that still give every CTA a place in one wave (B=64
-      // L=8192 q8_0: 4096 keys, 128 CTAs, 399.4 us; 2048, 256 CTAs, 402.1).
-      const int64_t fit = base > 0 ? conc / base : 1;
+      // Version 12 (a ring that fills once a CTA): the longest partitions
+      // that still give every CTA an SM of its own, even at 2 CTAs an SM
+      // (B=64 L=8192, 2 CTAs an SM: 4096 keys, 128 CTAs: q8_0 392.2 us, q4_0
+      // 233.7; 2048 keys, 256 CTAs: 397.2, 239.9).
+      const int64_t sms = std::max<int64_t>(1, conc / pl.ctas_per_sm);  // conc: SMs x resident CTAs
+      const int64_t fit = base > 0 ? sms / base : 1;
       if (fit > 1) {
         int size = std::max(kMinPartition, next_pow2((span + fit - 1) / fit));
         while (ceil_div(span, size) > bound) size *= 2;
@@ -711,7 +746,7 @@ void paged_decode_attention(const PagedDecodeParams& p, void* workspace, size_t 
   const dim3 grid(static_cast<unsigned>(pl.n_parts * pl.n_chunks),
                   static_cast<unsigned>(p.kv.n_kv_heads / pl.heads_per_cta), static_cast<unsigned>(p.n_seqs));
   if (pl.v11) {
-    const MmaV11Maps maps = make_v11_maps(p.kv, pl.heads_per_cta > 1 ? kV12Heads : 2);
+    const MmaV11Maps maps = make_v11_maps(p.kv, pl.heads_per_cta);
     pl.v11<<<grid, pl.threads, pl.smem_bytes, st>>>(p, maps, pl.partition_size, pl.n_chunks, ilog2(p.kv.block_size),
                                                  ws_o, ws_md, pl.n_parts);
   } else {

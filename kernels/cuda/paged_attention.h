@@ -57,17 +57,17 @@ bool paged_decode_uses_tensor_cores(const PagedDecodeParams& p);
 // and 128 (7 to 9 with K and V both quantized), elsewhere version 4 runs.
 // 11 (opt-in, sm_90: 7's math through a per-warp TMA ring in shared memory)
 // for K and V both q8_0 or fp8 at head_dim 128, block_size >= 16, even
-// n_kv_heads; elsewhere 11 runs what 9 runs. 12 (opt-in, sm_90: a CTA a
+// n_kv_heads; elsewhere 11 runs what 9 runs. 12 (the default, sm_90: a CTA a
 // group of 8 KV heads, a producer warp filling a CTA-wide TMA ring with whole
-// page rows) for 11's cases with n_kv_heads a multiple of 8; elsewhere 12
-// runs what 9 runs.
-// From RUNLM_PAGED_DECODE_MMA=v4..v9, v11 or v12, v9 when unset; the setter
-// overrides it for the process (tests run all).
+// page rows) for K and V each q8_0, fp8 or q4_0 at head_dim 128, block_size
+// >= 16, n_kv_heads a multiple of 8; elsewhere 12 runs what 9 runs.
+// From RUNLM_PAGED_DECODE_MMA=v4..v9, v11 or v12; unset: 12 (so 9 where 12
+// does not apply); the setter overrides it for the process (tests run all).
 int paged_decode_mma_version();
 void paged_decode_set_mma_version(int version);
 // The version that these params run under the version in use (after the
 // fallbacks above: 4 where the version does not exist for them, version
-// 9's choice where 11 does not apply); 0 when they do not run on versions
+// 9's choice where 11 or 12 does not apply); 0 when they do not run on versions
 // 4-12 (the SIMT kernel or version 10). Tests check versions 11 and 12 really ran.
 int paged_decode_mma_version_for(const PagedDecodeParams& p);
 

@@ -29,9 +29,11 @@
 // one (count 8: each consumer warp arrives once it has read the stage).
 // Producer (warp 8): the warp walks the tiles, lane j reading the page of
 // tile n0 + j of each 32-tile batch (one table load a batch, handed out by
-// shuffles); lane 0 waits for the stage to be empty, arms it and issues 18
-// boxes (8 heads' quants x K, V: version 11's maps, 64-byte rows for q4_0;
-// the two scale rows: boxes of the 8 heads' 32 scales x 16 rows).
+// shuffles); lane 0 waits for the stage to be empty, arms it and issues 4
+// boxes: K and V quants of the 8 heads x 16 rows (4-D maps whose head
+// dimension lies inside the slot one, so the box lands head-major), and the
+// two scale rows (the 8 heads' 32 scales x 16 rows). (18 boxes, one a head
+// and pool, ran q4_0 at ~1700 cycles a stage, as if bound by the box rate.)
 // Consumers: warp w is KV head 8 * blockIdx.y + w with the chunk's 8 rows of
 // its group (row g = lane / 4, as every tensor-core version), walks every
 // tile of the CTA's keys, and stores its own rows at the end (no cross-warp
@@ -107,8 +109,8 @@ struct V12Rows {
 };
 
 // A stage of the ring for K type KP and V type VP, offsets from its start;
-// S: the stages that fit kV12RingBudget, at most 8.
-template <typename KP, typename VP>
+// S: the stages that fit kV12RingBudget shared by kCtas CTAs an SM, at most 8.
+template <typename KP, typename VP, int kCtas>
 struct MmaV12Stage {
   static constexpr int kKq = 0;                                        // [8][16][K row], 8-bit swizzled
   static constexpr int kVq = kKq + kV12Heads * V12Rows<KP>::kHeadBytes;  // [8][16][V row]
@@ -116,18 +118,20 @@ struct MmaV12Stage {
   static constexpr int kVs = kKs + kV12SBytes;                         // same
   static constexpr int kBytes = kVs + kV12SBytes;
   static_assert(kBytes % 1024 == 0 && kVq % 1024 == 0, "version 12: swizzled rows must stay 1024-byte aligned");
-  static constexpr int S = kV12RingBudget / kBytes < 8 ? kV12RingBudget / kBytes : 8;
+  static constexpr int S = kV12RingBudget / kCtas / kBytes < 8 ? kV12RingBudget / kCtas / kBytes : 8;
+  static_assert(S >= 2, "version 12: at least 2 stages");
   static constexpr int kFull = S * kBytes;       // [S] mbarrier
   static constexpr int kEmpty = kFull + S * 8;   // [S] mbarrier
   static constexpr int kSmem = kEmpty + S * 8 + 1024;  // + the base's alignment slack
-  static_assert(kSmem + 1024 <= 233472, "version 12: the ring does not fit an SM's shared memory");
+  static_assert(kCtas * (kSmem + 1024) <= 233472, "version 12: the rings do not fit an SM's shared memory");
 };
 
 // grid: x = partition * n_chunks + chunk, y = group of 8 KV heads, z =
-// sequence; kV12Threads threads, 1 CTA an SM (shared memory). Workspace and
-// results as version 4's. Maps: version 11's (make_v11_maps with 8 heads a scale box).
-template <typename KP, typename VP>
-__global__ void __launch_bounds__(kV12Threads, 1)
+// sequence; kV12Threads threads, kCtas CTAs an SM (1: 128 registers, 2: 112,
+// by shared memory and registers). Workspace and results as version 4's.
+// Maps: make_v11_maps with 8 heads a box.
+template <typename KP, typename VP, int kCtas>
+__global__ void __launch_bounds__(kV12Threads) __maxnreg__(kCtas == 1 ? 128 : 112)
     paged_decode_mma_v12_kernel(const __grid_constant__ PagedDecodeParams p, const __grid_constant__ MmaV11Maps tm,
                                 int partition_size, int n_chunks, int bs_shift, float* __restrict__ ws_o,
                                 float* __restrict__ ws_md, int ws_parts) {
@@ -139,7 +143,7 @@ __global__ void __launch_bounds__(kV12Threads, 1)
   using KR = V12Rows<KP>;
   using VR = V12Rows<VP>;
   using VL = MmaV7Layout<VP, HD>;  // v_frag, v_dim, v_block
-  using L = MmaV12Stage<KP, VP>;
+  using L = MmaV12Stage<KP, VP, kCtas>;
   constexpr int S = L::S;
 
   extern __shared__ uint8_t v12_smem_raw[];
@@ -189,11 +193,8 @@ __global__ void __launch_bounds__(kV12Threads, 1)
         const uint32_t stage = sbase + st * L::kBytes;
         const int row = (k_first + 16 * n) & bs_mask;
         fa3::mbar_arrive_expect_tx(bar, L::kBytes);
-#pragma unroll
-        for (int h = 0; h < kV12Heads; ++h) {
-          fa3::tma_load_3d(stage + L::kKq + h * KR::kHeadBytes, &tm.kq, bar, (head0 + h) * KR::kRow, row, page);
-          fa3::tma_load_3d(stage + L::kVq + h * VR::kHeadBytes, &tm.vq, bar, (head0 + h) * VR::kRow, row, page);
-        }
+        fa3::tma_load_4d(stage + L::kKq, &tm.kq, bar, 0, row, head0, page);
+        fa3::tma_load_4d(stage + L::kVq, &tm.vq, bar, 0, row, head0, page);
         fa3::tma_load_3d(stage + L::kKs, &tm.ks, bar, head0 * (HD / 32), row, page);
         fa3::tma_load_3d(stage + L::kVs, &tm.vs, bar, head0 * (HD / 32), row, page);
       }
@@ -315,9 +316,9 @@ __global__ void __launch_bounds__(kV12Threads, 1)
 }
 
 // Version 12's kernel for K type k and V type v (each q8_0, fp8 or q4_0,
-// head_dim 128; kernels/cuda/inst/paged_decode_mma_v12.cu), nullptr for
-// other pairs; *smem_bytes: its dynamic shared memory.
-KernelV11Fn pick_mma_v12_kernel(KvType k, KvType v, int* smem_bytes);
+// head_dim 128; kernels/cuda/inst/paged_decode_mma_v12.cu) at ctas (1, 2)
+// CTAs an SM, nullptr for other pairs; *smem_bytes: its dynamic shared memory.
+KernelV11Fn pick_mma_v12_kernel(KvType k, KvType v, int ctas, int* smem_bytes);
 
 }  // namespace paged
 }  // namespace runlm

@@ -36,6 +36,7 @@ paged_decode_mma_v12.cuh; opt-in, sm_90a), in paged_decode_mma_v12.cu:
 
   K, V types:  q8_0, fp8, q4_0 (every pair of the three)
   head_dim:    128
+  CTAs an SM:  1 and 2
 
 and version 10, tensor cores for the plain pools (paged_decode_mma_f16.cuh),
 in paged_decode_mma_plain.cu:
@@ -187,14 +188,14 @@ def main():
         "",
         "namespace runlm::paged {",
         "",
-        "KernelV11Fn pick_mma_v12_kernel(KvType k, KvType v, int* smem_bytes) {",
+        "KernelV11Fn pick_mma_v12_kernel(KvType k, KvType v, int ctas, int* smem_bytes) {",
     ]
     for kname, kt in MMA_V12_TYPES:
         for vname, vt in MMA_V12_TYPES:
             pols = f"{MMA_POLICY[kname]}, {MMA_POLICY[vname]}"
             lines.append(f"  if (k == KvType::{kt} && v == KvType::{vt}) {{")
-            lines.append(f"    *smem_bytes = MmaV12Stage<{pols}>::kSmem;")
-            lines.append(f"    return paged_decode_mma_v12_kernel<{pols}>;")
+            lines.append(f"    *smem_bytes = ctas == 2 ? MmaV12Stage<{pols}, 2>::kSmem : MmaV12Stage<{pols}, 1>::kSmem;")
+            lines.append(f"    return ctas == 2 ? paged_decode_mma_v12_kernel<{pols}, 2> : paged_decode_mma_v12_kernel<{pols}, 1>;")
             lines.append("  }")
     lines += ["  *smem_bytes = 0;", "  return nullptr;", "}", "", "}  // namespace runlm::paged", ""]
     (out / "paged_decode_mma_v12.cu").write_text("\n".join(lines))
