@@ -401,11 +401,14 @@ bool v11_applies(const PagedDecodeParams& p) {
          device_is_sm90();
 }
 
-// Version 12's CTAs an SM: 1 (128 registers, the whole ring budget) or 2
-// (112 registers, half the ring each). RUNLM_PAGED_DECODE_V12=c1 or c2 forces
-// one (read once); unset: 2, the faster for every pair measured (B=64
-// L=8192, 4 boxes a stage, 4096-key partitions: q8_0 392.2 us against 394.8,
-// fp8 391.8 / 392.4, q4_0 233.7 / 247.8; its kernels spill 8-28 bytes).
+// The CTAs an SM version 12's kernel is sized for: 1 (128 registers, the
+// whole ring budget) or 2 (112 registers, half the ring). The occupancy
+// calculator places the 2-CTA kernel 1 an SM on the H100 (measured through
+// the split it picks), so in practice 2 means a shorter ring and a register
+// cap, and it is the faster for every pair measured (B=64 L=8192, 4 boxes a
+// stage, 4096-key partitions: q8_0 392.2 us against 394.8, fp8 391.8 /
+// 392.4, q4_0 233.7 / 247.8; its kernels spill 8-28 bytes). Unset: 2;
+// RUNLM_PAGED_DECODE_V12=c1 or c2 forces one (read once).
 int v12_ctas() {
   static const int forced = [] {
     const char* e = std::getenv("RUNLM_PAGED_DECODE_V12");
@@ -570,7 +573,6 @@ struct Plan {
   KernelV11Fn v11 = nullptr;  // version 11's or 12's kernel (its own parameter list: the tensor maps)
   int threads = kThreads;     // a CTA's
   int heads_per_cta = 1;      // KV heads a CTA (version 12: kV12Heads; grid y = n_kv_heads / this)
-  int ctas_per_sm = 0;        // version 12's CTAs an SM (v12_ctas)
   int rows_per_cta = 1;
   int n_chunks = 1;
   int smem_bytes = 0;      // dynamic shared memory (version 6)
@@ -606,8 +608,7 @@ Plan make_plan(const PagedDecodeParams& p, int forced_partition) {
       if (version == 11) {
         pl.v11 = pick_mma_v11_kernel(p.kv.k_type, p.kv.v_type, v11_config(), &pl.smem_bytes);
       } else {
-        pl.ctas_per_sm = v12_ctas();
-        pl.v11 = pick_mma_v12_kernel(p.kv.k_type, p.kv.v_type, pl.ctas_per_sm, &pl.smem_bytes);
+        pl.v11 = pick_mma_v12_kernel(p.kv.k_type, p.kv.v_type, v12_ctas(), &pl.smem_bytes);
         pl.threads = kV12Threads;
         pl.heads_per_cta = kV12Heads;
       }
@@ -651,11 +652,10 @@ Plan make_plan(const PagedDecodeParams& p, int forced_partition) {
     const bool fills_waves = base * 10 >= waves * conc * 9;
     if (pl.heads_per_cta > 1) {
       // Version 12 (a ring that fills once a CTA): the longest partitions
-      // that still give every CTA an SM of its own, even at 2 CTAs an SM
-      // (B=64 L=8192, 2 CTAs an SM: 4096 keys, 128 CTAs: q8_0 392.2 us, q4_0
+      // that still fit one wave (B=64 L=8192, sized for 2 CTAs an SM, which
+      // the H100 runs 1 an SM: 4096 keys, 128 CTAs: q8_0 392.2 us, q4_0
       // 233.7; 2048 keys, 256 CTAs: 397.2, 239.9).
-      const int64_t sms = std::max<int64_t>(1, conc / pl.ctas_per_sm);  // conc: SMs x resident CTAs
-      const int64_t fit = base > 0 ? sms / base : 1;
+      const int64_t fit = base > 0 ? conc / base : 1;
       if (fit > 1) {
         int size = std::max(kMinPartition, next_pow2((span + fit - 1) / fit));
         while (ceil_div(span, size) > bound) size *= 2;
