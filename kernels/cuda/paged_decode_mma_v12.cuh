@@ -1,5 +1,5 @@
-// Version 12 of the tensor-core paged decode (issue 7; opt-in,
-// RUNLM_PAGED_DECODE_MMA=v12; sm_90a): one CTA per (sequence, group of 8 KV
+// Version 12 of the tensor-core paged decode (issue 7; the default where it
+// applies since session 11, sm_90a): one CTA per (sequence, group of 8 KV
 // heads, row chunk, partition) instead of one per KV head. A producer warp
 // brings each 16-key tile of all 8 heads into a CTA-wide shared-memory ring
 // by TMA (one page's 16 whole 1 KB quant rows of K and of V, and their 64-byte
