@@ -420,6 +420,20 @@ int v12_ctas() {
   return forced ? forced : 2;
 }
 
+// Version 12's ring depth: RUNLM_PAGED_DECODE_V12_STAGES=2..8 forces one
+// (read once; measurements), 0 when unset (the kernel's default,
+// MmaV12Stage::S).
+int v12_stages_forced() {
+  static const int n = [] {
+    const char* e = std::getenv("RUNLM_PAGED_DECODE_V12_STAGES");
+    if (!e || !*e) return 0;
+    const int v = std::atoi(e);
+    RUNLM_CHECK(v >= 2 && v <= 8, "RUNLM_PAGED_DECODE_V12_STAGES=%s unsupported; supported: 2..8", e);
+    return v;
+  }();
+  return n;
+}
+
 // Version 12's cases (paged_decode_mma_v12.cuh): K and V each q8_0, fp8 or
 // q4_0, head_dim 128, pages of >= 16 slots, n_kv_heads a multiple of 8 (a
 // CTA takes 8 heads), 16-byte aligned pools, an sm_90 device.
@@ -570,7 +584,9 @@ int device_concurrency(KernelFn fn, int smem_bytes, int threads) {
 
 struct Plan {
   KernelFn fn = nullptr;   // the kernel (for version 11: v11's address, for the attribute and occupancy queries)
-  KernelV11Fn v11 = nullptr;  // version 11's or 12's kernel (its own parameter list: the tensor maps)
+  KernelV11Fn v11 = nullptr;  // version 11's kernel (its own parameter list: the tensor maps)
+  KernelV12Fn v12 = nullptr;  // version 12's (the tensor maps and the ring's depth)
+  int v12_stages = 0;
   int threads = kThreads;     // a CTA's
   int heads_per_cta = 1;      // KV heads a CTA (version 12: kV12Heads; grid y = n_kv_heads / this)
   int rows_per_cta = 1;
@@ -604,17 +620,25 @@ Plan make_plan(const PagedDecodeParams& p, int forced_partition) {
     pl.rows_per_cta = kMmaRows;
     pl.n_chunks = ceil_div(rows, kMmaRows);
     const int version = mma_version_at(mma_version(), p);
-    if (version == 11 || version == 12) {
-      if (version == 11) {
-        pl.v11 = pick_mma_v11_kernel(p.kv.k_type, p.kv.v_type, v11_config(), &pl.smem_bytes);
-      } else {
-        pl.v11 = pick_mma_v12_kernel(p.kv.k_type, p.kv.v_type, v12_ctas(), &pl.smem_bytes);
-        pl.threads = kV12Threads;
-        pl.heads_per_cta = kV12Heads;
-      }
-      RUNLM_CHECK(pl.v11, "paged_decode_attention: no version %d kernel for K=%s V=%s", version,
-                  kv_type_name(p.kv.k_type), kv_type_name(p.kv.v_type));
+    if (version == 11) {
+      pl.v11 = pick_mma_v11_kernel(p.kv.k_type, p.kv.v_type, v11_config(), &pl.smem_bytes);
+      RUNLM_CHECK(pl.v11, "paged_decode_attention: no version 11 kernel for K=%s V=%s", kv_type_name(p.kv.k_type),
+                  kv_type_name(p.kv.v_type));
       pl.fn = reinterpret_cast<KernelFn>(pl.v11);  // never launched through this type
+      ensure_smem_attr(pl.fn, pl.smem_bytes, true);
+    } else if (version == 12) {
+      int stage_bytes = 0;
+      pl.v12 = pick_mma_v12_kernel(p.kv.k_type, p.kv.v_type, v12_ctas(), &pl.v12_stages, &stage_bytes);
+      RUNLM_CHECK(pl.v12, "paged_decode_attention: no version 12 kernel for K=%s V=%s", kv_type_name(p.kv.k_type),
+                  kv_type_name(p.kv.v_type));
+      if (v12_stages_forced()) pl.v12_stages = v12_stages_forced();
+      pl.smem_bytes = pl.v12_stages * stage_bytes + 16 * pl.v12_stages + 1024;  // MmaV12Stage::smem
+      RUNLM_CHECK(pl.smem_bytes <= 227 * 1024,
+                  "paged_decode_attention (version 12): %d stages of %d bytes do not fit a CTA's shared memory",
+                  pl.v12_stages, stage_bytes);
+      pl.threads = kV12Threads;
+      pl.heads_per_cta = kV12Heads;
+      pl.fn = reinterpret_cast<KernelFn>(pl.v12);  // never launched through this type
       ensure_smem_attr(pl.fn, pl.smem_bytes, true);
     } else {
       pl.fn = pick_mma_kernel(p.kv.k_type, p.kv.v_type, p.kv.head_dim, version, &pl.smem_bytes);
@@ -746,9 +770,13 @@ void paged_decode_attention(const PagedDecodeParams& p, void* workspace, size_t 
   const dim3 grid(static_cast<unsigned>(pl.n_parts * pl.n_chunks),
                   static_cast<unsigned>(p.kv.n_kv_heads / pl.heads_per_cta), static_cast<unsigned>(p.n_seqs));
   if (pl.v11) {
-    const MmaV11Maps maps = make_v11_maps(p.kv, pl.heads_per_cta);
+    const MmaV11Maps maps = make_v11_maps(p.kv, 1);
     pl.v11<<<grid, pl.threads, pl.smem_bytes, st>>>(p, maps, pl.partition_size, pl.n_chunks, ilog2(p.kv.block_size),
                                                  ws_o, ws_md, pl.n_parts);
+  } else if (pl.v12) {
+    const MmaV11Maps maps = make_v11_maps(p.kv, kV12Heads);
+    pl.v12<<<grid, pl.threads, pl.smem_bytes, st>>>(p, maps, pl.partition_size, pl.n_chunks, ilog2(p.kv.block_size),
+                                                 pl.v12_stages, ws_o, ws_md, pl.n_parts);
   } else {
     pl.fn<<<grid, kThreads, pl.smem_bytes, st>>>(p, pl.partition_size, pl.n_chunks, ilog2(p.kv.block_size), ws_o,
                                                  ws_md, pl.n_parts);

@@ -109,7 +109,9 @@ struct V12Rows {
 };
 
 // A stage of the ring for K type KP and V type VP, offsets from its start;
-// S: the stages that fit kV12RingBudget shared by kCtas CTAs an SM, at most 8.
+// S: the default ring depth, the stages that fit kV12RingBudget shared by
+// kCtas CTAs an SM, at most 8 (a launch may ask for another: the kernel's
+// n_stages, RUNLM_PAGED_DECODE_V12_STAGES).
 template <typename KP, typename VP, int kCtas>
 struct MmaV12Stage {
   static constexpr int kKq = 0;                                        // [8][16][K row], 8-bit swizzled
@@ -120,10 +122,10 @@ struct MmaV12Stage {
   static_assert(kBytes % 1024 == 0 && kVq % 1024 == 0, "version 12: swizzled rows must stay 1024-byte aligned");
   static constexpr int S = kV12RingBudget / kCtas / kBytes < 8 ? kV12RingBudget / kCtas / kBytes : 8;
   static_assert(S >= 2, "version 12: at least 2 stages");
-  static constexpr int kFull = S * kBytes;       // [S] mbarrier
-  static constexpr int kEmpty = kFull + S * 8;   // [S] mbarrier
-  static constexpr int kSmem = kEmpty + S * 8 + 1024;  // + the base's alignment slack
-  static_assert(kCtas * (kSmem + 1024) <= 233472, "version 12: the rings do not fit an SM's shared memory");
+  // Dynamic shared memory of a CTA with n stages: the stages, then n full
+  // and n empty mbarriers, + the base's 1024-byte alignment slack.
+  static constexpr int smem(int n) { return n * kBytes + 16 * n + 1024; }
+  static_assert(kCtas * (smem(S) + 1024) <= 233472, "version 12: the rings do not fit an SM's shared memory");
 };
 
 // grid: x = partition * n_chunks + chunk, y = group of 8 KV heads, z =
@@ -134,7 +136,7 @@ struct MmaV12Stage {
 template <typename KP, typename VP, int kCtas>
 __global__ void __launch_bounds__(kV12Threads) __maxnreg__(kCtas == 1 ? 128 : 112)
     paged_decode_mma_v12_kernel(const __grid_constant__ PagedDecodeParams p, const __grid_constant__ MmaV11Maps tm,
-                                int partition_size, int n_chunks, int bs_shift, float* __restrict__ ws_o,
+                                int partition_size, int n_chunks, int bs_shift, int n_stages, float* __restrict__ ws_o,
                                 float* __restrict__ ws_md, int ws_parts) {
 #if RUNLM_FA3_DEVICE
   constexpr int HD = kV12Hd;
@@ -145,14 +147,14 @@ __global__ void __launch_bounds__(kV12Threads) __maxnreg__(kCtas == 1 ? 128 : 11
   using VR = V12Rows<VP>;
   using VL = MmaV7Layout<VP, HD>;  // v_frag, v_dim, v_block
   using L = MmaV12Stage<KP, VP, kCtas>;
-  constexpr int S = L::S;
+  const int S = n_stages;  // the ring's depth (>= 2; the host sized the shared memory for it)
 
   extern __shared__ uint8_t v12_smem_raw[];
   const uint32_t raw_addr = fa3::smem_addr(v12_smem_raw);
   uint8_t* const sm = v12_smem_raw + ((1024u - (raw_addr & 1023u)) & 1023u);
   const uint32_t sbase = fa3::smem_addr(sm);
-  auto full_bar = [&](int st) { return sbase + L::kFull + st * 8; };
-  auto empty_bar = [&](int st) { return sbase + L::kEmpty + st * 8; };
+  auto full_bar = [&](int st) { return sbase + S * L::kBytes + st * 8; };
+  auto empty_bar = [&](int st) { return sbase + S * L::kBytes + (S + st) * 8; };
 
   DecodeCta cta;
   if (!decode_cta_begin<R>(p, partition_size, n_chunks, cta)) return;  // CTA-uniform
@@ -162,7 +164,6 @@ __global__ void __launch_bounds__(kV12Threads) __maxnreg__(kCtas == 1 ? 128 : 11
   const int head0 = blockIdx.y * kV12Heads;  // the CTA's first KV head
 
   if (threadIdx.x == 0) {
-#pragma unroll
     for (int st = 0; st < S; ++st) {
       fa3::mbar_init(full_bar(st), 1);
       fa3::mbar_init(empty_bar(st), kV12Heads);
@@ -316,10 +317,14 @@ __global__ void __launch_bounds__(kV12Threads) __maxnreg__(kCtas == 1 ? 128 : 11
 #endif
 }
 
+using KernelV12Fn = void (*)(const PagedDecodeParams, const MmaV11Maps, int, int, int, int, float*, float*, int);
+
 // Version 12's kernel for K type k and V type v (each q8_0, fp8 or q4_0,
-// head_dim 128; kernels/cuda/inst/paged_decode_mma_v12.cu) at ctas (1, 2)
-// CTAs an SM, nullptr for other pairs; *smem_bytes: its dynamic shared memory.
-KernelV11Fn pick_mma_v12_kernel(KvType k, KvType v, int ctas, int* smem_bytes);
+// head_dim 128; kernels/cuda/inst/paged_decode_mma_v12.cu) sized for ctas
+// (1, 2) CTAs an SM, nullptr for other pairs; *stages: its default ring
+// depth (MmaV12Stage::S), *stage_bytes: a stage's bytes (MmaV12Stage::smem
+// gives the dynamic shared memory of a depth).
+KernelV12Fn pick_mma_v12_kernel(KvType k, KvType v, int ctas, int* stages, int* stage_bytes);
 
 }  // namespace paged
 }  // namespace runlm

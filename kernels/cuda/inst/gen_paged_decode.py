@@ -188,16 +188,17 @@ def main():
         "",
         "namespace runlm::paged {",
         "",
-        "KernelV11Fn pick_mma_v12_kernel(KvType k, KvType v, int ctas, int* smem_bytes) {",
+        "KernelV12Fn pick_mma_v12_kernel(KvType k, KvType v, int ctas, int* stages, int* stage_bytes) {",
     ]
     for kname, kt in MMA_V12_TYPES:
         for vname, vt in MMA_V12_TYPES:
             pols = f"{MMA_POLICY[kname]}, {MMA_POLICY[vname]}"
             lines.append(f"  if (k == KvType::{kt} && v == KvType::{vt}) {{")
-            lines.append(f"    *smem_bytes = ctas == 2 ? MmaV12Stage<{pols}, 2>::kSmem : MmaV12Stage<{pols}, 1>::kSmem;")
+            lines.append(f"    *stages = ctas == 2 ? MmaV12Stage<{pols}, 2>::S : MmaV12Stage<{pols}, 1>::S;")
+            lines.append(f"    *stage_bytes = MmaV12Stage<{pols}, 1>::kBytes;")
             lines.append(f"    return ctas == 2 ? paged_decode_mma_v12_kernel<{pols}, 2> : paged_decode_mma_v12_kernel<{pols}, 1>;")
             lines.append("  }")
-    lines += ["  *smem_bytes = 0;", "  return nullptr;", "}", "", "}  // namespace runlm::paged", ""]
+    lines += ["  *stages = *stage_bytes = 0;", "  return nullptr;", "}", "", "}  // namespace runlm::paged", ""]
     (out / "paged_decode_mma_v12.cu").write_text("\n".join(lines))
 
 

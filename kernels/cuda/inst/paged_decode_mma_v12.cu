@@ -4,44 +4,53 @@
 
 namespace runlm::paged {
 
-KernelV11Fn pick_mma_v12_kernel(KvType k, KvType v, int ctas, int* smem_bytes) {
+KernelV12Fn pick_mma_v12_kernel(KvType k, KvType v, int ctas, int* stages, int* stage_bytes) {
   if (k == KvType::Q8_0 && v == KvType::Q8_0) {
-    *smem_bytes = ctas == 2 ? MmaV12Stage<MmaQ8, MmaQ8, 2>::kSmem : MmaV12Stage<MmaQ8, MmaQ8, 1>::kSmem;
+    *stages = ctas == 2 ? MmaV12Stage<MmaQ8, MmaQ8, 2>::S : MmaV12Stage<MmaQ8, MmaQ8, 1>::S;
+    *stage_bytes = MmaV12Stage<MmaQ8, MmaQ8, 1>::kBytes;
     return ctas == 2 ? paged_decode_mma_v12_kernel<MmaQ8, MmaQ8, 2> : paged_decode_mma_v12_kernel<MmaQ8, MmaQ8, 1>;
   }
   if (k == KvType::Q8_0 && v == KvType::FP8) {
-    *smem_bytes = ctas == 2 ? MmaV12Stage<MmaQ8, MmaFp8, 2>::kSmem : MmaV12Stage<MmaQ8, MmaFp8, 1>::kSmem;
+    *stages = ctas == 2 ? MmaV12Stage<MmaQ8, MmaFp8, 2>::S : MmaV12Stage<MmaQ8, MmaFp8, 1>::S;
+    *stage_bytes = MmaV12Stage<MmaQ8, MmaFp8, 1>::kBytes;
     return ctas == 2 ? paged_decode_mma_v12_kernel<MmaQ8, MmaFp8, 2> : paged_decode_mma_v12_kernel<MmaQ8, MmaFp8, 1>;
   }
   if (k == KvType::Q8_0 && v == KvType::Q4_0) {
-    *smem_bytes = ctas == 2 ? MmaV12Stage<MmaQ8, MmaQ4, 2>::kSmem : MmaV12Stage<MmaQ8, MmaQ4, 1>::kSmem;
+    *stages = ctas == 2 ? MmaV12Stage<MmaQ8, MmaQ4, 2>::S : MmaV12Stage<MmaQ8, MmaQ4, 1>::S;
+    *stage_bytes = MmaV12Stage<MmaQ8, MmaQ4, 1>::kBytes;
     return ctas == 2 ? paged_decode_mma_v12_kernel<MmaQ8, MmaQ4, 2> : paged_decode_mma_v12_kernel<MmaQ8, MmaQ4, 1>;
   }
   if (k == KvType::FP8 && v == KvType::Q8_0) {
-    *smem_bytes = ctas == 2 ? MmaV12Stage<MmaFp8, MmaQ8, 2>::kSmem : MmaV12Stage<MmaFp8, MmaQ8, 1>::kSmem;
+    *stages = ctas == 2 ? MmaV12Stage<MmaFp8, MmaQ8, 2>::S : MmaV12Stage<MmaFp8, MmaQ8, 1>::S;
+    *stage_bytes = MmaV12Stage<MmaFp8, MmaQ8, 1>::kBytes;
     return ctas == 2 ? paged_decode_mma_v12_kernel<MmaFp8, MmaQ8, 2> : paged_decode_mma_v12_kernel<MmaFp8, MmaQ8, 1>;
   }
   if (k == KvType::FP8 && v == KvType::FP8) {
-    *smem_bytes = ctas == 2 ? MmaV12Stage<MmaFp8, MmaFp8, 2>::kSmem : MmaV12Stage<MmaFp8, MmaFp8, 1>::kSmem;
+    *stages = ctas == 2 ? MmaV12Stage<MmaFp8, MmaFp8, 2>::S : MmaV12Stage<MmaFp8, MmaFp8, 1>::S;
+    *stage_bytes = MmaV12Stage<MmaFp8, MmaFp8, 1>::kBytes;
     return ctas == 2 ? paged_decode_mma_v12_kernel<MmaFp8, MmaFp8, 2> : paged_decode_mma_v12_kernel<MmaFp8, MmaFp8, 1>;
   }
   if (k == KvType::FP8 && v == KvType::Q4_0) {
-    *smem_bytes = ctas == 2 ? MmaV12Stage<MmaFp8, MmaQ4, 2>::kSmem : MmaV12Stage<MmaFp8, MmaQ4, 1>::kSmem;
+    *stages = ctas == 2 ? MmaV12Stage<MmaFp8, MmaQ4, 2>::S : MmaV12Stage<MmaFp8, MmaQ4, 1>::S;
+    *stage_bytes = MmaV12Stage<MmaFp8, MmaQ4, 1>::kBytes;
     return ctas == 2 ? paged_decode_mma_v12_kernel<MmaFp8, MmaQ4, 2> : paged_decode_mma_v12_kernel<MmaFp8, MmaQ4, 1>;
   }
   if (k == KvType::Q4_0 && v == KvType::Q8_0) {
-    *smem_bytes = ctas == 2 ? MmaV12Stage<MmaQ4, MmaQ8, 2>::kSmem : MmaV12Stage<MmaQ4, MmaQ8, 1>::kSmem;
+    *stages = ctas == 2 ? MmaV12Stage<MmaQ4, MmaQ8, 2>::S : MmaV12Stage<MmaQ4, MmaQ8, 1>::S;
+    *stage_bytes = MmaV12Stage<MmaQ4, MmaQ8, 1>::kBytes;
     return ctas == 2 ? paged_decode_mma_v12_kernel<MmaQ4, MmaQ8, 2> : paged_decode_mma_v12_kernel<MmaQ4, MmaQ8, 1>;
   }
   if (k == KvType::Q4_0 && v == KvType::FP8) {
-    *smem_bytes = ctas == 2 ? MmaV12Stage<MmaQ4, MmaFp8, 2>::kSmem : MmaV12Stage<MmaQ4, MmaFp8, 1>::kSmem;
+    *stages = ctas == 2 ? MmaV12Stage<MmaQ4, MmaFp8, 2>::S : MmaV12Stage<MmaQ4, MmaFp8, 1>::S;
+    *stage_bytes = MmaV12Stage<MmaQ4, MmaFp8, 1>::kBytes;
     return ctas == 2 ? paged_decode_mma_v12_kernel<MmaQ4, MmaFp8, 2> : paged_decode_mma_v12_kernel<MmaQ4, MmaFp8, 1>;
   }
   if (k == KvType::Q4_0 && v == KvType::Q4_0) {
-    *smem_bytes = ctas == 2 ? MmaV12Stage<MmaQ4, MmaQ4, 2>::kSmem : MmaV12Stage<MmaQ4, MmaQ4, 1>::kSmem;
+    *stages = ctas == 2 ? MmaV12Stage<MmaQ4, MmaQ4, 2>::S : MmaV12Stage<MmaQ4, MmaQ4, 1>::S;
+    *stage_bytes = MmaV12Stage<MmaQ4, MmaQ4, 1>::kBytes;
     return ctas == 2 ? paged_decode_mma_v12_kernel<MmaQ4, MmaQ4, 2> : paged_decode_mma_v12_kernel<MmaQ4, MmaQ4, 1>;
   }
-  *smem_bytes = 0;
+  *stages = *stage_bytes = 0;
   return nullptr;
 }
 
