@@ -402,12 +402,12 @@ bool v11_applies(const PagedDecodeParams& p) {
 }
 
 // The CTAs an SM version 12's kernel is sized for: 1 (128 registers, the
-// whole ring budget) or 2 (112 registers, half the ring). The occupancy
-// calculator places the 2-CTA kernel 1 an SM on the H100 (measured through
-// the split it picks), so in practice 2 means a shorter ring and a register
-// cap, and it is the faster for every pair measured (B=64 L=8192, 4 boxes a
-// stage, 4096-key partitions: q8_0 392.2 us against 394.8, fp8 391.8 /
-// 392.4, q4_0 233.7 / 247.8; its kernels spill 8-28 bytes). Unset: 2;
+// whole ring budget) or 2 (112 registers, half the ring). The 2-CTA kernel
+// still runs 1 an SM: 18 warps put 5 in a quarter of the register file,
+// 5 x 112 x 32 > 16384. In practice 2 means a shorter ring and a register
+// cap; one lease measured it faster (B=64 L=8192, 4096-key partitions: q8_0
+// 392.2 us against 394.8, fp8 391.8 / 392.4, q4_0 233.7 / 247.8), another
+// within 1% (NOTES "Decode v12"); its kernels spill 8-28 bytes. Unset: 2;
 // RUNLM_PAGED_DECODE_V12=c1 or c2 forces one (read once).
 int v12_ctas() {
   static const int forced = [] {
@@ -677,7 +677,7 @@ Plan make_plan(const PagedDecodeParams& p, int forced_partition) {
     if (pl.heads_per_cta > 1) {
       // Version 12 (a ring that fills once a CTA): the longest partitions
       // that still fit one wave (B=64 L=8192, sized for 2 CTAs an SM, which
-      // the H100 runs 1 an SM: 4096 keys, 128 CTAs: q8_0 392.2 us, q4_0
+      // run 1 an SM: 4096 keys, 128 CTAs: q8_0 392.2 us, q4_0
       // 233.7; 2048 keys, 256 CTAs: 397.2, 239.9).
       const int64_t fit = base > 0 ? conc / base : 1;
       if (fit > 1) {

@@ -130,8 +130,8 @@ struct MmaV12Stage {
 
 // grid: x = partition * n_chunks + chunk, y = group of 8 KV heads, z =
 // sequence; kV12Threads threads, sized for kCtas CTAs an SM (1: 128
-// registers; 2: 112 and half the ring, though the H100 still places one an
-// SM: paged_attention.cu, v12_ctas). Workspace and results as version 4's.
+// registers; 2: 112 and half the ring, though it still runs one an SM:
+// paged_attention.cu, v12_ctas). Workspace and results as version 4's.
 // Maps: make_v11_maps with 8 heads a box.
 template <typename KP, typename VP, int kCtas>
 __global__ void __launch_bounds__(kV12Threads) __maxnreg__(kCtas == 1 ? 128 : 112)
