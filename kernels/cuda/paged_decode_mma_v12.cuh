@@ -24,9 +24,11 @@
 // 18432 for q4_0): K quants [8 heads][16 keys][row] and V quants the same,
 // K scale rows [16 keys][8 heads x 4] f16 and V scale rows the same. 8-bit
 // rows are 128 bytes in version 11's swizzled layout (chunk c of key row r
-// at c ^ (r & 7)); q4_0 rows are 64 bytes, unswizzled (V12Rows says why). Per stage a full mbarrier
-// (count 1: the producer's arrive with the stage's 34816 bytes) and an empty
-// one (count 8: each consumer warp arrives once it has read the stage).
+// at c ^ (r & 7)); q4_0 rows are 64 bytes, unswizzled (V12Rows says why).
+// Per stage a full mbarrier (count 1: the producer's arrive with the
+// stage's bytes) and an empty one (count 8: each consumer warp arrives once
+// it has read the stage). The depth S is a launch parameter (MmaV12Stage::S
+// unless RUNLM_PAGED_DECODE_V12_STAGES says otherwise).
 // Producer (warp 8): the warp walks the tiles, lane j reading the page of
 // tile n0 + j of each 32-tile batch (one table load a batch, handed out by
 // shuffles); lane 0 waits for the stage to be empty, arms it and issues 4
