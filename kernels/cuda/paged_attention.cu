@@ -101,6 +101,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "cuda/paged_attention.h"
 #include "cuda/paged_decode_mma.cuh"
@@ -515,14 +516,35 @@ void make_v11_maps(const void* pool, KvType type, int n_kv, int bs, int heads_a_
   }
 }
 
+// The launch's 4 maps, kept per (pools, types, geometry) in a per-thread
+// cache (a pool a layer; cleared past kMapCache entries, room for every
+// layer of the models runlm runs): a batched step launches the decode once a layer
+// outside any CUDA graph, and an engine's pools do not move, so each
+// layer's maps are encoded once instead of 4 driver calls a launch. A map
+// depends on nothing else (the page dimension comes from the geometry).
 MmaV11Maps make_v11_maps(const PagedKvView& kv, int heads_a_box) {
-  MmaV11Maps m;
-  make_v11_maps(kv.k_pool, kv.k_type, kv.n_kv_heads, kv.block_size, heads_a_box, "K", &m.kq, &m.ks);
-  make_v11_maps(kv.v_pool, kv.v_type, kv.n_kv_heads, kv.block_size, heads_a_box, "V", &m.vq, &m.vs);
-  return m;
+  struct Entry {
+    const void* k_pool;
+    const void* v_pool;
+    KvType k_type, v_type;
+    int n_kv, bs, heads_a_box;
+    MmaV11Maps maps;
+  };
+  constexpr size_t kMapCache = 160;
+  static thread_local std::vector<Entry> cache;  // heap: only threads that launch pay for it
+  for (const Entry& e : cache)
+    if (e.k_pool == kv.k_pool && e.v_pool == kv.v_pool && e.k_type == kv.k_type && e.v_type == kv.v_type &&
+        e.n_kv == kv.n_kv_heads && e.bs == kv.block_size && e.heads_a_box == heads_a_box)
+      return e.maps;
+  Entry e{kv.k_pool, kv.v_pool, kv.k_type, kv.v_type, kv.n_kv_heads, kv.block_size, heads_a_box, {}};
+  make_v11_maps(kv.k_pool, kv.k_type, kv.n_kv_heads, kv.block_size, heads_a_box, "K", &e.maps.kq, &e.maps.ks);
+  make_v11_maps(kv.v_pool, kv.v_type, kv.n_kv_heads, kv.block_size, heads_a_box, "V", &e.maps.vq, &e.maps.vs);
+  if (cache.size() >= kMapCache) cache.clear();  // pools of many engines over a thread's life: start over
+  cache.push_back(e);
+  return e.maps;
 }
 
-// Sets the dynamic shared memory limit of a version 6 or 11 kernel once per
+// Sets the dynamic shared memory limit of a version 6, 11 or 12 kernel once per
 // (device, kernel): not a stream operation, so legal during graph capture
 // (as the occupancy query below). max_carveout (version 11, whose 3-4 CTAs
 // an SM need 228-230 KB): the whole unified L1 / shared memory as shared.

@@ -109,6 +109,40 @@ static_assert(MmaV11Config<0>::kMinCtas * (MmaV11Smem<MmaV11Config<0>::kStages>:
                   MmaV11Config<1>::kMinCtas * (MmaV11Smem<MmaV11Config<1>::kStages>::kBytes + 1024) <= 233472,
               "version 11: a configuration's CTAs do not fit an SM's shared memory");
 
+// P V of a 16-key tile whose V bytes came from a shared-memory stage
+// (versions 11 and 12): vw[slot] holds lane g's words of key key0 + 8 (slot
+// / 2) + 2t + slot % 2 (version 7's V placement), sv[slot] that key's f16
+// scale bits. Keys outside [k_begin, k_end) are real page rows that may
+// hold NaN / inf (stale or never written): their words and scales are
+// zeroed first (P is 0 there, but 0 x NaN is NaN).
+template <typename VL, int NS>
+__device__ __forceinline__ void pv_tile_smem(float (&o)[NS][4], uint32_t (&vw)[4][VL::kVWords], uint32_t (&sv)[4],
+                                             uint32_t p01, uint32_t p89, int key0, int t, int k_begin, int k_end) {
+  if (key0 < k_begin || key0 + 16 > k_end) {  // warp-uniform
+#pragma unroll
+    for (int slot = 0; slot < 4; ++slot) {
+      const int key = key0 + 8 * (slot >> 1) + 2 * t + (slot & 1);
+      if (key < k_begin || key >= k_end) {
+        sv[slot] = 0;
+#pragma unroll
+        for (int w = 0; w < VL::kVWords; ++w) vw[slot][w] = 0;
+      }
+    }
+  }
+  const uint32_t s01 = __byte_perm(sv[0], sv[1], 0x5410);  // (key 2t, key 2t + 1)
+  const uint32_t s89 = __byte_perm(sv[2], sv[3], 0x5410);
+#pragma unroll
+  for (int w = 0; w < VL::kVWords; ++w) {
+    uint32_t x01[2 * VL::kMtPerWord], x89[2 * VL::kMtPerWord];
+    VL::v_frag(vw[0][w], vw[1][w], x01);
+    VL::v_frag(vw[2][w], vw[3][w], x89);
+#pragma unroll
+    for (int i = 0; i < VL::kMtPerWord; ++i)
+      mma_16816_f16(o[w * VL::kMtPerWord + i], hmul2_u32(x01[2 * i], s01), hmul2_u32(x01[2 * i + 1], s01),
+                    hmul2_u32(x89[2 * i], s89), hmul2_u32(x89[2 * i + 1], s89), p01, p89);
+  }
+}
+
 using KernelV11Fn = void (*)(const PagedDecodeParams, const MmaV11Maps, int, int, int, float*, float*, int);
 
 // grid, workspace and results as paged_decode_mma_kernel (version 4).
@@ -254,7 +288,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
     const uint32_t p89 = pack_f16x2(pr[1][0], pr[1][1]);
 
     // V of keys 8j + 2t + c (slot 2j + c): lane g's chunk g, at g ^ (2t + c).
-    uint32_t vw[4][4], sv[4];
+    uint32_t vw[4][VL::kVWords], sv[4];
     const int vb = VL::v_block(g);
 #pragma unroll
     for (int slot = 0; slot < 4; ++slot) {
@@ -263,29 +297,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
       vw[slot][0] = x.x, vw[slot][1] = x.y, vw[slot][2] = x.z, vw[slot][3] = x.w;
       sv[slot] = *reinterpret_cast<const uint16_t*>(vs + row * 16 + sc_half + 2 * vb);
     }
-    if (key0 < k_begin || key0 + 16 > k_end) {  // warp-uniform: rows outside the CTA's keys may hold NaN / inf
-#pragma unroll
-      for (int slot = 0; slot < 4; ++slot) {
-        const int key = key0 + 8 * (slot >> 1) + 2 * t + (slot & 1);
-        if (key < k_begin || key >= k_end) {
-          sv[slot] = 0;
-#pragma unroll
-          for (int w = 0; w < 4; ++w) vw[slot][w] = 0;
-        }
-      }
-    }
-    const uint32_t s01 = __byte_perm(sv[0], sv[1], 0x5410);  // (key 2t, key 2t + 1)
-    const uint32_t s89 = __byte_perm(sv[2], sv[3], 0x5410);
-#pragma unroll
-    for (int w = 0; w < VL::kVWords; ++w) {
-      uint32_t x01[2 * VL::kMtPerWord], x89[2 * VL::kMtPerWord];
-      VL::v_frag(vw[0][w], vw[1][w], x01);
-      VL::v_frag(vw[2][w], vw[3][w], x89);
-#pragma unroll
-      for (int i = 0; i < VL::kMtPerWord; ++i)
-        mma_16816_f16(o[w * VL::kMtPerWord + i], hmul2_u32(x01[2 * i], s01), hmul2_u32(x01[2 * i + 1], s01),
-                      hmul2_u32(x89[2 * i], s89), hmul2_u32(x89[2 * i + 1], s89), p01, p89);
-    }
+    pv_tile_smem<VL>(o, vw, sv, p01, p89, key0, t, k_begin, k_end);
   };
 
   int st = 0;           // stage of tile i

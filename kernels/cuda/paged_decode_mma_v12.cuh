@@ -280,29 +280,7 @@ __global__ void __launch_bounds__(kV12Threads) __maxnreg__(kCtas == 1 ? 128 : 11
       VR::v_load(vq, row, g, vw[slot]);
       sv[slot] = *reinterpret_cast<const uint16_t*>(vs + row * kScRow + 2 * vb);
     }
-    if (key0 < k_begin || key0 + 16 > k_end) {  // warp-uniform: rows outside the CTA's keys may hold NaN / inf
-#pragma unroll
-      for (int slot = 0; slot < 4; ++slot) {
-        const int key = key0 + 8 * (slot >> 1) + 2 * t + (slot & 1);
-        if (key < k_begin || key >= k_end) {
-          sv[slot] = 0;
-#pragma unroll
-          for (int w = 0; w < VL::kVWords; ++w) vw[slot][w] = 0;
-        }
-      }
-    }
-    const uint32_t s01 = __byte_perm(sv[0], sv[1], 0x5410);
-    const uint32_t s89 = __byte_perm(sv[2], sv[3], 0x5410);
-#pragma unroll
-    for (int w = 0; w < VL::kVWords; ++w) {
-      uint32_t x01[2 * VL::kMtPerWord], x89[2 * VL::kMtPerWord];
-      VL::v_frag(vw[0][w], vw[1][w], x01);
-      VL::v_frag(vw[2][w], vw[3][w], x89);
-#pragma unroll
-      for (int i = 0; i < VL::kMtPerWord; ++i)
-        mma_16816_f16(o[w * VL::kMtPerWord + i], hmul2_u32(x01[2 * i], s01), hmul2_u32(x01[2 * i + 1], s01),
-                      hmul2_u32(x89[2 * i], s89), hmul2_u32(x89[2 * i + 1], s89), p01, p89);
-    }
+    pv_tile_smem<VL>(o, vw, sv, p01, p89, key0, t, k_begin, k_end);
   };
 
   int st = 0;
