@@ -44,6 +44,8 @@ void add_model_options(cxxopts::Options& opts) {
       ("cache-type-k", "KV cache type of K (-ctk): f32, f16, bf16, q8_0, q4_0, fp8 (default: f32 on the CPU, f16 on the GPU)",
        cxxopts::value<std::string>())
       ("cache-type-v", "KV cache type of V (-ctv): same choices", cxxopts::value<std::string>())
+      ("k-smoothing", "K smoothing for a quantized K cache: on (calibrated when the engine starts) or off",
+       cxxopts::value<std::string>()->default_value("on"))
       ("swa", "sliding window: N tokens (on the layers the model's pattern marks), or 'off' (default: the model's)",
        cxxopts::value<std::string>()->default_value(""))
       ("h,help", "show this help");
@@ -110,6 +112,9 @@ EngineOptions engine_options_from(const cxxopts::ParseResult& args, const Model&
   o.kv = kv_layout_from_name(args["kv"].as<std::string>());
   if (args.count("cache-type-k")) o.type_k = kv_type_from_name(args["cache-type-k"].as<std::string>());
   if (args.count("cache-type-v")) o.type_v = kv_type_from_name(args["cache-type-v"].as<std::string>());
+  const std::string smoothing = args["k-smoothing"].as<std::string>();
+  RUNLM_CHECK(smoothing == "on" || smoothing == "off", "--k-smoothing must be on or off, got '%s'", smoothing.c_str());
+  o.k_smoothing = smoothing == "on";
   o.block_size = args["block-size"].as<int>();
   const int ctx = args["ctx-size"].as<int>();
   RUNLM_CHECK(ctx >= 0, "-c must be >= 0, got %d", ctx);

@@ -104,6 +104,14 @@ class CpuEngine final : public Engine {
   BlockManager* blocks() override { return blocks_.get(); }
   int max_batch_tokens() const override { return n_batch_; }
   int sliding_window() const override { return common_window(windows_); }
+  void set_qk_stats(QkStats* stats) override { qk_stats_ = stats; }
+  void set_k_smoothing(const KSmoothing& smoothing) override {
+    RUNLM_CHECK(smoothing.empty() || (smoothing.n_layers == cfg_.n_layers && smoothing.kv_dim == cfg_.kv_dim()),
+                "K smoothing made for %d layers x %d channels; this model has %d x %d", smoothing.n_layers,
+                smoothing.kv_dim, cfg_.n_layers, cfg_.kv_dim());
+    k_smoothing_ = smoothing;
+  }
+  bool k_smoothed() const override { return !k_smoothing_.empty(); }
 
   double measure_copy_bandwidth() override {
     // 256 MiB each way, split across the pool's threads like the matmuls.
@@ -197,9 +205,13 @@ class CpuEngine final : public Engine {
       matmul(qmatrix(lw.wk), xb_.data(), k_.data(), m, pool_);
       matmul(qmatrix(lw.wv), xb_.data(), v_.data(), m, pool_);
       for (int t = 0; t < m; ++t) {
+        rope(&q_[t * q_dim], c.n_heads, c.head_dim, slots[t].pos, c.rope_theta, c.rope_freq_scale);
+        rope(&k_[t * kv_dim], c.n_kv_heads, c.head_dim, slots[t].pos, c.rope_theta, c.rope_freq_scale);
+      }
+      if (qk_stats_) qk_stats_->add(l, q_.data(), k_.data(), m);
+      if (!k_smoothing_.empty()) smooth_qk(k_smoothing_.layer(l), m);
+      for (int t = 0; t < m; ++t) {
         const int pos = slots[t].pos;
-        rope(&q_[t * q_dim], c.n_heads, c.head_dim, pos, c.rope_theta, c.rope_freq_scale);
-        rope(&k_[t * kv_dim], c.n_kv_heads, c.head_dim, pos, c.rope_theta, c.rope_freq_scale);
         // K and V are encoded into the cache's types as they are written.
         const size_t slot = static_cast<size_t>(slot_of(slots[t], pos));
         kv_encode_row(type_k_, &k_[t * kv_dim], k_layer + slot * row_bytes_k_, kv_dim, c.head_dim);
@@ -229,6 +241,24 @@ class CpuEngine final : public Engine {
     for (size_t r = 0; r < rows.size(); ++r)
       rmsnorm(&xb_[r * dim], &x_[static_cast<size_t>(rows[r]) * dim], output_norm_.data(), dim, c.rms_eps);
     matmul(qmatrix(w.output), xb_.data(), out, static_cast<int64_t>(rows.size()), pool_);
+  }
+
+  // K smoothing (src/k_smoothing.h): K becomes (k - shift) * k_mul and each
+  // query head of the KV head's group q * q_mul, so q . k changes only by a
+  // per-query constant that softmax ignores.
+  void smooth_qk(const float* params, int m) {
+    const ModelConfig& c = cfg_;
+    const int kv_dim = c.kv_dim(), q_dim = c.q_dim(), group = c.n_heads / c.n_kv_heads;
+    const float* shift = params;
+    const float* k_mul = params + kv_dim;
+    const float* q_mul = params + 2 * kv_dim;
+    for (int t = 0; t < m; ++t) {
+      float* k = &k_[static_cast<size_t>(t) * kv_dim];
+      float* q = &q_[static_cast<size_t>(t) * q_dim];
+      for (int ch = 0; ch < kv_dim; ++ch) k[ch] = (k[ch] - shift[ch]) * k_mul[ch];
+      for (int h = 0; h < c.n_heads; ++h)
+        for (int d = 0; d < c.head_dim; ++d) q[h * c.head_dim + d] *= q_mul[(h / group) * c.head_dim + d];
+    }
   }
 
   void resize(int m) {
@@ -266,6 +296,8 @@ class CpuEngine final : public Engine {
   std::vector<float> output_norm_;
   // Activations for a step of m tokens, row-major [m, width].
   std::vector<float> x_, xb_, q_, att_, k_, v_, gate_, up_;
+  QkStats* qk_stats_ = nullptr;  // set_qk_stats
+  KSmoothing k_smoothing_;       // set_k_smoothing; empty = none
   std::vector<std::vector<float>> scores_;  // per thread: attention scratch (see attention_one_token)
 };
 

@@ -25,6 +25,7 @@
 #include "cuda/paged_attention.h"
 #include "engine.h"
 #include "model.h"
+#include "ops.h"
 
 namespace runlm {
 
@@ -176,6 +177,30 @@ class CudaEngine final : public Engine {
   KvType type_v() const override { return type_v_; }
   int max_batch_tokens() const override { return n_batch_; }
   int sliding_window() const override { return common_window(windows_); }
+  // K smoothing is applied where K is written and Q rotated
+  // (rope_and_store_kv_slots), which is the paged path's store.
+  void set_qk_stats(QkStats* stats) override {
+    RUNLM_CHECK(!stats || blocks_, "K smoothing on the GPU needs the paged KV cache (--kv paged)");
+    // Statistics are of the unsmoothed Q, as the CPU engine's.
+    RUNLM_CHECK(!stats || !k_smoothed_, "set_qk_stats: remove the K smoothing before collecting statistics");
+    qk_stats_ = stats;
+  }
+  void set_k_smoothing(const KSmoothing& smoothing) override {
+    if (smoothing.empty()) {
+      k_smoothed_ = false;
+      return;
+    }
+    RUNLM_CHECK(blocks_, "K smoothing on the GPU needs the paged KV cache (--kv paged)");
+    RUNLM_CHECK(smoothing.n_layers == cfg_.n_layers && smoothing.kv_dim == cfg_.kv_dim(),
+                "K smoothing made for %d layers x %d channels; this model has %d x %d", smoothing.n_layers,
+                smoothing.kv_dim, cfg_.n_layers, cfg_.kv_dim());
+    k_smoothing_.allocate(smoothing.params.size());
+    check(cudaMemcpy(k_smoothing_.get(), smoothing.params.data(), smoothing.params.size() * sizeof(float),
+                     cudaMemcpyHostToDevice),
+          "upload K smoothing");
+    k_smoothed_ = true;
+  }
+  bool k_smoothed() const override { return k_smoothed_; }
   BlockManager* blocks() override { return blocks_.get(); }
 
   // A step over several sequences of the paged cache. Tokens are reordered
@@ -679,7 +704,9 @@ class CudaEngine final : public Engine {
       else project_qkv_gemm(g, m);
       gpu::rope_and_store_kv_slots(q_.get(), k_.get(), v_.get(), d + o.positions, d + o.slots, m, c.n_heads,
                                    c.n_kv_heads, c.head_dim, c.rope_theta, c.rope_freq_scale, k_pool(l), v_pool(l),
-                                   type_k_, type_v_, block_size_, gemv_path ? nullptr : qh_.get(), stream_);
+                                   type_k_, type_v_, block_size_, gemv_path ? nullptr : qh_.get(), stream_,
+                                   k_smoothed_ ? k_smoothing_.get() + static_cast<size_t>(l) * 3 * c.kv_dim() : nullptr);
+      if (qk_stats_) add_qk_stats(l, plan.positions);
       if (plan.n_dec() > 0) {
         PagedDecodeParams p;
         p.q = q_.get();
@@ -766,6 +793,22 @@ class CudaEngine final : public Engine {
                  rows, c.dim, c.rms_eps, stream_);
     if (gemv_logits) project_gemv({{&output_, logits_.get()}}, xb_.get(), rows);
     else gpu::gemm(output_, xh_.get(), logits_.get(), rows, gemm_scratch_.get(), stream_);
+  }
+
+  // Calibration only (set_qk_stats): layer l's Q (RoPE'd in place by
+  // rope_and_store_kv_slots) and K (not: the store rotates its own copy) to
+  // the host, K rotated there as kernels/cpu/ops.h does.
+  void add_qk_stats(int l, const std::vector<int>& positions) {
+    const ModelConfig& c = cfg_;
+    const int m = static_cast<int>(positions.size());
+    std::vector<float> q(static_cast<size_t>(m) * c.q_dim()), k(static_cast<size_t>(m) * c.kv_dim());
+    check(cudaMemcpyAsync(q.data(), q_.get(), q.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_), "copy q");
+    check(cudaMemcpyAsync(k.data(), k_.get(), k.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_), "copy k");
+    check(cudaStreamSynchronize(stream_), "sync");
+    for (int t = 0; t < m; ++t)
+      rope(&k[static_cast<size_t>(t) * c.kv_dim()], c.n_kv_heads, c.head_dim, positions[static_cast<size_t>(t)],
+           c.rope_theta, c.rope_freq_scale);
+    qk_stats_->add(l, q.data(), k.data(), m);
   }
 
   void capture_decode_graph() {
@@ -1057,6 +1100,9 @@ class CudaEngine final : public Engine {
   DeviceBuffer<float> rows_;              // [n_batch, dim] rows whose logits are wanted
   DeviceBuffer<uint8_t> decode_ws_;       // paged decode split-K partial states
   DeviceBuffer<uint16_t> k_gather_, v_gather_;  // [total_k, kv_dim] K/V of prefill items, contiguous
+  QkStats* qk_stats_ = nullptr;          // set_qk_stats
+  DeviceBuffer<float> k_smoothing_;      // [n_layers][3][kv_dim] (KSmoothing::params)
+  bool k_smoothed_ = false;
 };
 
 }  // namespace

@@ -7,7 +7,9 @@
 
 #include "common.h"
 #include "model.h"
+#include "paged_kv.h"
 #include "sampler.h"
+#include "tokenizer.h"
 #include "llama.h"
 
 namespace runlm {
@@ -127,13 +129,21 @@ std::unique_ptr<Engine> make_engine(const Model& model, const EngineOptions& opt
       else std::fprintf(stderr, "device auto: using the CPU, the GPU cannot run this model: %s\n", why.c_str());
     }
   }
-  if (device == Device::Cuda) return make_cuda_engine(model, options);
-  // The CPU engine has one attention implementation; asking it for a GPU
-  // backend is an error, never a silent substitute.
-  RUNLM_CHECK(options.attn == AttnBackend::Auto,
-              "--attn %s runs on the GPU only; the CPU backend has its own attention (use --attn auto or --device cuda)",
-              attn_backend_name(options.attn));
-  return make_cpu_engine(model, options);
+  std::unique_ptr<Engine> engine;
+  if (device == Device::Cuda) {
+    engine = make_cuda_engine(model, options);
+  } else {
+    // The CPU engine has one attention implementation; asking it for a GPU
+    // backend is an error, never a silent substitute.
+    RUNLM_CHECK(options.attn == AttnBackend::Auto,
+                "--attn %s runs on the GPU only; the CPU backend has its own attention (use --attn auto or --device "
+                "cuda)",
+                attn_backend_name(options.attn));
+    engine = make_cpu_engine(model, options);
+  }
+  if (options.k_smoothing && kv_type_quantized(engine->type_k()))
+    calibrate_k_smoothing(*engine, model.config(), model.tokenizer().bos());
+  return engine;
 }
 
 }  // namespace runlm

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "attention.h"
+#include "k_smoothing.h"
 #include "kv_cache.h"
 #include "kv_quant.h"
 
@@ -43,6 +44,9 @@ struct EngineOptions {
   int64_t kv_bytes = 0;   // paged: memory for the pool (--kv-mem); 0 = the backend's default cap
   // KV element types; unset = the backend's default (f32 on the CPU, f16 on the GPU).
   std::optional<KvType> type_k, type_v;
+  // make_engine calibrates K smoothing (src/k_smoothing.h) when K is
+  // quantized (q8_0, q4_0, fp8); --k-smoothing off clears it.
+  bool k_smoothing = true;
 };
 
 // One sequence's share of a batched step: its new tokens at positions
@@ -95,6 +99,16 @@ class Engine {
   // attends to everything): keys older than it are never read again, so a
   // paged cache may release their pages.
   virtual int sliding_window() const = 0;
+
+  // K smoothing (src/k_smoothing.h). While stats is set, every forward adds
+  // each layer's RoPE'd Q and K (before any smoothing) to it. set_k_smoothing
+  // installs the shift and scales that every later K write and Q use applies
+  // (an empty one removes them); K already in the cache is not rewritten, so
+  // it is set before anything is cached. A backend that cannot apply them
+  // says so with an Error.
+  virtual void set_qk_stats(QkStats* stats) = 0;
+  virtual void set_k_smoothing(const KSmoothing& smoothing) = 0;
+  virtual bool k_smoothed() const = 0;
 
  private:
   std::vector<float> logits_buffer_;  // logits_buffer()'s default

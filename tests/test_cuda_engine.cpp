@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <map>
+#include <random>
 #include <nlohmann/json.hpp>
 
 #include "common.h"
@@ -478,6 +479,92 @@ TEST(CudaEngine, Sotu29mEveryKvTypePairCloseToTheCpu) {
       std::printf("K=%s V=%s: GPU vs CPU relative logit error %.2e\n", kv_type_name(kt), kv_type_name(vt), worst);
       EXPECT_LT(worst, 5e-2) << "K=" << kv_type_name(kt) << " V=" << kv_type_name(vt);
     }
+}
+
+// K smoothing on the GPU (src/k_smoothing.h; rope_and_store_kv_slots
+// applies it to Q and K): sotu29m, a 40-token prefill then 8 decode steps,
+// the logits of each concatenated.
+// - f16 K with a random shift and scale (not calibrated: large, so that a
+//   missed half shows): the logits of no smoothing, up to f16 rounding of
+//   the rescaled K (exact rewrite).
+// - q8_0 K with the same shift and K scale but Q left alone (a wrong rewrite
+//   on purpose): the CPU's logits for the same, and far from the plain ones,
+//   so the quantized store really applies shift and scale.
+// - q8_0 K with the CPU's calibrated smoothing: the CPU's logits within the
+//   bound of Sotu29mEveryKvTypePairCloseToTheCpu.
+// A contiguous cache refuses smoothing, naming the paged one.
+TEST(CudaEngine, KSmoothingOnTheGpu) {
+  REQUIRE_GPU();
+  TempPath gguf(".gguf");
+  auto model = load_sotu29m(gguf);
+  const ModelConfig& c = model->config();
+  std::vector<int> ids;
+  for (int i = 0; i < 48; ++i) ids.push_back(1 + (i * 997) % 8000);
+  auto run = [&](Engine& e) {
+    std::vector<float> out(9 * size_t(c.n_vocab), NAN);  // poisoned
+    e.forward(ids.data(), 40, 0, out.data(), false);
+    for (int i = 40; i < 48; ++i) e.forward(&ids[i], 1, i, out.data() + size_t(i - 39) * c.n_vocab, false);
+    return out;
+  };
+  KSmoothing random;
+  random.n_layers = c.n_layers;
+  random.kv_dim = c.kv_dim();
+  random.params.resize(size_t(c.n_layers) * 3 * c.kv_dim());
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> shift(-2, 2), log_scale(-1, 1);
+  for (int l = 0; l < c.n_layers; ++l) {
+    float* p = random.params.data() + size_t(l) * 3 * c.kv_dim();
+    for (int ch = 0; ch < c.kv_dim(); ++ch) {
+      const float scale = std::exp(log_scale(rng));
+      p[ch] = shift(rng);
+      p[c.kv_dim() + ch] = 1 / scale;
+      p[2 * c.kv_dim() + ch] = scale;
+    }
+  }
+  KSmoothing k_only = random;
+  for (int l = 0; l < c.n_layers; ++l) {
+    float* p = k_only.params.data() + size_t(l) * 3 * c.kv_dim();
+    std::fill(p + 2 * c.kv_dim(), p + 3 * c.kv_dim(), 1.0f);
+  }
+
+  auto f16 = kv_engine(Device::Cuda, *model, KvType::F16, KvType::F16);
+  const auto plain = run(*f16);
+  auto f16_smoothed = kv_engine(Device::Cuda, *model, KvType::F16, KvType::F16);
+  f16_smoothed->set_k_smoothing(random);
+  const double exact = relative_error(run(*f16_smoothed), plain);
+
+  auto gpu_k_only = kv_engine(Device::Cuda, *model, KvType::Q8_0, KvType::Q8_0);
+  auto cpu_k_only = kv_engine(Device::Cpu, *model, KvType::Q8_0, KvType::Q8_0);
+  gpu_k_only->set_k_smoothing(k_only);
+  cpu_k_only->set_k_smoothing(k_only);
+  const auto gpu_wrong = run(*gpu_k_only);
+  const double k_only_vs_cpu = relative_error(gpu_wrong, run(*cpu_k_only));
+  const double k_only_vs_plain = relative_error(gpu_wrong, plain);
+
+  auto cpu = kv_engine(Device::Cpu, *model, KvType::Q8_0, KvType::Q8_0);
+  const KSmoothing calibrated = calibrate_k_smoothing(*cpu, c, model->tokenizer().bos());
+  auto gpu = kv_engine(Device::Cuda, *model, KvType::Q8_0, KvType::Q8_0);
+  gpu->set_k_smoothing(calibrated);
+  const double calibrated_vs_cpu = relative_error(run(*gpu), run(*cpu));
+  std::printf(
+      "K smoothing, GPU logits: f16 random vs none %.2e; q8_0 K-only vs CPU %.2e, vs none %.2e; q8_0 calibrated vs "
+      "CPU %.2e\n",
+      exact, k_only_vs_cpu, k_only_vs_plain, calibrated_vs_cpu);
+  EXPECT_LT(exact, 1e-2);
+  EXPECT_LT(k_only_vs_cpu, 5e-2);
+  EXPECT_GT(k_only_vs_plain, 0.05);
+  EXPECT_LT(calibrated_vs_cpu, 5e-2);
+
+  EngineOptions eo;
+  eo.device = Device::Cuda;
+  eo.n_ctx = 64;
+  auto contiguous = make_cuda_engine(*model, eo);
+  try {
+    contiguous->set_k_smoothing(random);
+    ADD_FAILURE() << "a contiguous GPU cache took K smoothing";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--kv paged"), std::string::npos) << e.what();
+  }
 }
 
 // Issue 7, prefill reading typed pools in place: with --attn fa2 (and naive)

@@ -62,7 +62,8 @@ __global__ void embed_kernel(WView w, const int* __restrict__ tokens, int n, flo
 __global__ void rope_store_kernel(float* q, const float* __restrict__ k, const float* __restrict__ v,
                                   const int* __restrict__ pos, const int* __restrict__ slots, int n_heads,
                                   int n_kv_heads, int head_dim, RopeFreqs freqs, void* k_cache, void* v_cache,
-                                  KvType k_type, KvType v_type, int block_size, __half* q_out) {
+                                  KvType k_type, KvType v_type, int block_size, __half* q_out,
+                                  const float* __restrict__ smooth) {
   __shared__ float cs[kMaxRopePairs][2];
   const int t = blockIdx.x;
   const int p = pos[t];
@@ -75,11 +76,18 @@ __global__ void rope_store_kernel(float* q, const float* __restrict__ k, const f
   __syncthreads();  // cs is read by every thread below
   const int64_t q_row = int64_t(t) * n_heads * head_dim;
   const int first = blockIdx.y * blockDim.x, stride = gridDim.y * blockDim.x;  // this block's slice
+  // K smoothing (src/k_smoothing.h): [shift, k_mul, q_mul] x kv_dim of this layer.
+  const int kv_dim = n_kv_heads * head_dim, group = n_heads / n_kv_heads;
   for (int j = threadIdx.x + first; j < n_heads * pairs; j += stride) {
     const int h = j / pairs, i = j % pairs;
     float2* e = reinterpret_cast<float2*>(q + q_row + h * head_dim + 2 * i);
     const float2 ab = *e;
-    const float2 r = rope_rotate(ab.x, ab.y, cs[i][0], cs[i][1]);
+    float2 r = rope_rotate(ab.x, ab.y, cs[i][0], cs[i][1]);
+    if (smooth) {
+      const float* q_mul = smooth + 2 * kv_dim + (h / group) * head_dim + 2 * i;
+      r.x *= q_mul[0];
+      r.y *= q_mul[1];
+    }
     *e = r;
     if (q_out) *reinterpret_cast<__half2*>(q_out + q_row + h * head_dim + 2 * i) = __floats2half2_rn(r.x, r.y);
   }
@@ -92,7 +100,11 @@ __global__ void rope_store_kernel(float* q, const float* __restrict__ k, const f
     for (int j = threadIdx.x + first; j < n_kv_heads * pairs; j += stride) {
       const int h = j / pairs, i = j % pairs;
       const int64_t off = h * head_dim + 2 * i;
-      const float2 r = rope_rotate(k[kv_row + off], k[kv_row + off + 1], cs[i][0], cs[i][1]);
+      float2 r = rope_rotate(k[kv_row + off], k[kv_row + off + 1], cs[i][0], cs[i][1]);
+      if (smooth) {
+        r.x = (r.x - smooth[off]) * smooth[kv_dim + off];
+        r.y = (r.y - smooth[off + 1]) * smooth[kv_dim + off + 1];
+      }
       *reinterpret_cast<__half2*>(kc + off) = __floats2half2_rn(r.x, r.y);
       *reinterpret_cast<__half2*>(vc + off) = __floats2half2_rn(v[kv_row + off], v[kv_row + off + 1]);
     }
@@ -115,7 +127,8 @@ __global__ void rope_store_kernel(float* q, const float* __restrict__ k, const f
     const int e = b * 32 + lane;      // element of the row (head e / head_dim)
     const int i = (e % head_dim) / 2;  // its RoPE pair
     const float2 r = rope_rotate(k[kv_row + (e & ~1)], k[kv_row + (e | 1)], cs[i][0], cs[i][1]);
-    const float kr = (e & 1) ? r.y : r.x;
+    float kr = (e & 1) ? r.y : r.x;
+    if (smooth) kr = (kr - smooth[e]) * smooth[kv_dim + e];
     kv_encode_block(k_type, kr, lane, kq + b * lk.q_row / n_blocks, ks + b);
     kv_encode_block(v_type, v[kv_row + e], lane, vq + b * lv.q_row / n_blocks, vs + b);
   }
@@ -173,13 +186,13 @@ void rope_and_store_kv(float* q, const float* k, const float* v, const int* pos,
                        int n_kv_heads, int head_dim, float theta, float freq_scale, uint16_t* k_cache,
                        uint16_t* v_cache, uint16_t* q_out, Stream stream) {
   rope_and_store_kv_slots(q, k, v, pos, nullptr, n, n_heads, n_kv_heads, head_dim, theta, freq_scale, k_cache,
-                          v_cache, KvType::F16, KvType::F16, 1, q_out, stream);
+                          v_cache, KvType::F16, KvType::F16, 1, q_out, stream, nullptr);
 }
 
 void rope_and_store_kv_slots(float* q, const float* k, const float* v, const int* pos, const int* slots, int n,
                              int n_heads, int n_kv_heads, int head_dim, float theta, float freq_scale,
                              void* k_cache, void* v_cache, KvType k_type, KvType v_type, int block_size,
-                             uint16_t* q_out, Stream stream) {
+                             uint16_t* q_out, Stream stream, const float* k_smoothing) {
   if (n <= 0) return;
   RUNLM_CHECK(head_dim % 2 == 0 && head_dim / 2 <= kMaxRopePairs,
               "rope_and_store_kv: head_dim=%d unsupported; supported: even, <= %d", head_dim, 2 * kMaxRopePairs);
@@ -200,7 +213,7 @@ void rope_and_store_kv_slots(float* q, const float* k, const float* v, const int
   const int slices = std::min(64, std::max(1, ceil_div(pairs_max, kRopeThreads)));
   rope_store_kernel<<<dim3(n, slices), kRopeThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       q, k, v, pos, slots, n_heads, n_kv_heads, head_dim, f, k_cache, v_cache, k_type, v_type, block_size,
-      reinterpret_cast<__half*>(q_out));
+      reinterpret_cast<__half*>(q_out), k_smoothing);
   cudaCheckLaunch();
 }
 

@@ -200,11 +200,13 @@ void rope_and_store_kv(float* q, const float* k, const float* v, const int* pos,
 // are stored in k_type / v_type (f16, bf16, q8_0, q4_0, fp8; pages of
 // block_size slots laid out as kv_pool_layout says), quantized as written,
 // bit-exact with kernels/cpu/kv_quant's kv_encode_row. Types other than f16
-// need head_dim % 32 == 0.
+// need head_dim % 32 == 0. k_smoothing (device, [3][n_kv_heads * head_dim]:
+// shift, k_mul, q_mul of src/k_smoothing.h) when non-null: after RoPE, K is
+// stored as (k - shift) * k_mul and q (in place and q_out) is q * q_mul.
 void rope_and_store_kv_slots(float* q, const float* k, const float* v, const int* pos, const int* slots, int n,
                              int n_heads, int n_kv_heads, int head_dim, float theta, float freq_scale,
                              void* k_cache, void* v_cache, KvType k_type, KvType v_type, int block_size,
-                             uint16_t* q_out, Stream stream);
+                             uint16_t* q_out, Stream stream, const float* k_smoothing = nullptr);
 
 // gate = silu(gate) * up, f32, and an f16 copy to out_f16 when non-null.
 void swiglu(float* gate, const float* up, uint16_t* out_f16, int64_t n, Stream stream);
