@@ -5,7 +5,6 @@
 
 #include <cmath>
 #include <map>
-#include <random>
 #include <nlohmann/json.hpp>
 
 #include "common.h"
@@ -506,26 +505,8 @@ TEST(CudaEngine, KSmoothingOnTheGpu) {
     for (int i = 40; i < 48; ++i) e.forward(&ids[i], 1, i, out.data() + size_t(i - 39) * c.n_vocab, false);
     return out;
   };
-  KSmoothing random;
-  random.n_layers = c.n_layers;
-  random.kv_dim = c.kv_dim();
-  random.params.resize(size_t(c.n_layers) * 3 * c.kv_dim());
-  std::mt19937 rng(11);
-  std::uniform_real_distribution<float> shift(-2, 2), log_scale(-1, 1);
-  for (int l = 0; l < c.n_layers; ++l) {
-    float* p = random.params.data() + size_t(l) * 3 * c.kv_dim();
-    for (int ch = 0; ch < c.kv_dim(); ++ch) {
-      const float scale = std::exp(log_scale(rng));
-      p[ch] = shift(rng);
-      p[c.kv_dim() + ch] = 1 / scale;
-      p[2 * c.kv_dim() + ch] = scale;
-    }
-  }
-  KSmoothing k_only = random;
-  for (int l = 0; l < c.n_layers; ++l) {
-    float* p = k_only.params.data() + size_t(l) * 3 * c.kv_dim();
-    std::fill(p + 2 * c.kv_dim(), p + 3 * c.kv_dim(), 1.0f);
-  }
+  const KSmoothing random = random_k_smoothing(c, 11, 2.0f);
+  const KSmoothing k_only = random_k_smoothing(c, 11, 2.0f, true);
 
   auto f16 = kv_engine(Device::Cuda, *model, KvType::F16, KvType::F16);
   const auto plain = run(*f16);

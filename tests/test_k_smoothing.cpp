@@ -136,21 +136,7 @@ TEST(KSmoothing, LeavesUnquantizedLogitsUnchanged) {
   auto plain = cpu_engine(*model, KvType::F32, KvType::F32);
   const auto ref = all_logits(*plain, tokens);
 
-  KSmoothing s;
-  s.n_layers = c.n_layers;
-  s.kv_dim = c.kv_dim();
-  s.params.resize(size_t(c.n_layers) * 3 * c.kv_dim());
-  std::mt19937 rng(3);
-  std::uniform_real_distribution<float> shift(-4, 4), log_scale(-1, 1);
-  for (int l = 0; l < c.n_layers; ++l) {
-    float* p = s.params.data() + size_t(l) * 3 * c.kv_dim();
-    for (int ch = 0; ch < c.kv_dim(); ++ch) {
-      const float scale = std::exp(log_scale(rng));
-      p[ch] = shift(rng);
-      p[c.kv_dim() + ch] = 1 / scale;
-      p[2 * c.kv_dim() + ch] = scale;
-    }
-  }
+  KSmoothing s = random_k_smoothing(c, 3, 4.0f);
   auto smoothed = cpu_engine(*model, KvType::F32, KvType::F32);
   smoothed->set_k_smoothing(s);
   EXPECT_TRUE(smoothed->k_smoothed());
@@ -163,12 +149,8 @@ TEST(KSmoothing, LeavesUnquantizedLogitsUnchanged) {
   EXPECT_LT(std::sqrt(num / den), 1e-5);
 
   // The same K rewrite without its Q half changes the logits.
-  for (int l = 0; l < c.n_layers; ++l) {
-    float* p = s.params.data() + size_t(l) * 3 * c.kv_dim();
-    std::fill(p + 2 * c.kv_dim(), p + 3 * c.kv_dim(), 1.0f);
-  }
   auto k_only = cpu_engine(*model, KvType::F32, KvType::F32);
-  k_only->set_k_smoothing(s);
+  k_only->set_k_smoothing(random_k_smoothing(c, 3, 4.0f, true));
   const auto wrong = all_logits(*k_only, tokens);
   num = 0;
   for (size_t i = 0; i < ref.size(); ++i) num += std::pow(double(wrong[i]) - ref[i], 2);

@@ -7,7 +7,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <cmath>
 #include <functional>
+#include <random>
 #include <sstream>
 #include <string>
 #include <unistd.h>
@@ -17,6 +19,7 @@
 
 #include "common.h"
 #include "gguf.h"
+#include "k_smoothing.h"
 #include "model.h"
 
 namespace runlm::test {
@@ -125,6 +128,29 @@ inline std::string error_of(const std::function<void()>& f) {
 inline void expect_words(const std::string& msg, const std::vector<std::string>& words) {
   for (const auto& w : words)
     EXPECT_NE(msg.find(w), std::string::npos) << "'" << w << "' not in: " << msg.substr(0, 400);
+}
+
+// A K smoothing (src/k_smoothing.h) with random, not calibrated, values for
+// exactness tests: shift uniform in [-max_shift, max_shift], scale e^U(-1, 1),
+// k_mul = 1 / scale; q_mul = scale, or 1 (K rewritten alone: a wrong rewrite
+// whose effect must show) when k_only.
+inline KSmoothing random_k_smoothing(const ModelConfig& c, uint32_t seed, float max_shift, bool k_only = false) {
+  KSmoothing s;
+  s.n_layers = c.n_layers;
+  s.kv_dim = c.kv_dim();
+  s.params.resize(size_t(c.n_layers) * 3 * c.kv_dim());
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> shift(-max_shift, max_shift), log_scale(-1, 1);
+  for (int l = 0; l < c.n_layers; ++l) {
+    float* p = s.params.data() + size_t(l) * 3 * c.kv_dim();
+    for (int ch = 0; ch < c.kv_dim(); ++ch) {
+      const float scale = std::exp(log_scale(rng));
+      p[ch] = shift(rng);
+      p[c.kv_dim() + ch] = 1 / scale;
+      p[2 * c.kv_dim() + ch] = k_only ? 1.0f : scale;
+    }
+  }
+  return s;
 }
 
 }  // namespace runlm::test
