@@ -59,7 +59,6 @@ class QkStats {
   // m tokens of one layer, RoPE applied: q [m, n_heads * head_dim],
   // k [m, n_kv_heads * head_dim], row-major.
   void add(int layer, const float* q, const float* k, int m);
-  int64_t tokens(int layer) const { return n_[layer]; }
 
  private:
   friend KSmoothing k_smoothing_from_stats(const QkStats&, const ModelConfig&, int);
