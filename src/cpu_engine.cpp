@@ -106,7 +106,8 @@ class CpuEngine final : public Engine {
   int sliding_window() const override { return common_window(windows_); }
   void set_qk_stats(QkStats* stats) override { qk_stats_ = stats; }
   void set_k_smoothing(const KSmoothing& smoothing) override {
-    RUNLM_CHECK(smoothing.empty() || (smoothing.n_layers == cfg_.n_layers && smoothing.kv_dim == cfg_.kv_dim()),
+    RUNLM_CHECK(smoothing.empty() || (smoothing.n_layers == cfg_.n_layers && smoothing.kv_dim == cfg_.kv_dim() &&
+                     smoothing.params.size() == size_t(cfg_.n_layers) * KSmoothing::kRows * cfg_.kv_dim()),
                 "K smoothing made for %d layers x %d channels; this model has %d x %d", smoothing.n_layers,
                 smoothing.kv_dim, cfg_.n_layers, cfg_.kv_dim());
     k_smoothing_ = smoothing;
@@ -210,11 +211,13 @@ class CpuEngine final : public Engine {
       }
       if (qk_stats_) qk_stats_->add(l, q_.data(), k_.data(), m);
       if (!k_smoothing_.empty()) smooth_qk(k_smoothing_.layer(l), m);
+      // K smoothing's per-channel weights steer a q4_0 K's scale fit.
+      const float* k_weight = k_smoothing_.empty() ? nullptr : k_smoothing_.layer(l) + 3 * kv_dim;
       for (int t = 0; t < m; ++t) {
         const int pos = slots[t].pos;
         // K and V are encoded into the cache's types as they are written.
         const size_t slot = static_cast<size_t>(slot_of(slots[t], pos));
-        kv_encode_row(type_k_, &k_[t * kv_dim], k_layer + slot * row_bytes_k_, kv_dim, c.head_dim);
+        kv_encode_row(type_k_, &k_[t * kv_dim], k_layer + slot * row_bytes_k_, kv_dim, c.head_dim, k_weight);
         kv_encode_row(type_v_, &v_[t * kv_dim], v_layer + slot * row_bytes_v_, kv_dim, c.head_dim);
       }
       pool_.parallel_for(m, [&](int64_t b, int64_t e, int thread) {

@@ -705,7 +705,7 @@ class CudaEngine final : public Engine {
       gpu::rope_and_store_kv_slots(q_.get(), k_.get(), v_.get(), d + o.positions, d + o.slots, m, c.n_heads,
                                    c.n_kv_heads, c.head_dim, c.rope_theta, c.rope_freq_scale, k_pool(l), v_pool(l),
                                    type_k_, type_v_, block_size_, gemv_path ? nullptr : qh_.get(), stream_,
-                                   k_smoothed_ ? k_smoothing_.get() + static_cast<size_t>(l) * 3 * c.kv_dim() : nullptr);
+                                   k_smoothed_ ? k_smoothing_.get() + static_cast<size_t>(l) * KSmoothing::kRows * c.kv_dim() : nullptr);
       if (qk_stats_) add_qk_stats(l, plan.positions);
       if (plan.n_dec() > 0) {
         PagedDecodeParams p;
@@ -1101,7 +1101,7 @@ class CudaEngine final : public Engine {
   DeviceBuffer<uint8_t> decode_ws_;       // paged decode split-K partial states
   DeviceBuffer<uint16_t> k_gather_, v_gather_;  // [total_k, kv_dim] K/V of prefill items, contiguous
   QkStats* qk_stats_ = nullptr;          // set_qk_stats
-  DeviceBuffer<float> k_smoothing_;      // [n_layers][3][kv_dim] (KSmoothing::params)
+  DeviceBuffer<float> k_smoothing_;      // [n_layers][KSmoothing::kRows][kv_dim] (KSmoothing::params)
   bool k_smoothed_ = false;
 };
 

@@ -50,7 +50,7 @@ KSmoothing k_smoothing_from_stats(const QkStats& st, const ModelConfig& c, int n
   KSmoothing s;
   s.n_layers = c.n_layers;
   s.kv_dim = kv_dim;
-  s.params.assign(static_cast<size_t>(c.n_layers) * 3 * kv_dim, 0.0f);
+  s.params.assign(static_cast<size_t>(c.n_layers) * KSmoothing::kRows * kv_dim, 0.0f);
   // Channels 2i and 2i+1 form RoPE pair i (kernels/cpu/ops.cpp rope), which
   // turns by freq_scale * theta^(-2i / head_dim) radians per position.
   std::vector<bool> shifted(static_cast<size_t>(c.head_dim));
@@ -62,9 +62,11 @@ KSmoothing k_smoothing_from_stats(const QkStats& st, const ModelConfig& c, int n
   for (int l = 0; l < c.n_layers; ++l) {
     const double n = static_cast<double>(st.n_[static_cast<size_t>(l)]);
     RUNLM_CHECK(n > 0, "K smoothing: no calibration tokens for layer %d", l);
-    float* shift = s.params.data() + static_cast<size_t>(l) * 3 * kv_dim;
+    float* shift = s.params.data() + static_cast<size_t>(l) * KSmoothing::kRows * kv_dim;
     float* k_mul = shift + kv_dim;
     float* q_mul = k_mul + kv_dim;
+    float* k_weight = q_mul + kv_dim;
+    double weight_sum = 0;
     for (int ch = 0; ch < kv_dim; ++ch) {
       const size_t i = static_cast<size_t>(l) * kv_dim + ch;
       const double mean = st.k_sum_[i] / n;
@@ -80,7 +82,14 @@ KSmoothing k_smoothing_from_stats(const QkStats& st, const ModelConfig& c, int n
       shift[ch] = static_cast<float>(mu);
       k_mul[ch] = static_cast<float>(1.0 / scale);
       q_mul[ch] = static_cast<float>(scale);
+      k_weight[ch] = static_cast<float>(q_ms * scale * scale);  // E[(q s)^2]
+      weight_sum += k_weight[ch];
     }
+    // Mean 1 over the layer, and no channel below 1e-3 of it: a block whose
+    // weights were all 0 would leave q4_0's scale fit undetermined.
+    const double weight_mean = weight_sum / kv_dim;
+    for (int ch = 0; ch < kv_dim; ++ch)
+      k_weight[ch] = weight_mean > 0 ? static_cast<float>(std::max(k_weight[ch] / weight_mean, 1e-3)) : 1.0f;
   }
   return s;
 }

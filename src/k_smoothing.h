@@ -22,6 +22,11 @@
 // K is stored as (k - mu) / s and Q is used as q * s, by every attention path
 // (both are applied where K is written and Q rotated), so nothing that reads
 // the cache changes.
+//   - weight: E[(q s)^2] per channel, what an error in that channel of the
+//     stored K costs a logit (q . dk, with channels uncorrelated). q4_0 K's
+//     least-squares scale search (kernels/cpu/kv_quant.h) minimises the error
+//     weighted by it: stories260K's q4_0 K KL divergence 0.084 unweighted,
+//     0.071 weighted (32 grids; NOTES.md, session 13).
 //
 // Calibration (calibrate_k_smoothing): the engine's own greedy continuation of
 // BOS (min(256, n_ctx) tokens), evaluated once with statistics on: a fixed,
@@ -40,15 +45,18 @@ struct ModelConfig;
 
 // Per layer and K channel (n_kv_heads * head_dim of them): K is stored as
 // (k - shift) * k_mul and Q (each query head of the KV head's group) is used
-// as q * q_mul, with q_mul = 1 / k_mul.
+// as q * q_mul, with q_mul = 1 / k_mul; k_weight (mean 1 over a layer) weighs
+// the channel's error when K is quantized to q4_0.
 struct KSmoothing {
+  static constexpr int kRows = 4;  // shift, k_mul, q_mul, k_weight
   int n_layers = 0;
   int kv_dim = 0;
-  // [n_layers][3][kv_dim]: shift, k_mul, q_mul of each layer, in that order.
+  // [n_layers][kRows][kv_dim]: shift, k_mul, q_mul, k_weight of each layer,
+  // in that order.
   std::vector<float> params;
 
   bool empty() const { return params.empty(); }
-  const float* layer(int l) const { return params.data() + static_cast<size_t>(l) * 3 * kv_dim; }
+  const float* layer(int l) const { return params.data() + static_cast<size_t>(l) * kRows * kv_dim; }
 };
 
 // Sums over the calibration tokens, per layer and K channel, of the RoPE'd

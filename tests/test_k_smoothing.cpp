@@ -70,7 +70,8 @@ std::vector<int> eval_tokens(const Model& model, size_t n) {
 // Synthetic statistics: the shift is K's mean on the pairs that turn less
 // than 60 degrees over the context and 0 elsewhere; the scale is
 // (rms(k - shift) / rms(q))^(1/4), Q's rms over the KV head's query group;
-// q_mul is 1 / k_mul. Expected values are computed here in two passes.
+// q_mul is 1 / k_mul; k_weight is E[(q scale)^2] with mean 1 over the layer.
+// Expected values are computed here in two passes.
 TEST(KSmoothing, StatsGiveShiftOnSlowPairsAndQuarterPowerScale) {
   ModelConfig c;
   c.n_layers = 2;
@@ -102,6 +103,8 @@ TEST(KSmoothing, StatsGiveShiftOnSlowPairsAndQuarterPowerScale) {
     const float* shift = s.layer(l);
     const float* k_mul = shift + kv_dim;
     const float* q_mul = k_mul + kv_dim;
+    const float* k_weight = q_mul + kv_dim;
+    std::vector<double> weight(static_cast<size_t>(kv_dim));  // E[(q s)^2], before the layer's normalization
     for (int ch = 0; ch < kv_dim; ++ch) {
       double mean = 0;
       for (int t = 0; t < m; ++t) mean += ks[l][t * kv_dim + ch];
@@ -118,7 +121,12 @@ TEST(KSmoothing, StatsGiveShiftOnSlowPairsAndQuarterPowerScale) {
       EXPECT_NEAR(shift[ch], mu, 1e-4 * (1 + std::abs(mu))) << "layer " << l << " channel " << ch;
       EXPECT_NEAR(q_mul[ch], scale, 1e-5 * scale) << "layer " << l << " channel " << ch;
       EXPECT_NEAR(k_mul[ch] * q_mul[ch], 1.0, 1e-6);
+      weight[size_t(ch)] = q_ms * scale * scale;
     }
+    double mean = 0;
+    for (double w : weight) mean += w / kv_dim;
+    for (int ch = 0; ch < kv_dim; ++ch)
+      EXPECT_NEAR(k_weight[ch], weight[size_t(ch)] / mean, 1e-5 * weight[size_t(ch)] / mean) << "layer " << l << " channel " << ch;
   }
   // A longer context turns pair 3 too far: no shift anywhere.
   const KSmoothing wide = k_smoothing_from_stats(stats, c, 2048);

@@ -133,21 +133,22 @@ inline void expect_words(const std::string& msg, const std::vector<std::string>&
 // A K smoothing (src/k_smoothing.h) with random, not calibrated, values for
 // exactness tests: shift uniform in [-max_shift, max_shift], scale e^U(-1, 1),
 // k_mul = 1 / scale; q_mul = scale, or 1 (K rewritten alone: a wrong rewrite
-// whose effect must show) when k_only.
+// whose effect must show) when k_only; k_weight e^U(-1, 1).
 inline KSmoothing random_k_smoothing(const ModelConfig& c, uint32_t seed, float max_shift, bool k_only = false) {
   KSmoothing s;
   s.n_layers = c.n_layers;
   s.kv_dim = c.kv_dim();
-  s.params.resize(size_t(c.n_layers) * 3 * c.kv_dim());
+  s.params.resize(size_t(c.n_layers) * KSmoothing::kRows * c.kv_dim());
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> shift(-max_shift, max_shift), log_scale(-1, 1);
   for (int l = 0; l < c.n_layers; ++l) {
-    float* p = s.params.data() + size_t(l) * 3 * c.kv_dim();
+    float* p = s.params.data() + size_t(l) * KSmoothing::kRows * c.kv_dim();
     for (int ch = 0; ch < c.kv_dim(); ++ch) {
       const float scale = std::exp(log_scale(rng));
       p[ch] = shift(rng);
       p[c.kv_dim() + ch] = 1 / scale;
       p[2 * c.kv_dim() + ch] = k_only ? 1.0f : scale;
+      p[3 * c.kv_dim() + ch] = std::exp(log_scale(rng));
     }
   }
   return s;

@@ -1,6 +1,7 @@
 // KV-cache element types (-ctk / -ctv, chosen independently for K and V):
 // f32, f16, bf16, q8_0 (int8, an f16 scale per block), q4_0 (int4, an f16
-// scale per block) and fp8 (e4m3 with an f16 scale per block, so a block uses
+// scale per block, chosen by least squares rather than GGUF's largest-value
+// rule) and fp8 (e4m3 with an f16 scale per block, so a block uses
 // e4m3's whole range). Rows are encoded as they are written to the cache and
 // decoded where attention reads them. This is the CPU reference of every
 // format.
@@ -15,6 +16,7 @@
 // element j + L / 2 in its high one, as GGUF's Q4_0 does for L = 32).
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -41,7 +43,27 @@ int kv_block_len(KvType t, int head_dim);
 // Bytes of a row of n elements (n a multiple of the block).
 size_t kv_row_bytes(KvType t, int64_t n, int head_dim);
 
-void kv_encode_row(KvType t, const float* x, void* dst, int64_t n, int head_dim);
+// q4_0's least-squares scale search (kv_quant.cpp's encode_q4_0_block; the
+// GPU's kv_encode_block runs the same arithmetic with two lanes a
+// candidate): candidate c in [0, kQ4FitCandidates) maps the block's signed
+// largest value, max, to -(8 + 0.2 (c - 8)), i.e. -6.4 ... -9.4; a value x
+// gets the level q4_fit_level(iscale, x) in [-8, 7].
+constexpr int kQ4FitCandidates = 16;
+inline float q4_fit_iscale(int c, float max) {
+  const float step = 0.2f * static_cast<float>(c - 8);
+  const float n = 8.0f + step;
+  return -n / max;
+}
+inline int q4_fit_level(float iscale, float x) {
+  const float y = iscale * x;  // |y| <= 8.7: x is no larger than max
+  const int l = static_cast<int>(std::nearbyint(y));  // to nearest, ties to even (the default rounding mode)
+  return l < -8 ? -8 : l > 7 ? 7 : l;
+}
+
+// weights (n values, positive) when non-null steer q4_0's scale fit: it
+// minimises sum(w (x - d l)^2) (K smoothing's k_weight, src/k_smoothing.h);
+// the other types ignore them.
+void kv_encode_row(KvType t, const float* x, void* dst, int64_t n, int head_dim, const float* weights = nullptr);
 void kv_decode_row(KvType t, const void* src, float* dst, int64_t n, int head_dim);
 
 // e4m3 (fn: no infinities, max 448) <-> float, round to nearest even.

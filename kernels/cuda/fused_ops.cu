@@ -76,7 +76,7 @@ __global__ void rope_store_kernel(float* q, const float* __restrict__ k, const f
   __syncthreads();  // cs is read by every thread below
   const int64_t q_row = int64_t(t) * n_heads * head_dim;
   const int first = blockIdx.y * blockDim.x, stride = gridDim.y * blockDim.x;  // this block's slice
-  // K smoothing (src/k_smoothing.h): [shift, k_mul, q_mul] x kv_dim of this layer.
+  // K smoothing (src/k_smoothing.h): [shift, k_mul, q_mul, k_weight] x kv_dim of this layer.
   const int kv_dim = n_kv_heads * head_dim, group = n_heads / n_kv_heads;
   for (int j = threadIdx.x + first; j < n_heads * pairs; j += stride) {
     const int h = j / pairs, i = j % pairs;
@@ -129,7 +129,8 @@ __global__ void rope_store_kernel(float* q, const float* __restrict__ k, const f
     const float2 r = rope_rotate(k[kv_row + (e & ~1)], k[kv_row + (e | 1)], cs[i][0], cs[i][1]);
     float kr = (e & 1) ? r.y : r.x;
     if (smooth) kr = (kr - smooth[e]) * smooth[kv_dim + e];
-    kv_encode_block(k_type, kr, lane, kq + b * lk.q_row / n_blocks, ks + b);
+    const float k_weight = smooth ? smooth[3 * kv_dim + e] : 1.0f;
+    kv_encode_block(k_type, kr, lane, kq + b * lk.q_row / n_blocks, ks + b, k_weight);
     kv_encode_block(v_type, v[kv_row + e], lane, vq + b * lv.q_row / n_blocks, vs + b);
   }
 }

@@ -200,9 +200,10 @@ void rope_and_store_kv(float* q, const float* k, const float* v, const int* pos,
 // are stored in k_type / v_type (f16, bf16, q8_0, q4_0, fp8; pages of
 // block_size slots laid out as kv_pool_layout says), quantized as written,
 // bit-exact with kernels/cpu/kv_quant's kv_encode_row. Types other than f16
-// need head_dim % 32 == 0. k_smoothing (device, [3][n_kv_heads * head_dim]:
-// shift, k_mul, q_mul of src/k_smoothing.h) when non-null: after RoPE, K is
-// stored as (k - shift) * k_mul and q (in place and q_out) is q * q_mul.
+// need head_dim % 32 == 0. k_smoothing (device, [4][n_kv_heads * head_dim]:
+// shift, k_mul, q_mul, k_weight of src/k_smoothing.h) when non-null: after
+// RoPE, K is stored as (k - shift) * k_mul (a q4_0 K's scale fit weighted by
+// k_weight) and q (in place and q_out) is q * q_mul.
 void rope_and_store_kv_slots(float* q, const float* k, const float* v, const int* pos, const int* slots, int n,
                              int n_heads, int n_kv_heads, int head_dim, float theta, float freq_scale,
                              void* k_cache, void* v_cache, KvType k_type, KvType v_type, int block_size,

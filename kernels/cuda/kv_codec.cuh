@@ -22,10 +22,22 @@ namespace runlm {
 
 __device__ __forceinline__ uint16_t kv_f16_bits(float x) { return __half_as_ushort(__float2half_rn(x)); }
 
+// kv_quant.h's q4_fit_iscale / q4_fit_level with the same IEEE operations
+// (no FMA contraction; the division and the rounding to nearest even exact).
+__device__ __forceinline__ float q4_fit_iscale_dev(int c, float smax) {
+  const float n = __fadd_rn(8.0f, __fmul_rn(0.2f, static_cast<float>(c - 8)));
+  return __fdiv_rn(-n, smax);
+}
+__device__ __forceinline__ int q4_fit_level_dev(float iscale, float x) {
+  return min(7, max(-8, __float2int_rn(__fmul_rn(iscale, x))));
+}
+
 // The warp encodes one 32-value block: lane i holds value x (element i).
 // q: the block's quant bytes (32 for q8_0 / fp8, 16 for q4_0) or, for plain
-// types, its 32 elements; s: the block's f16 scale (quantized types only).
-__device__ __forceinline__ void kv_encode_block(KvType t, float x, int lane, uint8_t* q, uint16_t* s) {
+// types, its 32 elements; s: the block's f16 scale (quantized types only);
+// w: the lane's weight in q4_0's scale fit (kv_encode_row's weights).
+__device__ __forceinline__ void kv_encode_block(KvType t, float x, int lane, uint8_t* q, uint16_t* s,
+                                                float w = 1.0f) {
   if (t == KvType::F16) {
     reinterpret_cast<__half*>(q)[lane] = __float2half_rn(x);
     return;
@@ -38,24 +50,59 @@ __device__ __forceinline__ void kv_encode_block(KvType t, float x, int lane, uin
   if (t == KvType::Q4_0) {
     // The signed value of largest magnitude, the first one on ties (the CPU's
     // strict `amax < |x|` scan): reduce (|x|, lane) pairs.
-    float best = x;
+    float smax = x;
     int at = lane;
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
       const float a_b = __shfl_xor_sync(0xffffffffu, amax, off);
-      const float x_b = __shfl_xor_sync(0xffffffffu, best, off);
+      const float x_b = __shfl_xor_sync(0xffffffffu, smax, off);
       const int at_b = __shfl_xor_sync(0xffffffffu, at, off);
       if (a_b > amax || (a_b == amax && at_b < at)) {
         amax = a_b;
-        best = x_b;
+        smax = x_b;
         at = at_b;
       }
     }
-    const float mx = amax > 0.0f ? best : 0.0f;  // all zero: the CPU keeps +0, so d = -0
-    const float d = mx / -8.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    // Truncation of x * id + 8.5 (>= 0) rounds x * id + 8 to nearest, as the CPU.
-    const int qv = min(15, static_cast<int>(__fadd_rn(__fmul_rn(x, id), 8.5f)));
+    if (amax == 0.0f) {  // all zero: d = 0, every level 0 (the CPU's encode_q4_0_block)
+      if (lane < 16) q[lane] = 0x88;
+      if (lane == 0) *s = 0;
+      return;
+    }
+    // The least-squares scale search of the CPU's encode_q4_0_block: lanes
+    // 2c and 2c + 1 evaluate candidate c (kQ4FitCandidates == 16) over the
+    // block's first and second halves, in element order, and add the halves;
+    // then the best candidate (largest sum(w x l)^2 / sum(w l l), the lowest
+    // on ties) is reduced across the warp.
+    static_assert(kQ4FitCandidates == 16, "two lanes a q4_0 scale candidate");
+    const int half = lane & 1;
+    const float iscale = q4_fit_iscale_dev(lane >> 1, smax);
+    float sumlx = 0.0f, suml2 = 0.0f;
+#pragma unroll 8
+    for (int j = 0; j < 16; ++j) {
+      const int src = 16 * half + j;
+      const float xj = __shfl_sync(0xffffffffu, x, src), wj = __shfl_sync(0xffffffffu, w, src);
+      const float l = static_cast<float>(q4_fit_level_dev(iscale, xj));
+      sumlx = __fadd_rn(sumlx, __fmul_rn(__fmul_rn(wj, xj), l));
+      suml2 = __fadd_rn(suml2, __fmul_rn(wj, __fmul_rn(l, l)));
+    }
+    // The halves' sum (the same in both lanes: IEEE addition commutes).
+    sumlx = __fadd_rn(sumlx, __shfl_xor_sync(0xffffffffu, sumlx, 1));
+    suml2 = __fadd_rn(suml2, __shfl_xor_sync(0xffffffffu, suml2, 1));
+    // suml2 > 0: the largest value's level is at least 6 in magnitude, and w > 0.
+    float r = __fdiv_rn(__fmul_rn(sumlx, sumlx), suml2);
+    int c = lane >> 1;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      const float r_b = __shfl_xor_sync(0xffffffffu, r, off);
+      const int c_b = __shfl_xor_sync(0xffffffffu, c, off);
+      if (r_b > r || (r_b == r && c_b < c)) {
+        r = r_b;
+        c = c_b;
+      }
+    }
+    // Every lane now holds the winner c; its sums sit in lane 2c.
+    const float d = __fdiv_rn(__shfl_sync(0xffffffffu, sumlx, 2 * c), __shfl_sync(0xffffffffu, suml2, 2 * c));
+    const int qv = q4_fit_level_dev(q4_fit_iscale_dev(c, smax), x) + 8;
     const int hi = __shfl_down_sync(0xffffffffu, qv, 16);  // lane j + 16: the high nibble of byte j
     if (lane < 16) q[lane] = static_cast<uint8_t>(qv | (hi << 4));
     if (lane == 0) *s = kv_f16_bits(d);
