@@ -91,9 +91,12 @@
 // head) computing it with version 11's math (paged_decode_mma_v12.cuh); K and
 // V each q8_0, fp8 or q4_0, head_dim 128, block_size >= 16, n_kv_heads a
 // multiple of 8; elsewhere what version 9 runs. RUNLM_PAGED_DECODE_V12=c1
-// or c2 forces its CTAs an SM (v12_ctas). Measured at B=64 L=8192 against
-// f16's version 10 in the same run: q8_0 1.83x, fp8 1.84x, q4_0 3.08x
-// (version 9: 1.62x, 1.64x, 2.25x); NOTES.md "Decode v12".
+// or c2 forces its CTAs an SM (v12_ctas), RUNLM_PAGED_DECODE_V12_TILES=1 or
+// 2 its tiles a consumer step (v12_tiles_per_step). Measured at B=64 L=8192
+// against f16's version 10 in the same run: q8_0 1.83x, fp8 1.84x, q4_0
+// 3.08x (session 11; version 9: 1.62x, 1.64x, 2.25x); session 13's
+// defaults (1 CTA, two tiles) on a slower lease 1.82x, 1.82x, 2.81x against
+// 1.81x, 1.80x, 2.71x with session 11's; NOTES.md "Decode v12".
 #include <algorithm>
 #include <atomic>
 #include <cfloat>
@@ -402,13 +405,15 @@ bool v11_applies(const PagedDecodeParams& p) {
          device_is_sm90();
 }
 
-// The CTAs an SM version 12's kernel is sized for: 1 (128 registers, the
-// whole ring budget) or 2 (112 registers, half the ring). The 2-CTA kernel
-// still runs 1 an SM: 18 warps put 5 in a quarter of the register file,
-// 5 x 112 x 32 > 16384. In practice 2 means a shorter ring and a register
-// cap; one lease measured it faster (B=64 L=8192, 4096-key partitions: q8_0
-// 392.2 us against 394.8, fp8 391.8 / 392.4, q4_0 233.7 / 247.8), another
-// within 1% (NOTES "Decode v12"); its kernels spill 8-28 bytes. Unset: 2;
+// The CTAs an SM version 12's kernel is sized for: 1 (168 registers, the
+// whole ring budget; 9 warps put 3 in a quarter of the register file, 3 x
+// 168 x 32 <= 16384) or 2 (112 registers, half the ring). The 2-CTA kernel
+// still runs 1 an SM: 18 warps put 5 in a quarter, 5 x 112 x 32 > 16384. In
+// practice 2 means a shorter ring and a register cap: with one tile a step
+// one lease measured it faster (B=64 L=8192: q4_0 233.7 us against 247.8),
+// another within 1%; with two tiles a step (session 13) 2 spills 12-136
+// bytes and 1 none, and 1 is the faster (same run: q4_0 254.9 us against
+// 265.0, q8_0 394.2 / 403.7; NOTES "Decode v12"). Unset: 1;
 // RUNLM_PAGED_DECODE_V12=c1 or c2 forces one (read once).
 int v12_ctas() {
   static const int forced = [] {
@@ -418,7 +423,7 @@ int v12_ctas() {
                 "RUNLM_PAGED_DECODE_V12=%s unsupported; supported: c1, c2", e);
     return e[1] - '0';
   }();
-  return forced ? forced : 2;
+  return forced ? forced : 1;
 }
 
 // Version 12's ring depth: RUNLM_PAGED_DECODE_V12_STAGES=2..8 forces one
@@ -431,6 +436,20 @@ int v12_stages_forced() {
     const int v = std::atoi(e);
     RUNLM_CHECK(v >= 2 && v <= 8, "RUNLM_PAGED_DECODE_V12_STAGES=%s unsupported; supported: 2..8", e);
     return v;
+  }();
+  return n;
+}
+
+// Version 12's tiles a consumer step (paged_decode_mma_v12.cuh):
+// RUNLM_PAGED_DECODE_V12_TILES=1 or 2 forces one (read once; measurements);
+// unset: 2 (both tiles' reads and QK products before either softmax).
+int v12_tiles_per_step() {
+  static const int n = [] {
+    const char* e = std::getenv("RUNLM_PAGED_DECODE_V12_TILES");
+    if (!e || !*e) return 2;
+    RUNLM_CHECK(std::strcmp(e, "1") == 0 || std::strcmp(e, "2") == 0,
+                "RUNLM_PAGED_DECODE_V12_TILES=%s unsupported; supported: 1, 2", e);
+    return e[0] - '0';
   }();
   return n;
 }
@@ -798,7 +817,8 @@ void paged_decode_attention(const PagedDecodeParams& p, void* workspace, size_t 
   } else if (pl.v12) {
     const MmaV11Maps maps = make_v11_maps(p.kv, kV12Heads);
     pl.v12<<<grid, pl.threads, pl.smem_bytes, st>>>(p, maps, pl.partition_size, pl.n_chunks, ilog2(p.kv.block_size),
-                                                 pl.v12_stages, ws_o, ws_md, pl.n_parts);
+                                                 pl.v12_stages, pl.v12_stages >= 3 ? v12_tiles_per_step() : 1, ws_o,
+                                                 ws_md, pl.n_parts);
   } else {
     pl.fn<<<grid, kThreads, pl.smem_bytes, st>>>(p, pl.partition_size, pl.n_chunks, ilog2(p.kv.block_size), ws_o,
                                                  ws_md, pl.n_parts);

@@ -39,7 +39,11 @@
 // Consumers: warp w is KV head 8 * blockIdx.y + w with the chunk's 8 rows of
 // its group (row g = lane / 4, as every tensor-core version), walks every
 // tile of the CTA's keys, and stores its own rows at the end (no cross-warp
-// merge: each warp owns its head), straight from the O fragments.
+// merge: each warp owns its head), straight from the O fragments. It takes
+// two tiles a step (tiles_per_step): both tiles' K and V reads and QK
+// products, the two stages released, then both softmax and P V steps; with
+// 8 consumer warps an SM one tile's chain (loads, conversion, mma, the
+// softmax's shuffles) left the SM mostly waiting (NOTES "Decode v12").
 // Edge tiles: keys outside [k_begin, k_end) are real page rows, possibly
 // stale or never written: masked scores, zeroed V quants and scales, as
 // version 11.
@@ -131,15 +135,15 @@ struct MmaV12Stage {
 };
 
 // grid: x = partition * n_chunks + chunk, y = group of 8 KV heads, z =
-// sequence; kV12Threads threads, sized for kCtas CTAs an SM (1: 128
+// sequence; kV12Threads threads, sized for kCtas CTAs an SM (1: 168
 // registers; 2: 112 and half the ring, though it still runs one an SM:
 // paged_attention.cu, v12_ctas). Workspace and results as version 4's.
 // Maps: make_v11_maps with 8 heads a box.
 template <typename KP, typename VP, int kCtas>
-__global__ void __launch_bounds__(kV12Threads) __maxnreg__(kCtas == 1 ? 128 : 112)
+__global__ void __launch_bounds__(kV12Threads) __maxnreg__(kCtas == 1 ? 168 : 112)
     paged_decode_mma_v12_kernel(const __grid_constant__ PagedDecodeParams p, const __grid_constant__ MmaV11Maps tm,
-                                int partition_size, int n_chunks, int bs_shift, int n_stages, float* __restrict__ ws_o,
-                                float* __restrict__ ws_md, int ws_parts) {
+                                int partition_size, int n_chunks, int bs_shift, int n_stages, int tiles_per_step,
+                                float* __restrict__ ws_o, float* __restrict__ ws_md, int ws_parts) {
 #if RUNLM_FA3_DEVICE
   constexpr int HD = kV12Hd;
   constexpr int R = kMmaRows;
@@ -239,15 +243,25 @@ __global__ void __launch_bounds__(kV12Threads) __maxnreg__(kCtas == 1 ? 128 : 11
     for (int c = 0; c < 4; ++c) o[mt][c] = 0.0f;
 
   const int sc_head = 8 * warp;  // this head's 4 scales (8 bytes) in a key's scale row
-  auto compute_tile = [&](int st, int key0) {
+  // A tile in two halves, so that two tiles' loads and QK products can be
+  // issued before either's softmax (the softmax's warp-uniform branches end
+  // the compiler's scheduling regions): tile_qk reads the stage's K (scores
+  // into acc) and V (raw words and scales into registers), tile_pv does the
+  // masking, the online softmax and P V.
+  struct TileRegs {
+    float acc[2][4];
+    uint32_t vw[4][VL::kVWords], sv[4];
+  };
+  auto tile_qk = [&](int st, TileRegs& r) {
     const uint8_t* stage = sm + st * L::kBytes;
     const uint8_t* kq = stage + L::kKq + warp * KR::kHeadBytes;
     const uint8_t* vq = stage + L::kVq + warp * VR::kHeadBytes;
     const uint8_t* ks = stage + L::kKs + sc_head;
     const uint8_t* vs = stage + L::kVs + sc_head;
-    float acc[2][4] = {};
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) r.acc[j][c] = 0.0f;
       const int row = 8 * j + g;
       uint32_t kw[KR::kKWords];
       KR::k_load(kq, row, g, t, kw);
@@ -260,36 +274,62 @@ __global__ void __launch_bounds__(kV12Threads) __maxnreg__(kCtas == 1 ? 128 : 11
 #pragma unroll
         for (int i = 0; i < KR::kStepsPerWord; ++i) {
           const int ks_ = w * KR::kStepsPerWord + i;
-          mma_rows8(acc[j], qa[ks_][0], qa[ks_][1], hmul2_u32(kb[2 * i], s2), hmul2_u32(kb[2 * i + 1], s2));
+          mma_rows8(r.acc[j], qa[ks_][0], qa[ks_][1], hmul2_u32(kb[2 * i], s2), hmul2_u32(kb[2 * i + 1], s2));
         }
       }
     }
-    float sc[2][2] = {{acc[0][0], acc[0][1]}, {acc[1][0], acc[1][1]}};
+    // V of keys 8j + 2t + c (slot 2j + c).
+    const int vb = VL::v_block(g);
+#pragma unroll
+    for (int slot = 0; slot < 4; ++slot) {
+      const int row = 8 * (slot >> 1) + 2 * t + (slot & 1);
+      VR::v_load(vq, row, g, r.vw[slot]);
+      r.sv[slot] = *reinterpret_cast<const uint16_t*>(vs + row * kScRow + 2 * vb);
+    }
+  };
+  auto tile_pv = [&](TileRegs& r, int key0) {
+    float sc[2][2] = {{r.acc[0][0], r.acc[0][1]}, {r.acc[1][0], r.acc[1][1]}};
     if (key0 < lo_max || key0 + 16 > hi_min) rows8_mask_tile(sc, key0, t, key_lo, key_hi);  // warp-uniform
     float pr[2][2];
     rows8_softmax_step(sc, t, m, d, pr, [&](float c0, float c1) { rescale_o_tiles(o, c0, c1); });
     const uint32_t p01 = pack_f16x2(pr[0][0], pr[0][1]);
     const uint32_t p89 = pack_f16x2(pr[1][0], pr[1][1]);
-
-    // V of keys 8j + 2t + c (slot 2j + c).
-    uint32_t vw[4][VL::kVWords], sv[4];
-    const int vb = VL::v_block(g);
-#pragma unroll
-    for (int slot = 0; slot < 4; ++slot) {
-      const int row = 8 * (slot >> 1) + 2 * t + (slot & 1);
-      VR::v_load(vq, row, g, vw[slot]);
-      sv[slot] = *reinterpret_cast<const uint16_t*>(vs + row * kScRow + 2 * vb);
-    }
-    pv_tile_smem<VL>(o, vw, sv, p01, p89, key0, t, k_begin, k_end);
+    pv_tile_smem<VL>(o, r.vw, r.sv, p01, p89, key0, t, k_begin, k_end);
+  };
+  auto release = [&](int st) {
+    __syncwarp();  // every lane has read the stage
+    if (lane == 0) fa3::mbar_arrive(empty_bar(st));
   };
 
   int st = 0;
   uint32_t phase = 0;
-  for (int i = 0; i < n_tiles; ++i) {
+  int i = 0;
+  // Two tiles a step (tiles_per_step 2; S >= 3 keeps the producer a stage
+  // ahead): both tiles' K and V reads and QK products, then both softmax and
+  // P V steps.
+  if (tiles_per_step == 2) {
+    for (; i + 2 <= n_tiles; i += 2) {
+      const int st_b = st + 1 == S ? 0 : st + 1;
+      const uint32_t phase_b = st + 1 == S ? phase ^ 1 : phase;
+      fa3::mbar_wait(full_bar(st), phase);
+      fa3::mbar_wait(full_bar(st_b), phase_b);
+      TileRegs a, b;
+      tile_qk(st, a);
+      tile_qk(st_b, b);
+      release(st);
+      release(st_b);
+      tile_pv(a, k_first + 16 * i);
+      tile_pv(b, k_first + 16 * (i + 1));
+      st = st_b + 1 == S ? 0 : st_b + 1;
+      phase = st_b + 1 == S ? phase_b ^ 1 : phase_b;
+    }
+  }
+  for (; i < n_tiles; ++i) {
     fa3::mbar_wait(full_bar(st), phase);
-    compute_tile(st, k_first + 16 * i);
-    __syncwarp();  // every lane has read the stage
-    if (lane == 0) fa3::mbar_arrive(empty_bar(st));
+    TileRegs a;
+    tile_qk(st, a);
+    release(st);
+    tile_pv(a, k_first + 16 * i);
     if (++st == S) st = 0, phase ^= 1;
   }
 
@@ -297,7 +337,8 @@ __global__ void __launch_bounds__(kV12Threads) __maxnreg__(kCtas == 1 ? 128 : 11
 #endif
 }
 
-using KernelV12Fn = void (*)(const PagedDecodeParams, const MmaV11Maps, int, int, int, int, float*, float*, int);
+using KernelV12Fn = void (*)(const PagedDecodeParams, const MmaV11Maps, int, int, int, int, int, float*, float*,
+                             int);
 
 // Version 12's kernel for K type k and V type v (each q8_0, fp8 or q4_0,
 // head_dim 128; kernels/cuda/inst/paged_decode_mma_v12.cu) sized for ctas
