@@ -229,6 +229,16 @@ __device__ __forceinline__ uint32_t hfma2_u32(uint32_t a, uint32_t b, uint32_t c
   asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
   return r;
 }
+// (x & kMask) | kOr in one LOP3. Written as C++ the two constants give an
+// AND and an OR (SASS LOP3 takes one immediate); as one PTX lop3 ptxas keeps
+// one of them in a register (session 14: the q4_0 decode's hot loop had 133
+// LOP3 a tile and warp, half of them the ORs).
+template <uint32_t kMask, uint32_t kOr>
+__device__ __forceinline__ uint32_t and_or_u32(uint32_t x) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(x), "n"(kMask), "n"(kOr));  // 0xEA = (a & b) | c
+  return r;
+}
 // (lo, hi) -> f16x2 bits, lo in the low half (the lower k index of a pair).
 __device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
   const __half2 h = __floats2half2_rn(lo, hi);
@@ -399,10 +409,10 @@ struct MmaQ4 {
   static constexpr int kKWords = 1, kVWords = 1;
   __device__ __forceinline__ static void nibbles(uint32_t w, uint32_t (&b)[4]) {
     const uint32_t w8 = w >> 8;
-    b[0] = hsub2_u32((w & 0x000F000Fu) | kF16x2_1024, kF16x2_1032);                // bytes 0, 2 low
-    b[1] = hsub2_u32((w8 & 0x000F000Fu) | kF16x2_1024, kF16x2_1032);               // bytes 1, 3 low
-    b[2] = hfma2_u32((w & 0x00F000F0u) | kF16x2_1024, kF16x2_1_16, kF16x2_m72);    // bytes 0, 2 high
-    b[3] = hfma2_u32((w8 & 0x00F000F0u) | kF16x2_1024, kF16x2_1_16, kF16x2_m72);   // bytes 1, 3 high
+    b[0] = hsub2_u32(and_or_u32<0x000F000Fu, kF16x2_1024>(w), kF16x2_1032);               // bytes 0, 2 low
+    b[1] = hsub2_u32(and_or_u32<0x000F000Fu, kF16x2_1024>(w8), kF16x2_1032);              // bytes 1, 3 low
+    b[2] = hfma2_u32(and_or_u32<0x00F000F0u, kF16x2_1024>(w), kF16x2_1_16, kF16x2_m72);   // bytes 0, 2 high
+    b[3] = hfma2_u32(and_or_u32<0x00F000F0u, kF16x2_1024>(w8), kF16x2_1_16, kF16x2_m72);  // bytes 1, 3 high
   }
   __device__ __forceinline__ static void k_load(const uint8_t* blk, int t, uint32_t (&w)[kKWords]) {
     ldg_words<1>(blk + 4 * t, w);

@@ -260,8 +260,11 @@ __global__ void __launch_bounds__(kV12Threads) __maxnreg__(kCtas == 1 ? 168 : 11
     const uint8_t* vs = stage + L::kVs + sc_head;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
+      // Even and odd k-steps accumulate apart, halving the chain of
+      // dependent mma (8 -> 4 + an add) that the softmax waits for.
+      float acc_odd[4];
 #pragma unroll
-      for (int c = 0; c < 4; ++c) r.acc[j][c] = 0.0f;
+      for (int c = 0; c < 4; ++c) r.acc[j][c] = acc_odd[c] = 0.0f;
       const int row = 8 * j + g;
       uint32_t kw[KR::kKWords];
       KR::k_load(kq, row, g, t, kw);
@@ -274,9 +277,12 @@ __global__ void __launch_bounds__(kV12Threads) __maxnreg__(kCtas == 1 ? 168 : 11
 #pragma unroll
         for (int i = 0; i < KR::kStepsPerWord; ++i) {
           const int ks_ = w * KR::kStepsPerWord + i;
-          mma_rows8(r.acc[j], qa[ks_][0], qa[ks_][1], hmul2_u32(kb[2 * i], s2), hmul2_u32(kb[2 * i + 1], s2));
+          mma_rows8(ks_ % 2 ? acc_odd : r.acc[j], qa[ks_][0], qa[ks_][1], hmul2_u32(kb[2 * i], s2),
+                    hmul2_u32(kb[2 * i + 1], s2));
         }
       }
+#pragma unroll
+      for (int c = 0; c < 2; ++c) r.acc[j][c] += acc_odd[c];  // tile_pv reads c = 0, 1 (rows8)
     }
     // V of keys 8j + 2t + c (slot 2j + c).
     const int vb = VL::v_block(g);
