@@ -186,6 +186,7 @@ struct Case {
   KvType k_type = KvType::F16, v_type = KvType::F16;
   bool shuffle = true;
   bool stale_tail = false;  // slots past each sequence's length in its last page: NaN / inf / garbage (stale_tail_slots)
+  float score_steps = 0;    // > 0: scores rise in steps of this / 4 along each sequence (step_scores)
   uint32_t seed = 1;
 };
 
@@ -271,6 +272,36 @@ void stale_tail_slots(const Case& c, const std::vector<int32_t>& tables, int max
   }
 }
 
+// Scores in steps (score_steps = D > 0, log2 units): q gets a common
+// component along e = (1, ..., 1) / sqrt(hd) of every head, and the K rows of
+// each sequence's fifth j (j = 0..4) one of -C_j e, so that the keys of
+// fifth j score about -D (4 - j) / 4 (+ the usual +-6 of the random parts):
+// the running max jumps by ~D / 4 four times mid-sequence (past version 12's
+// lazy-max slack, kLazyMaxSlack, at D = 40) and creeps up in between.
+// The keys that carry the weight in the end (the last fifth) are as
+// large as the other tests' keys, so f16 operands cost the usual error.
+constexpr float kStepQ = 10.0f;  // q's component along e
+void step_scores(const Case& c, const std::vector<int32_t>& tables, int max_blocks, const KvPoolLayout& l,
+                 std::vector<uint8_t>& pool, std::vector<float>& q, std::mt19937& rng) {
+  const float e = 1.0f / std::sqrt(float(c.hd));
+  for (float& x : q) x += kStepQ * e;
+  // q.k = -kStepQ C for k = -C e: C_j = D (4 - j) / 4 / (kStepQ x the score scale log2(e) / sqrt(hd)).
+  const float c_top = c.score_steps / (kStepQ * 1.4426950408889634f * e);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const int row_elems = c.n_kv * c.hd;
+  std::vector<float> x(row_elems);
+  std::vector<uint8_t> row(kv_row_bytes(c.k_type, row_elems, c.hd));
+  for (size_t s = 0; s < c.lens.size(); ++s)
+    for (int pos = 0; pos < c.lens[s]; ++pos) {
+      const int j = 5 * pos / c.lens[s];
+      const float shift = -c_top * float(4 - j) / 4.0f * e;
+      for (float& v : x) v = u(rng) + shift;
+      kv_encode_row(c.k_type, x.data(), row.data(), row_elems, c.hd);
+      kv_pool_write_row(c.k_type, l, pool.data(), int64_t(tables[s * max_blocks + pos / c.bs]) * c.bs + pos % c.bs,
+                        row.data());
+    }
+}
+
 HostProblem make_problem(const Case& c) {
   HostProblem hp;
   hp.c = c;
@@ -310,6 +341,7 @@ HostProblem make_problem(const Case& c) {
   hp.total_q = hp.cu_q.back();
   hp.q.resize(size_t(hp.total_q) * c.n_heads * c.hd);
   for (float& x : hp.q) x = 3.0f * u(rng);
+  if (c.score_steps > 0) step_scores(c, hp.tables, hp.max_blocks, hp.lk, hp.kpool, hp.q, rng);
   return hp;
 }
 
@@ -724,6 +756,28 @@ TEST(PagedAttention, KvTypePairs) {
       c.v_type = vt;
       check_case(c, {-1, 0, 256}, kAllMmaVersions);
       ++seed;
+    }
+}
+
+// Scores that rise in steps of ~10 (log2 units) mid-sequence, past
+// version 12's lazy-max slack (step_scores: the running max jumps, O and d
+// are rescaled then), and creep up by less in between (probabilities above 1
+// until the next jump), with 1 and 2 query tokens, split and not, every
+// tensor-core version, against the reference.
+TEST(PagedAttention, RisingScoresRescaleMidSequence) {
+  REQUIRE_DEVICE();
+  uint32_t seed = 1150;
+  const std::pair<KvType, KvType> pairs[] = {{KvType::Q4_0, KvType::Q4_0},
+                                             {KvType::Q8_0, KvType::Q8_0},
+                                             {KvType::FP8, KvType::Q4_0},
+                                             {KvType::F16, KvType::F16}};
+  for (auto [kt, vt] : pairs)
+    for (int nq : {1, 2}) {
+      Case c = make_case({17, 300, 2100}, nq, 32, 8, 128, 16, 0, seed++);
+      c.k_type = kt;
+      c.v_type = vt;
+      c.score_steps = 40.0f;
+      check_case(c, {-1, 0, 256}, kAllMmaVersions);
     }
 }
 

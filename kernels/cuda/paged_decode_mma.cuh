@@ -212,6 +212,40 @@ __device__ __forceinline__ void rows8_softmax_step(const float (&sc)[2][2], int 
     }
 }
 
+// rows8_softmax_step with a lazy max (version 12): the running max m only
+// moves when a score passes m + kLazyMaxSlack (log2 units), found by a vote
+// on each lane's own scores, so a tile normally costs no shuffle and no
+// dependent max chain; the probabilities are then at most 2^kLazyMaxSlack
+// (f16 holds them; O and d accumulate in f32 with the same m, which is all
+// the combine and the final O / d need). The first tile (m = -inf) and any
+// tile that passes the slack take rows8_softmax_step's exact path.
+constexpr float kLazyMaxSlack = 8.0f;
+template <typename RescaleO>
+__device__ __forceinline__ void rows8_softmax_step_lazy(const float (&sc)[2][2], int t, float& m, float& d,
+                                                        float (&pr)[2][2], RescaleO&& rescale_o) {
+  const float mx = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));
+  if (__any_sync(0xffffffffu, mx > m + kLazyMaxSlack)) {  // m = -inf: any finite score
+    float mr = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mr = fmaxf(mr, __shfl_xor_sync(0xffffffffu, mr, 2));
+    const float m_new = fmaxf(m, mr);
+    const float ms = m_new == -INFINITY ? 0.0f : m_new;
+    const float corr = fast_exp2(m - ms);  // 1 for rows whose max did not move
+    d *= corr;
+    const float c0 = __shfl_sync(0xffffffffu, corr, 8 * t);
+    const float c1 = __shfl_sync(0xffffffffu, corr, 8 * t + 4);
+    rescale_o(c0, c1);
+    m = m_new;
+  }
+  const float ms = m == -INFINITY ? 0.0f : m;
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      pr[j][c] = fast_exp2(sc[j][c] - ms);
+      d += pr[j][c];
+    }
+}
+
 // ------------------------------------------------------------ f16x2 helpers
 
 __device__ __forceinline__ uint32_t hsub2_u32(uint32_t a, uint32_t b) {

@@ -34,8 +34,10 @@
 // shuffles); lane 0 waits for the stage to be empty, arms it and issues 4
 // boxes: K and V quants of the 8 heads x 16 rows (4-D maps whose head
 // dimension lies inside the slot one, so the box lands head-major), and the
-// two scale rows (the 8 heads' 32 scales x 16 rows). (18 boxes, one a head
-// and pool, ran q4_0 at ~1700 cycles a stage, as if bound by the box rate.)
+// two scale rows (the 8 heads' 32 scales x 16 rows). (Session 14: q4_0
+// loads alone take 217 us at B=64 L=8192, the whole kernel 240-250 before
+// this session's consumer changes; one bulk copy a page and pool, or 512-byte
+// TMA rows, were no faster: the consumers bound it, not the boxes.)
 // Consumers: warp w is KV head 8 * blockIdx.y + w with the chunk's 8 rows of
 // its group (row g = lane / 4, as every tensor-core version), walks every
 // tile of the CTA's keys, and stores its own rows at the end (no cross-warp
@@ -43,7 +45,10 @@
 // two tiles a step (tiles_per_step): both tiles' K and V reads and QK
 // products, the two stages released, then both softmax and P V steps; with
 // 8 consumer warps an SM one tile's chain (loads, conversion, mma, the
-// softmax's shuffles) left the SM mostly waiting (NOTES "Decode v12").
+// softmax's shuffles) left the SM mostly waiting (NOTES "Decode v12"). For
+// the same reason the QK products of a key row run as two accumulator
+// chains (even and odd k-steps), and the softmax's running max is lazy
+// (rows8_softmax_step_lazy: no shuffles unless a score passes it by 8).
 // Edge tiles: keys outside [k_begin, k_end) are real page rows, possibly
 // stale or never written: masked scores, zeroed V quants and scales, as
 // version 11.
@@ -297,7 +302,7 @@ __global__ void __launch_bounds__(kV12Threads) __maxnreg__(kCtas == 1 ? 168 : 11
     float sc[2][2] = {{r.acc[0][0], r.acc[0][1]}, {r.acc[1][0], r.acc[1][1]}};
     if (key0 < lo_max || key0 + 16 > hi_min) rows8_mask_tile(sc, key0, t, key_lo, key_hi);  // warp-uniform
     float pr[2][2];
-    rows8_softmax_step(sc, t, m, d, pr, [&](float c0, float c1) { rescale_o_tiles(o, c0, c1); });
+    rows8_softmax_step_lazy(sc, t, m, d, pr, [&](float c0, float c1) { rescale_o_tiles(o, c0, c1); });
     const uint32_t p01 = pack_f16x2(pr[0][0], pr[0][1]);
     const uint32_t p89 = pack_f16x2(pr[1][0], pr[1][1]);
     pv_tile_smem<VL>(o, r.vw, r.sv, p01, p89, key0, t, k_begin, k_end);
