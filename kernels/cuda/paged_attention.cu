@@ -96,7 +96,9 @@
 // against f16's version 10 in the same run: q8_0 1.83x, fp8 1.84x, q4_0
 // 3.08x (session 11; version 9: 1.62x, 1.64x, 2.25x); session 13's
 // defaults (1 CTA, two tiles) on a slower lease 1.82x, 1.82x, 2.81x against
-// 1.81x, 1.80x, 2.71x with session 11's; NOTES.md "Decode v12".
+// 1.81x, 1.80x, 2.71x with session 11's; session 14's (one LOP3 a q4_0
+// nibble pair, two QK chains, the lazy softmax max) 1.84x, 1.84x, 3.17x;
+// NOTES.md "Decode v12".
 #include <algorithm>
 #include <atomic>
 #include <cfloat>
