@@ -179,29 +179,28 @@ __device__ __forceinline__ void rescale_o_blocks(float (&o)[NB][2][4], float c0,
   for (int b = 0; b < NB; ++b) rescale_o_tiles(o[b], c0, c1);
 }
 
-// One online-softmax step of row g over a 16-key tile (the keys sit in the
-// 4 lanes t): the row max, then, when any row's max grew (rare after the
-// first keys, so warp-uniformly skipped), d scaled and O rescaled through
-// rescale_o(c0, c1), the factors of O^T's columns 2t and 2t + 1 (rows whose
-// factors live in lanes 8t and 8t + 4); last the probabilities pr (masked
-// keys: 2^-inf = 0) added into d. O's fragment layout is the kernel's, hence
-// the callback.
-template <typename RescaleO>
-__device__ __forceinline__ void rows8_softmax_step(const float (&sc)[2][2], int t, float& m, float& d,
-                                                   float (&pr)[2][2], RescaleO&& rescale_o) {
-  float mx = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));
+// The row-g max over the tile's 4 lanes t.
+__device__ __forceinline__ float rows8_tile_max(float mx) {
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-  const float m_new = fmaxf(m, mx);
-  if (__any_sync(0xffffffffu, m_new != m)) {
-    const float ms = m_new == -INFINITY ? 0.0f : m_new;
-    const float corr = fast_exp2(m - ms);  // m = -inf: 0 (d and o are 0 then anyway)
-    d *= corr;
-    const float c0 = __shfl_sync(0xffffffffu, corr, 8 * t);
-    const float c1 = __shfl_sync(0xffffffffu, corr, 8 * t + 4);
-    rescale_o(c0, c1);
-    m = m_new;
-  }
+  return fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+}
+// Moves row g's running max to m_new (>= m): d scaled, and O rescaled
+// through rescale_o(c0, c1), the factors of O^T's columns 2t and 2t + 1
+// (rows whose factors live in lanes 8t and 8t + 4). Every lane of the warp
+// takes part (shuffles); rows whose max did not move get factor 1.
+template <typename RescaleO>
+__device__ __forceinline__ void rows8_move_max(float m_new, int t, float& m, float& d, RescaleO&& rescale_o) {
+  const float ms = m_new == -INFINITY ? 0.0f : m_new;
+  const float corr = fast_exp2(m - ms);  // m = -inf: 0 (d and o are 0 then anyway)
+  d *= corr;
+  const float c0 = __shfl_sync(0xffffffffu, corr, 8 * t);
+  const float c1 = __shfl_sync(0xffffffffu, corr, 8 * t + 4);
+  rescale_o(c0, c1);
+  m = m_new;
+}
+// The probabilities pr of the tile's scores under the running max m
+// (masked keys: 2^-inf = 0), added into d.
+__device__ __forceinline__ void rows8_probs(const float (&sc)[2][2], float m, float& d, float (&pr)[2][2]) {
   const float ms = m == -INFINITY ? 0.0f : m;  // nothing live yet: keep exp2 away from -inf - -inf
 #pragma unroll
   for (int j = 0; j < 2; ++j)
@@ -212,38 +211,35 @@ __device__ __forceinline__ void rows8_softmax_step(const float (&sc)[2][2], int 
     }
 }
 
+// One online-softmax step of row g over a 16-key tile (the keys sit in the
+// 4 lanes t): the row max, then, when any row's max grew (rare after the
+// first keys, so warp-uniformly skipped), d and O rescaled
+// (rows8_move_max); last the probabilities pr added into d. O's fragment
+// layout is the kernel's, hence the callback.
+template <typename RescaleO>
+__device__ __forceinline__ void rows8_softmax_step(const float (&sc)[2][2], int t, float& m, float& d,
+                                                   float (&pr)[2][2], RescaleO&& rescale_o) {
+  const float mx = rows8_tile_max(fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1])));
+  const float m_new = fmaxf(m, mx);
+  if (__any_sync(0xffffffffu, m_new != m)) rows8_move_max(m_new, t, m, d, rescale_o);
+  rows8_probs(sc, m, d, pr);
+}
+
 // rows8_softmax_step with a lazy max (version 12): the running max m only
 // moves when a score passes m + kLazyMaxSlack (log2 units), found by a vote
 // on each lane's own scores, so a tile normally costs no shuffle and no
 // dependent max chain; the probabilities are then at most 2^kLazyMaxSlack
 // (f16 holds them; O and d accumulate in f32 with the same m, which is all
 // the combine and the final O / d need). The first tile (m = -inf) and any
-// tile that passes the slack take rows8_softmax_step's exact path.
+// tile that passes the slack take the exact path.
 constexpr float kLazyMaxSlack = 8.0f;
 template <typename RescaleO>
 __device__ __forceinline__ void rows8_softmax_step_lazy(const float (&sc)[2][2], int t, float& m, float& d,
                                                         float (&pr)[2][2], RescaleO&& rescale_o) {
   const float mx = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));
-  if (__any_sync(0xffffffffu, mx > m + kLazyMaxSlack)) {  // m = -inf: any finite score
-    float mr = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mr = fmaxf(mr, __shfl_xor_sync(0xffffffffu, mr, 2));
-    const float m_new = fmaxf(m, mr);
-    const float ms = m_new == -INFINITY ? 0.0f : m_new;
-    const float corr = fast_exp2(m - ms);  // 1 for rows whose max did not move
-    d *= corr;
-    const float c0 = __shfl_sync(0xffffffffu, corr, 8 * t);
-    const float c1 = __shfl_sync(0xffffffffu, corr, 8 * t + 4);
-    rescale_o(c0, c1);
-    m = m_new;
-  }
-  const float ms = m == -INFINITY ? 0.0f : m;
-#pragma unroll
-  for (int j = 0; j < 2; ++j)
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      pr[j][c] = fast_exp2(sc[j][c] - ms);
-      d += pr[j][c];
-    }
+  if (__any_sync(0xffffffffu, mx > m + kLazyMaxSlack))  // m = -inf: any finite score
+    rows8_move_max(fmaxf(m, rows8_tile_max(mx)), t, m, d, rescale_o);
+  rows8_probs(sc, m, d, pr);
 }
 
 // ------------------------------------------------------------ f16x2 helpers
