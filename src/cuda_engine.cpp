@@ -705,7 +705,9 @@ class CudaEngine final : public Engine {
       gpu::rope_and_store_kv_slots(q_.get(), k_.get(), v_.get(), d + o.positions, d + o.slots, m, c.n_heads,
                                    c.n_kv_heads, c.head_dim, c.rope_theta, c.rope_freq_scale, k_pool(l), v_pool(l),
                                    type_k_, type_v_, block_size_, gemv_path ? nullptr : qh_.get(), stream_,
-                                   k_smoothed_ ? k_smoothing_.get() + static_cast<size_t>(l) * KSmoothing::kRows * c.kv_dim() : nullptr);
+                                   k_smoothed_
+                                       ? k_smoothing_.get() + static_cast<size_t>(l) * KSmoothing::kRows * c.kv_dim()
+                                       : nullptr);
       if (qk_stats_) add_qk_stats(l, plan.positions);
       if (plan.n_dec() > 0) {
         PagedDecodeParams p;

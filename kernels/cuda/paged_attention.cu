@@ -106,6 +106,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "cuda/paged_attention.h"
@@ -281,6 +282,20 @@ bool plain_mma_types(KvType k, KvType v, int hd) {
   return k == v && (k == KvType::F16 || k == KvType::BF16) && (hd == 64 || hd == 128);
 }
 
+// The index in names of environment variable `name`'s value, `unset` when
+// it is unset or empty; any other value stops with an error listing names.
+template <size_t N>
+int env_choice(const char* name, const char* const (&names)[N], int unset) {
+  const char* e = std::getenv(name);
+  if (!e || !*e) return unset;
+  std::string list;
+  for (size_t i = 0; i < N; ++i) {
+    if (std::strcmp(e, names[i]) == 0) return static_cast<int>(i);
+    list += (i ? ", " : "") + std::string(names[i]);
+  }
+  fail("%s=%s unsupported; supported: %s", name, e, list.c_str());
+}
+
 bool mma_enabled() {
   static const bool on = [] {
     const char* e = std::getenv("RUNLM_PAGED_DECODE");
@@ -295,15 +310,9 @@ std::atomic<int> g_mma_version{0};
 int mma_version() {
   int v = g_mma_version.load(std::memory_order_relaxed);
   if (v == 0) {
-    const char* e = std::getenv("RUNLM_PAGED_DECODE_MMA");
-    v = 12;  // where it applies; elsewhere version 9's choice (mma_version_at)
-    if (e && *e) {
-      RUNLM_CHECK(std::strcmp(e, "v4") == 0 || std::strcmp(e, "v5") == 0 || std::strcmp(e, "v6") == 0 ||
-                      std::strcmp(e, "v7") == 0 || std::strcmp(e, "v8") == 0 || std::strcmp(e, "v9") == 0 ||
-                      std::strcmp(e, "v11") == 0 || std::strcmp(e, "v12") == 0,
-                  "RUNLM_PAGED_DECODE_MMA=%s unsupported; supported: v4, v5, v6, v7, v8, v9, v11, v12", e);
-      v = std::atoi(e + 1);
-    }
+    const char* const names[] = {"v4", "v5", "v6", "v7", "v8", "v9", "v11", "v12"};
+    const int i = env_choice("RUNLM_PAGED_DECODE_MMA", names, -1);
+    v = i < 0 ? 12 : std::atoi(names[i] + 1);  // 12 where it applies; elsewhere version 9's choice (mma_version_at)
     g_mma_version.store(v, std::memory_order_relaxed);
   }
   return v;
@@ -331,15 +340,9 @@ int default_f16_mma_mode() {
 int f16_mma_mode() {
   int m = g_f16_mode.load(std::memory_order_relaxed);
   if (m < 0) {
-    const char* e = std::getenv("RUNLM_PAGED_DECODE_F16");
-    m = default_f16_mma_mode();
-    if (e && *e) {
-      const char* names[] = {"simt", "mma", "mma2", "mma4"};
-      m = -1;
-      for (int i = 0; i < 4; ++i)
-        if (std::strcmp(e, names[i]) == 0) m = i;
-      RUNLM_CHECK(m >= 0, "RUNLM_PAGED_DECODE_F16=%s unsupported; supported: simt, mma, mma2, mma4", e);
-    }
+    const char* const names[] = {"simt", "mma", "mma2", "mma4"};
+    m = env_choice("RUNLM_PAGED_DECODE_F16", names, -1);
+    if (m < 0) m = default_f16_mma_mode();
     g_f16_mode.store(m, std::memory_order_relaxed);
   }
   return m;
@@ -361,10 +364,8 @@ bool use_mma(const PagedDecodeParams& p) {
 // (0, the default) or s3c4 (1), read once.
 int v11_config() {
   static const int c = [] {
-    const char* e = std::getenv("RUNLM_PAGED_DECODE_V11");
-    if (!e || !*e || std::strcmp(e, "s4c3") == 0) return 0;
-    RUNLM_CHECK(std::strcmp(e, "s3c4") == 0, "RUNLM_PAGED_DECODE_V11=%s unsupported; supported: s4c3, s3c4", e);
-    return 1;
+    const char* const names[] = {"s4c3", "s3c4"};
+    return env_choice("RUNLM_PAGED_DECODE_V11", names, 0);
   }();
   return c;
 }
@@ -418,14 +419,11 @@ bool v11_applies(const PagedDecodeParams& p) {
 // 265.0, q8_0 394.2 / 403.7; NOTES "Decode v12"). Unset: 1;
 // RUNLM_PAGED_DECODE_V12=c1 or c2 forces one (read once).
 int v12_ctas() {
-  static const int forced = [] {
-    const char* e = std::getenv("RUNLM_PAGED_DECODE_V12");
-    if (!e || !*e) return 0;
-    RUNLM_CHECK(std::strcmp(e, "c1") == 0 || std::strcmp(e, "c2") == 0,
-                "RUNLM_PAGED_DECODE_V12=%s unsupported; supported: c1, c2", e);
-    return e[1] - '0';
+  static const int ctas = [] {
+    const char* const names[] = {"c1", "c2"};
+    return 1 + env_choice("RUNLM_PAGED_DECODE_V12", names, 0);
   }();
-  return forced ? forced : 1;
+  return ctas;
 }
 
 // Version 12's ring depth: RUNLM_PAGED_DECODE_V12_STAGES=2..8 forces one
@@ -447,11 +445,8 @@ int v12_stages_forced() {
 // unset: 2 (both tiles' reads and QK products before either softmax).
 int v12_tiles_per_step() {
   static const int n = [] {
-    const char* e = std::getenv("RUNLM_PAGED_DECODE_V12_TILES");
-    if (!e || !*e) return 2;
-    RUNLM_CHECK(std::strcmp(e, "1") == 0 || std::strcmp(e, "2") == 0,
-                "RUNLM_PAGED_DECODE_V12_TILES=%s unsupported; supported: 1, 2", e);
-    return e[0] - '0';
+    const char* const names[] = {"1", "2"};
+    return 1 + env_choice("RUNLM_PAGED_DECODE_V12_TILES", names, 1);
   }();
   return n;
 }
