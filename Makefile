@@ -6,7 +6,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
-MODEL ?= ../shared/models/stories260K.gguf
+MODEL ?= models/stories260K/stories260K.gguf
 
 .PHONY: all deps test run clean test-asan deps-fuzz fuzz
 

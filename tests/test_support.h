@@ -24,9 +24,59 @@
 
 namespace runlm::test {
 
-inline std::string shared_model(const std::string& name) {
-  return std::string(RUNLM_SOURCE_DIR) + "/../shared/models/" + name;
+// Test data. The embedded default model (stories260K, with its tokenizer and
+// golden output) lives in the repository under models/stories260K/; every
+// larger asset (sotu29m, the vocabularies, the chat templates, the Llama-2
+// tokenizer) is found under one root: $RUNLM_TEST_DATA, by default ../shared
+// beside the source tree. A test that needs such an asset names it with
+// RUNLM_REQUIRE_ASSET first: when the asset is missing the test is skipped
+// with a message naming it, or fails when CI=true (CI must never pass by
+// skipping).
+inline std::string test_data_root() {
+  const char* env = std::getenv("RUNLM_TEST_DATA");
+  if (env != nullptr && *env != '\0') return env;
+  return std::string(RUNLM_SOURCE_DIR) + "/../shared";
 }
+
+// Path of an asset under the test-data root, e.g. test_asset("vocab/ggml-vocab-qwen2.gguf").
+inline std::string test_asset(const std::string& relative) { return test_data_root() + "/" + relative; }
+
+inline std::string embedded_model_dir() { return std::string(RUNLM_SOURCE_DIR) + "/models/stories260K"; }
+
+// A file of the shared models folder by name: the stories260K files come
+// from the repository, the rest from the test-data root's models/.
+inline std::string shared_model(const std::string& name) {
+  if (name.rfind("stories260K", 0) == 0) return embedded_model_dir() + "/" + name;
+  return test_asset("models/" + name);
+}
+
+inline bool ci_run() {
+  const char* ci = std::getenv("CI");
+  return ci != nullptr && (std::string(ci) == "true" || std::string(ci) == "1");
+}
+
+// "" when path exists, else why the test cannot run and how to provide it.
+inline std::string missing_asset(const std::string& path) {
+  if (access(path.c_str(), R_OK) == 0) return "";
+  return "missing test asset " + path + " (set RUNLM_TEST_DATA to the folder holding models/, vocab/ and " +
+         "templates/; default ../shared beside the source tree)";
+}
+
+}  // namespace runlm::test
+
+// Skips the calling test when `path` (a full path, e.g. from test_asset or
+// shared_model) is missing; fails it instead when CI=true. Use at the top of
+// a TEST body or a fixture's SetUp.
+#define RUNLM_REQUIRE_ASSET(path)                                      \
+  do {                                                                 \
+    const std::string runlm_missing_ = ::runlm::test::missing_asset(path); \
+    if (!runlm_missing_.empty()) {                                     \
+      if (::runlm::test::ci_run()) GTEST_FAIL() << runlm_missing_;     \
+      GTEST_SKIP() << runlm_missing_;                                  \
+    }                                                                  \
+  } while (0)
+
+namespace runlm::test {
 
 // The message Model::load gives for path, or "" when it loads.
 inline std::string load_error(const std::string& path) {
