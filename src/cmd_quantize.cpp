@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "commands.h"
+#include "cli_common.h"
 #include "common.h"
 #include "quantize.h"
 
@@ -20,14 +21,9 @@ int cmd_quantize(int argc, char** argv) {
       ("t,threads", "worker threads (default: all cores)", cxxopts::value<int>()->default_value("0"))
       ("h,help", "show this help");
   opts.parse_positional({"in", "out", "type"});
-  cxxopts::ParseResult args;
-  try {
-    args = opts.parse(argc, argv);
-  } catch (const cxxopts::exceptions::exception& e) {
-    fail("quantize: %s", e.what());
-  }
+  auto args = parse_options(opts, argc, argv, /*allow_positional=*/true);
   if (args.count("help")) {
-    std::cout << opts.help() << "\n";
+    std::cout << help_text(opts) << "\n";
     return 0;
   }
   RUNLM_CHECK(args.count("in") && args.count("out") && args.count("type"),
