@@ -78,7 +78,7 @@ const std::vector<LlamaFlagAlias>& llama_flag_aliases() {
   static const std::vector<LlamaFlagAlias> kAliases = {
       {"-ngl --n-gpu-layers --gpu-layers", "n-gpu-layers", "", "this subcommand does not place layers"},
       {"-fa --flash-attn", "flash-attn", "on=on auto=auto off=off",
-       "this subcommand has no choice of attention kernel"},
+       "-fa belongs to the subcommands that run a model (generate, chat, batch, bench, perplexity)"},
       {"-dev", "device", "", "this subcommand does not choose a device"},
       {"-cnv --conversation", "conversation", "", "conversation mode is its own subcommand: use 'runlm chat'"},
       {"-no-cnv --no-conversation", "no-conversation", "",

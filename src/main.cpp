@@ -34,6 +34,7 @@ void usage() {
   std::fprintf(stderr, "%s\n", runlm::version_line().c_str());
   std::fprintf(stderr, "usage: runlm SUBCOMMAND [options]   (runlm SUBCOMMAND --help for its options)\n\n");
   for (const auto& s : kSubcommands) std::fprintf(stderr, "  %-11s %s\n", s.name, s.help);
+  std::fprintf(stderr, "\n  runlm --version   version, git commit and whether CUDA is built in\n");
 }
 
 }  // namespace
