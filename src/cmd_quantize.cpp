@@ -31,7 +31,8 @@ int cmd_quantize(int argc, char** argv) {
   const std::string in = args["in"].as<std::string>(), out = args["out"].as<std::string>();
   const std::string type = args["type"].as<std::string>();
   const QuantTarget& target = quant_target_from_name(type);  // fail before opening anything
-  const QuantizeReport r = quantize_gguf(in, out, target.name, args["threads"].as<int>());
+  // -t above the hardware threads is capped, as for the model subcommands.
+  const QuantizeReport r = quantize_gguf(in, out, target.name, capped_thread_count(args["threads"].as<int>()));
   std::printf("quantize: wrote %s as %s: %zu tensors, %.2f MB -> %.2f MB%s\n", out.c_str(), target.name,
               r.n_tensors, static_cast<double>(r.bytes_in) / 1e6, static_cast<double>(r.bytes_out) / 1e6,
               r.fallbacks.empty() ? "" : strfmt(", %zu fell back (see above)", r.fallbacks.size()).c_str());

@@ -254,6 +254,11 @@ TEST(CliFlags, ThreadsAboveTheHardwareAreCapped) {
   const CommandResult r = generate("-t 100000 -p hi");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("warning: -t 100000 is more than the"), std::string::npos) << r.err;
+  TempPath q(".gguf");
+  const CommandResult quantize =
+      run_command("timeout 120 " + runlm_binary() + " quantize " + model() + " " + q.str() + " q8_0 -t 100000");
+  EXPECT_EQ(quantize.exit_code, 0) << quantize.err;
+  EXPECT_NE(quantize.err.find("warning: -t 100000 is more than the"), std::string::npos) << quantize.err;
   // Under a memory limit the capped pool still starts (-t 1000 used to hang).
 #if defined(__SANITIZE_ADDRESS__)
   return;  // AddressSanitizer cannot run under an address-space limit
