@@ -17,7 +17,8 @@ all:
 deps:
 	apt-get update
 	apt-get install -y --no-install-recommends cmake g++ make pkg-config \
-	  libsentencepiece-dev libcxxopts-dev libgtest-dev nlohmann-json3-dev
+	  libsentencepiece-dev libcxxopts-dev libgtest-dev nlohmann-json3-dev \
+	  libedit-dev
 
 test: all
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

@@ -1,5 +1,6 @@
 #include "batch_input.h"
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <fstream>
@@ -7,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "cli_flags.h"
 #include "common.h"
 
 namespace runlm {
@@ -51,12 +53,14 @@ std::optional<T> number_field(const json& j, const char* key, BatchEntry& e) {
   }
 }
 
+constexpr const char* kFields[] = {"prompt", "messages", "n_predict", "temperature", "top_p", "top_k",
+                                   "min_p",  "repeat_penalty", "seed", "stop", "id"};
+
 }  // namespace
 
-BatchEntry parse_batch_json_line(const std::string& line, int line_number) {
+BatchEntry parse_batch_json_line(const std::string& line, int line_number, bool allow_extra_fields) {
   BatchEntry e;
   e.line = line_number;
-  e.id = std::to_string(line_number);
   json j;
   try {
     j = json::parse(line);
@@ -78,6 +82,18 @@ BatchEntry parse_batch_json_line(const std::string& line, int line_number) {
     }
     e.id = id.dump(-1, ' ', false, json::error_handler_t::replace);
   }
+  if (!allow_extra_fields)
+    for (const auto& [key, value] : j.items()) {
+      if (std::find(std::begin(kFields), std::end(kFields), key) != std::end(kFields)) continue;
+      std::string near;
+      int best = 3;  // suggest only a near miss
+      for (const char* f : kFields)
+        if (const int d = edit_distance(key, f); d < best) best = d, near = f;
+      e.error = strfmt("unknown field \"%s\"%s (known: prompt, messages, n_predict, temperature, top_p, top_k, min_p, "
+                       "repeat_penalty, seed, stop, id; --allow-extra-fields ignores others)",
+                       key.c_str(), near.empty() ? "" : strfmt("; did you mean \"%s\"?", near.c_str()).c_str());
+      return e;
+    }
   const bool has_prompt = j.contains("prompt"), has_messages = j.contains("messages");
   if (has_prompt == has_messages) {
     e.error = "a request needs exactly one of \"prompt\" and \"messages\"";
@@ -139,16 +155,16 @@ BatchEntry parse_batch_json_line(const std::string& line, int line_number) {
   return e;
 }
 
-std::vector<BatchEntry> read_batch_input(const std::string& path) {
+std::vector<BatchEntry> read_batch_input(const std::string& path, bool allow_extra_fields) {
   std::ifstream in(path, std::ios::binary);
   RUNLM_CHECK(in, "cannot open batch input %s", path.c_str());
   std::stringstream text;
   text << in.rdbuf();
   RUNLM_CHECK(!in.bad(), "cannot read batch input %s", path.c_str());
-  return parse_batch_input(text.str(), path);
+  return parse_batch_input(text.str(), path, allow_extra_fields);
 }
 
-std::vector<BatchEntry> parse_batch_input(const std::string& text, const std::string& path) {
+std::vector<BatchEntry> parse_batch_input(const std::string& text, const std::string& path, bool allow_extra_fields) {
   std::istringstream in(text);
   std::vector<std::string> lines;
   std::string line;
@@ -169,11 +185,10 @@ std::vector<BatchEntry> parse_batch_input(const std::string& text, const std::st
     if (lines[i].find_first_not_of(" \t") == std::string::npos) continue;  // blank lines are not requests
     const int n = static_cast<int>(i) + 1;
     if (jsonl) {
-      out.push_back(parse_batch_json_line(lines[i], n));
+      out.push_back(parse_batch_json_line(lines[i], n, allow_extra_fields));
     } else {
       BatchEntry e;
       e.line = n;
-      e.id = std::to_string(n);
       e.prompt = lines[i];
       out.push_back(std::move(e));
     }

@@ -16,29 +16,39 @@ using nlohmann::json;
 // bytes become U+FFFD, so every record is valid JSON (and UTF-8).
 std::string dump_line(const json& rec) { return rec.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-// e.id is the dump of a scalar (batch_input.cpp refuses anything else) or
-// the line number.
-json record_id(const BatchEntry& e) { return json::parse(e.id, nullptr, false); }
+// "id" (the dump of a scalar: batch_input.cpp refuses anything else) when
+// the request has one, and "line" always.
+json record_head(const BatchEntry& e) {
+  json rec = json::object();
+  if (!e.id.empty()) rec["id"] = json::parse(e.id, nullptr, false);
+  rec["line"] = e.line;
+  return rec;
+}
 
 }  // namespace
 
 std::string batch_error_record(const BatchEntry& e, const std::string& error) {
-  json rec;
-  rec["id"] = record_id(e);
-  rec["line"] = e.line;
+  json rec = record_head(e);
   rec["error"] = error;
   return dump_line(rec);
 }
 
 std::string batch_completion_record(const BatchEntry& e, const Completion& c) {
-  json rec;
-  rec["id"] = record_id(e);
+  json rec = record_head(e);
   rec["text"] = c.text;
   rec["tokens_in"] = c.n_prompt;
   rec["tokens_out"] = c.tokens.size();
   rec["finish_reason"] = finish_reason_name(c.finish);
   rec["timings"] = {{"queue_ms", c.queue_seconds * 1e3}, {"total_ms", c.total_seconds * 1e3},
                     {"prompt_tokens_cached", c.n_prompt_cached}, {"preemptions", c.n_preemptions}};
+  return dump_line(rec);
+}
+
+std::string batch_not_started_record(const BatchEntry& e) {
+  json rec = record_head(e);
+  rec["text"] = "";
+  rec["tokens_out"] = 0u;
+  rec["finish_reason"] = "not_started";
   return dump_line(rec);
 }
 

@@ -11,10 +11,18 @@
 
 namespace runlm {
 
-// {"id", "line", "error"}: the line's id (or line number) and why it failed.
+// Every record has "line" (1-based, in the input) and "id" only when the
+// request gave one that could be read: never a made-up id that could
+// collide with another request's.
+
+// {"id", "line", "error"}: why the line could not run.
 std::string batch_error_record(const BatchEntry& e, const std::string& error);
 
-// {"id", "text", "tokens_in", "tokens_out", "finish_reason", "timings"}.
+// {"id", "line", "text", "tokens_in", "tokens_out", "finish_reason", "timings"}.
 std::string batch_completion_record(const BatchEntry& e, const Completion& c);
+
+// {"id", "line", "text": "", "tokens_out": 0, "finish_reason": "not_started"}:
+// a request the run was stopped (Ctrl-C, SIGTERM) before it began.
+std::string batch_not_started_record(const BatchEntry& e);
 
 }  // namespace runlm

@@ -5,6 +5,7 @@
 #include "common.h"
 #include "engine.h"
 #include "sampler.h"
+#include "stop_strings.h"
 #include "tokenizer.h"
 
 namespace runlm {
@@ -38,51 +39,68 @@ std::vector<int> ChatSession::render_prompt() const {
   return tok_.encode(text, /*add_bos=*/!starts_with_bos, /*parse_special=*/true);
 }
 
+std::vector<int> ChatSession::fit_context(int reserve) {
+  std::vector<int> prompt = render_prompt();
+  const size_t first = !messages_.empty() && messages_.front().role == "system" ? 1 : 0;
+  while (static_cast<int>(prompt.size()) + reserve > engine_.n_ctx() && messages_.size() > first + 1) {
+    // Drop the oldest turn: a user message and the reply after it.
+    size_t n = 1;
+    if (messages_.size() > first + 2 && messages_[first + 1].role == "assistant") n = 2;
+    messages_.erase(messages_.begin() + static_cast<std::ptrdiff_t>(first),
+                    messages_.begin() + static_cast<std::ptrdiff_t>(first + n));
+    dropped_ += static_cast<int>(n);
+    prompt = render_prompt();
+  }
+  return prompt;
+}
+
 GenerationResult ChatSession::reply(const std::string& user_text, int n_predict,
                                     const std::function<void(const std::string&)>& on_text,
                                     const std::atomic<bool>* interrupt) {
+  const std::vector<ChatMessage> before = messages_;
+  dropped_ = 0;
   messages_.push_back({"user", user_text});
   GenerationRequest req;
+  // Room kept for the reply: its -n, at most half the context; a quarter
+  // of it when -n is -1.
+  const int reserve = n_predict > 0 ? std::min(n_predict, engine_.n_ctx() / 2) : engine_.n_ctx() / 4;
   try {
-    req.prompt = render_prompt();
+    req.prompt = fit_context(reserve);
   } catch (...) {
-    messages_.pop_back();  // a conversation the template rejects is not kept
+    messages_ = before;  // a conversation the template rejects is not kept
+    dropped_ = 0;
     throw;
   }
   req.n_cached = static_cast<int>(
       std::mismatch(cached_.begin(), cached_.end(), req.prompt.begin(), req.prompt.end()).first - cached_.begin());
   req.n_predict = n_predict;
   req.stop_tokens = stop_tokens_;
-  if (static_cast<int>(req.prompt.size()) > engine_.n_ctx()) {
-    messages_.pop_back();
-    fail("the conversation is %zu tokens, longer than the context size %d (-c); use /reset", req.prompt.size(),
+  if (static_cast<int>(req.prompt.size()) >= engine_.n_ctx()) {
+    const size_t n = req.prompt.size();
+    messages_ = before;
+    dropped_ = 0;
+    fail("the message is %zu tokens with the system prompt, no room in the context size %d (-c)", n,
          engine_.n_ctx());
   }
 
+  // The end marker and --stop strings end the reply before them; -r strings
+  // after them. A tail that could start one is held back until it cannot.
+  std::vector<std::string> stop_before = stop_;
+  stop_before.push_back(end_marker_);
+  StopStringFilter filter(stop_before, reverse_prompts_);
   std::string text;
-  size_t shown = 0;  // text already passed to on_text
   GenerationResult r = generate(engine_, sampler_, tok_, req, [&](int, const std::string& piece) {
-    text += piece;
-    const size_t at = text.find(end_marker_);
-    if (at != std::string::npos) {
-      text.resize(at);
-      if (on_text && text.size() > shown) on_text(text.substr(shown));
-      return false;
-    }
-    // Hold back a tail that could be the start of the end marker.
-    size_t hold = 0;
-    for (size_t k = std::min(end_marker_.size() - 1, text.size()); k > 0; --k)
-      if (text.compare(text.size() - k, k, end_marker_, 0, k) == 0) {
-        hold = k;
-        break;
-      }
-    if (on_text && text.size() - hold > shown) {
-      on_text(text.substr(shown, text.size() - hold - shown));
-      shown = text.size() - hold;
-    }
-    return true;
+    bool stopped = false;
+    const std::string out = filter.push(piece, &stopped);
+    text += out;
+    if (on_text && !out.empty()) on_text(out);
+    return !stopped;
   }, interrupt);
-  if (on_text && r.finish != FinishReason::Stop && text.size() > shown) on_text(text.substr(shown));
+  if (r.finish != FinishReason::Stop) {
+    const std::string rest = filter.flush();
+    text += rest;
+    if (on_text && !rest.empty()) on_text(rest);
+  }
 
   cached_.assign(req.prompt.begin(), req.prompt.end());
   cached_.insert(cached_.end(), r.tokens.begin(), r.tokens.begin() + r.n_generated_cached);

@@ -1,7 +1,10 @@
 // A chat conversation on one engine: renders the whole conversation with the
 // chat template, re-uses the KV cache for the longest common token prefix
 // with what was evaluated before (earlier turns are not recomputed), and
-// generates the assistant's reply.
+// generates the assistant's reply. When the conversation no longer leaves
+// room for a reply, the oldest turns are dropped (the system prompt stays),
+// as llama.cpp's context shift keeps its first n_keep tokens and drops the
+// oldest after them, but whole turns at a time so the template stays valid.
 #pragma once
 
 #include <atomic>
@@ -31,6 +34,14 @@ class ChatSession {
                          const std::atomic<bool>* interrupt = nullptr);
   // Forgets the conversation (the system prompt stays).
   void reset();
+  // --stop strings end a reply before them; -r (reverse prompt) strings end
+  // it after them, returning control to the user as llama-cli does.
+  void set_stop_strings(std::vector<std::string> stop, std::vector<std::string> reverse_prompts) {
+    stop_ = std::move(stop);
+    reverse_prompts_ = std::move(reverse_prompts);
+  }
+  // Earlier messages dropped to make room for the last reply (0 if none).
+  int dropped_messages() const { return dropped_; }
   // Replaces the conversation with earlier messages (a saved chat); the next
   // reply evaluates whatever of it is not in the cache.
   void load_history(std::vector<ChatMessage> messages) { messages_ = std::move(messages); }
@@ -41,6 +52,10 @@ class ChatSession {
 
  private:
   std::vector<int> render_prompt() const;
+  // Drops the oldest user/assistant messages (never the system prompt or
+  // the new user message) until the prompt leaves `reserve` tokens for the
+  // reply; returns the prompt.
+  std::vector<int> fit_context(int reserve);
 
   Engine& engine_;
   const Tokenizer& tok_;
@@ -51,6 +66,8 @@ class ChatSession {
   std::vector<int> stop_tokens_;
   std::vector<ChatMessage> messages_;
   std::vector<int> cached_;
+  std::vector<std::string> stop_, reverse_prompts_;
+  int dropped_ = 0;
 };
 
 }  // namespace runlm

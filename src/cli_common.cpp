@@ -8,7 +8,9 @@
 #include <cstring>
 #include <cstring>
 #include <random>
+#include <thread>
 
+#include "cli_flags.h"
 #include "common.h"
 #include "model.h"
 
@@ -38,12 +40,21 @@ void add_model_options(cxxopts::Options& opts) {
       ("t,threads", "CPU threads (0 = all)", cxxopts::value<int>()->default_value("0"))
       ("b,batch-size", "prompt tokens evaluated per pass", cxxopts::value<int>()->default_value("512"))
       ("device", "auto, cpu or cuda", cxxopts::value<std::string>()->default_value("auto"))
-      ("attn", "prefill attention on the GPU: auto, naive, fa2 or fa3", cxxopts::value<std::string>()->default_value("auto"))
+      ("n-gpu-layers",
+       "llama.cpp's layer count on the GPU: 0 = --device cpu; -1 or at least the model's layers = --device auto "
+       "(runlm runs a whole model on one device)",
+       cxxopts::value<int>())
+      ("attn", "prefill attention on the GPU: auto (fa2 or fa3), naive, fa2 or fa3",
+       cxxopts::value<std::string>()->default_value("auto"))
+      ("flash-attn",
+       "llama.cpp's switch: on or auto = --attn auto (fa2 or fa3); off = --attn naive on the GPU, and on the CPU "
+       "its own attention, which is not flash attention",
+       cxxopts::value<std::string>())
       ("kv", "KV cache layout: contiguous or paged", cxxopts::value<std::string>()->default_value("contiguous"))
       ("block-size", "KV page size in tokens (paged)", cxxopts::value<int>()->default_value("16"))
-      ("cache-type-k", "KV cache type of K (-ctk): f32, f16, bf16, q8_0, q4_0, fp8 (default: f32 on the CPU, f16 on the GPU)",
+      ("cache-type-k", "KV cache type of K: f32, f16, bf16, q8_0, q4_0, fp8 (default: f32 on the CPU, f16 on the GPU)",
        cxxopts::value<std::string>())
-      ("cache-type-v", "KV cache type of V (-ctv): same choices", cxxopts::value<std::string>())
+      ("cache-type-v", "KV cache type of V: same choices", cxxopts::value<std::string>())
       ("k-smoothing", "K smoothing for a quantized K cache: on (calibrated when the engine starts) or off",
        cxxopts::value<std::string>()->default_value("on"))
       ("swa", "sliding window: N tokens (on the layers the model's pattern marks), or 'off' (default: the model's)",
@@ -62,18 +73,46 @@ void add_sampling_options(cxxopts::Options& opts) {
       ("s,seed", "random seed (-1 = random)", cxxopts::value<int64_t>()->default_value("-1"));
 }
 
-cxxopts::ParseResult parse_options(cxxopts::Options& opts, int argc, char** argv) {
-  // llama.cpp spells some flags with several letters after one dash (-ctk,
-  // -sys, -np); cxxopts takes one-letter short options only, so those become
-  // their long forms here.
-  static const std::pair<const char*, const char*> kMultiLetter[] = {
-      {"-ctk", "--cache-type-k"}, {"-ctv", "--cache-type-v"}, {"-sys", "--system-prompt"}, {"-np", "--parallel"},
-      {"-npl", "--npl"},           {"-npp", "--npp"},           {"-ntg", "--ntg"}};
-  for (int i = 1; i < argc; ++i)
-    for (const auto& [from, to] : kMultiLetter)
-      if (std::strcmp(argv[i], from) == 0) argv[i] = const_cast<char*>(to);
+std::vector<CliOptionInfo> option_infos(const cxxopts::Options& opts) {
+  std::vector<CliOptionInfo> infos;
+  for (const auto& group : opts.groups())
+    for (const auto& d : opts.group_help(group).options) {
+      CliOptionInfo info;
+      info.short_name = d.s;
+      info.long_names.assign(d.l.begin(), d.l.end());
+      info.takes_value = !d.is_boolean;
+      infos.push_back(std::move(info));
+    }
+  return infos;
+}
+
+std::vector<std::string> option_values(const cxxopts::ParseResult& args, const std::string& long_name) {
+  std::vector<std::string> values;
+  for (const auto& kv : args.arguments())
+    if (kv.key() == long_name) values.push_back(kv.value());
+  return values;
+}
+
+std::string help_text(const cxxopts::Options& opts) { return help_with_llama_spellings(opts.help(), option_infos(opts)); }
+
+cxxopts::ParseResult parse_options(cxxopts::Options& opts, int argc, char** argv, bool allow_positional) {
+  // llama.cpp's spellings (-ngl, -fa, -np, -sys...) become runlm's long
+  // options before cxxopts, which would read "-fa" as "-f a".
+  std::vector<std::string> in(argv + 1, argv + argc);
+  const CliRewrite rw = rewrite_cli_args(in, option_infos(opts), opts.program(), allow_positional);
+  std::vector<std::string> storage;
+  storage.push_back(argv[0]);
+  storage.insert(storage.end(), rw.args.begin(), rw.args.end());
+  std::vector<char*> ptrs;
+  for (auto& s : storage) ptrs.push_back(s.data());
+  ptrs.push_back(nullptr);
+  argc = static_cast<int>(storage.size());
+  argv = ptrs.data();
   try {
-    return opts.parse(argc, argv);
+    auto result = opts.parse(argc, argv);
+    if (!allow_positional && !result.unmatched().empty())
+      fail("unexpected argument '%s' (see '%s --help')", result.unmatched()[0].c_str(), opts.program().c_str());
+    return result;
   } catch (const cxxopts::exceptions::incorrect_argument_type& e) {
     // cxxopts names the value but not the flag: find the flag it followed.
     const std::string msg = e.what();
@@ -105,10 +144,48 @@ std::unique_ptr<Model> load_model_from_options(const cxxopts::ParseResult& args)
   return model;
 }
 
+Device device_from_gpu_layers(const cxxopts::ParseResult& args, int n_layers, Device device) {
+  const int ngl = args["n-gpu-layers"].as<int>();
+  const bool device_given = args.count("device") > 0;
+  RUNLM_CHECK(ngl >= -1, "-ngl must be >= -1, got %d", ngl);
+  if (ngl == 0) {
+    RUNLM_CHECK(!device_given || device == Device::Cpu, "-ngl 0 runs on the CPU; it contradicts --device %s",
+                device_name(device));
+    return Device::Cpu;
+  }
+  RUNLM_CHECK(ngl == -1 || ngl >= n_layers,
+              "-ngl %d: runlm runs a whole model on one device, it does not split layers between the CPU and a GPU; "
+              "use -ngl 0 (the CPU) or -ngl %d or more (all %d layers on the GPU, the CPU when there is none)",
+              ngl, n_layers, n_layers);
+  // As a llama.cpp build without a GPU does, "all layers" runs on the CPU
+  // when there is no GPU: that is --device auto.
+  RUNLM_CHECK(!device_given || device != Device::Cpu, "-ngl %d asks for the GPU; it contradicts --device cpu", ngl);
+  return device_given ? device : Device::Auto;
+}
+
+int capped_thread_count(int requested) {
+  const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (requested <= hw) return requested;
+  // More threads than the hardware runs at once only adds switching (and at
+  // -t 100000 would starve the machine creating them).
+  std::fprintf(stderr, "warning: -t %d is more than the %d hardware threads; using %d\n", requested, hw, hw);
+  return hw;
+}
+
 EngineOptions engine_options_from(const cxxopts::ParseResult& args, const Model& model) {
   EngineOptions o;
   o.device = device_from_name(args["device"].as<std::string>());
+  if (args.count("n-gpu-layers")) o.device = device_from_gpu_layers(args, model.config().n_layers, o.device);
   o.attn = attn_backend_from_name(args["attn"].as<std::string>());
+  if (args.count("flash-attn")) {
+    RUNLM_CHECK(!args.count("attn"), "use either -fa or --attn, not both");
+    const std::string fa = args["flash-attn"].as<std::string>();
+    RUNLM_CHECK(fa == "on" || fa == "off" || fa == "auto", "-fa takes on, off or auto, got '%s'", fa.c_str());
+    // The CPU backend has one attention, a plain (not flash) one: "off" is
+    // what it does already. On the GPU "off" is the naive kernel.
+    const bool on_cpu = o.device == Device::Cpu || (o.device == Device::Auto && !cuda_device_available());
+    o.attn = fa == "off" && !on_cpu ? AttnBackend::Naive : AttnBackend::Auto;
+  }
   o.kv = kv_layout_from_name(args["kv"].as<std::string>());
   if (args.count("cache-type-k")) o.type_k = kv_type_from_name(args["cache-type-k"].as<std::string>());
   if (args.count("cache-type-v")) o.type_v = kv_type_from_name(args["cache-type-v"].as<std::string>());
@@ -121,6 +198,7 @@ EngineOptions engine_options_from(const cxxopts::ParseResult& args, const Model&
   o.n_ctx = ctx > 0 ? ctx : std::min(model.config().ctx_train, 4096);
   o.n_threads = args["threads"].as<int>();
   RUNLM_CHECK(o.n_threads >= 0, "-t must be >= 0, got %d", o.n_threads);
+  o.n_threads = capped_thread_count(o.n_threads);
   o.n_batch = args["batch-size"].as<int>();
   RUNLM_CHECK(o.n_batch > 0, "-b must be positive, got %d", o.n_batch);
   const std::string swa = args["swa"].as<std::string>();

@@ -2,7 +2,11 @@
 // (src/scheduler.h), writing one JSON line per request in input order. A bad
 // line gets an error record and the others still run; records are written
 // (and flushed) as soon as every earlier one is out, so an interrupted run
-// keeps every completed record. Progress on stderr when it is a terminal.
+// keeps every completed record; after SIGINT or SIGTERM every request still
+// gets one (interrupted or not_started). Progress on stderr when it is a
+// terminal. Exit code: 0 when every request succeeded, 2 when some failed
+// (error records), 130 after SIGINT, 143 after SIGTERM, 1 when the run
+// itself failed.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -27,8 +31,13 @@ namespace runlm {
 
 namespace {
 
+// The signal that stopped the run (SIGINT or SIGTERM), 0 while running.
+std::atomic<int> g_batch_signal{0};
 std::atomic<bool> g_batch_interrupt{false};
-extern "C" void on_batch_sigint(int) { g_batch_interrupt.store(true); }
+extern "C" void on_batch_signal(int sig) {
+  g_batch_signal.store(sig);
+  g_batch_interrupt.store(true);
+}
 
 // Writes records in input order; out-of-order completions wait in `pending`.
 // A failed write (disk full, file size limit) stops the run with an error,
@@ -96,18 +105,19 @@ int cmd_batch(int argc, char** argv) {
   opts.add_options("batch")
       ("f,file", "prompts: text (one per line) or JSONL", cxxopts::value<std::string>())
       ("o,output", "output JSONL (default: stdout)", cxxopts::value<std::string>()->default_value("-"))
-      ("np,parallel", "sequences decoded at once", cxxopts::value<int>()->default_value("32"))
+      ("parallel", "sequences decoded at once", cxxopts::value<int>()->default_value("32"))
       ("n,n-predict", "default tokens per request (-1 = until EOS or the context is full)",
        cxxopts::value<int>()->default_value("128"))
       ("ignore-eos", "keep generating after EOS")
       ("chat-template", "template for JSONL \"messages\" requests (default: from the model)",
        cxxopts::value<std::string>())
+      ("allow-extra-fields", "ignore unknown fields of JSONL requests (default: a request naming one is an error)")
       ("swa-full", "with a sliding window, keep every page (default: pages that leave the window are freed)")
       ("kv-mem", "KV cache size in MiB (default: parallel x context, within 90% of free GPU memory or 8 GiB on the CPU)",
        cxxopts::value<int64_t>()->default_value("0"));
   auto args = parse_options(opts, argc, argv);
   if (args.count("help")) {
-    std::printf("%s\n", opts.help().c_str());
+    std::printf("%s\n", help_text(opts).c_str());
     return 0;
   }
   RUNLM_CHECK(args.count("file"), "no input: use -f prompts.txt or -f prompts.jsonl");
@@ -116,7 +126,7 @@ int cmd_batch(int argc, char** argv) {
   const int n_predict = args["n-predict"].as<int>();
   RUNLM_CHECK(n_predict >= -1, "-n must be >= -1, got %d", n_predict);
   const SamplingParams defaults = sampling_params_from(args);
-  const auto entries = read_batch_input(args["file"].as<std::string>());
+  const auto entries = read_batch_input(args["file"].as<std::string>(), args.count("allow-extra-fields") > 0);
 
   auto model = load_model_from_options(args);
   const Tokenizer& tok = model->tokenizer();
@@ -201,41 +211,51 @@ int cmd_batch(int argc, char** argv) {
   for (const auto& [index, rec] : errors) writer.put(index, rec);
 
   struct sigaction sa = {};
-  sa.sa_handler = on_batch_sigint;
+  sa.sa_handler = on_batch_signal;
   // SA_RESTART: a Ctrl-C during a write to a full pipe must not fail the
   // write with EINTR; the flag is polled between steps.
   sa.sa_flags = SA_RESTART;
   sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
   const bool tty = stderr_is_tty();
   Stopwatch clock;
   int64_t tokens_out = 0;
-  int n_ok = 0, n_interrupted = 0;
-  std::vector<double> latencies;
+  int n_ok = 0, n_interrupted = 0, n_not_started = 0;
+  std::vector<bool> recorded(entries.size(), false);
+  for (const auto& [index, rec] : errors) recorded[static_cast<size_t>(index)] = true;
   scheduler.run(
       [&](Completion&& c) {
         const BatchEntry& e = entries[static_cast<size_t>(c.index)];
         tokens_out += static_cast<int64_t>(c.tokens.size());
         (c.finish == FinishReason::Interrupted ? n_interrupted : n_ok)++;
+        recorded[static_cast<size_t>(c.index)] = true;
         writer.put(c.index, batch_completion_record(e, c));
       },
       &g_batch_interrupt,
       [&](const SchedulerProgress& p) {
         if (tty) show_progress(p, clock.seconds());
       });
+  // A stopped run drops the requests that had not started: each still gets
+  // its record, so the output accounts for every input line.
+  for (size_t i = 0; i < entries.size(); ++i)
+    if (!recorded[i]) {
+      ++n_not_started;
+      writer.put(static_cast<int>(i), batch_not_started_record(entries[i]));
+    }
   writer.flush_rest();
   if (out != stdout) RUNLM_CHECK(std::fclose(out) == 0, "cannot write to %s: %s", out_path.c_str(), std::strerror(errno));
   if (tty) std::fprintf(stderr, "\n");
   const double secs = clock.seconds();
   std::fprintf(stderr,
-               "batch: %zu requests: %d done, %zu errors%s | %lld tokens out in %.2f s (%.1f tok/s) | %lld steps, "
+               "batch: %zu requests: %d done, %zu errors, %d interrupted, %d not started | %lld tokens out in %.2f s (%.1f tok/s) | %lld steps, "
                "%lld preemptions (forward %.2f s, sampling %.2f s) | %s, parallel %d, %lld KV pages of %d\n",
-               entries.size(), n_ok, errors.size(),
-               n_interrupted ? strfmt(", %d interrupted", n_interrupted).c_str() : "",
+               entries.size(), n_ok, errors.size(), n_interrupted, n_not_started,
                static_cast<long long>(tokens_out), secs, secs > 0 ? tokens_out / secs : 0.0,
                static_cast<long long>(scheduler.steps()), static_cast<long long>(scheduler.preemptions()),
                scheduler.times().forward, scheduler.times().sample, engine->backend_name(), parallel,
                static_cast<long long>(engine->blocks()->n_pages()), eo.block_size);
-  return g_batch_interrupt.load() ? 130 : 0;
+  if (g_batch_signal.load() != 0) return 128 + g_batch_signal.load();
+  return errors.empty() ? 0 : 2;
 }
 
 }  // namespace runlm

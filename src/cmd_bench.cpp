@@ -253,7 +253,7 @@ int cmd_bench(int argc, char** argv) {
        cxxopts::value<int64_t>()->default_value("0"));
   auto args = parse_options(opts, argc, argv);
   if (args.count("help")) {
-    std::printf("%s\n", opts.help().c_str());
+    std::printf("%s\n", help_text(opts).c_str());
     return 0;
   }
   if (args.count("npl")) return bench_batched(args);

@@ -19,6 +19,7 @@
 
 #include "attention.h"
 #include "commands.h"
+#include "cli_common.h"
 #include "common.h"
 #include "cpu/attention_ref.h"
 #include "dtype.h"
@@ -93,14 +94,9 @@ int cmd_bench_attn(int argc, char** argv) {
       ("o,output", "table or json", cxxopts::value<std::string>()->default_value("table"))
       ("block-size", "paged K/V with pages of this many keys (0 = contiguous)", cxxopts::value<int>()->default_value("0"))
       ("h,help", "show help");
-  cxxopts::ParseResult args;
-  try {
-    args = opts.parse(argc, argv);
-  } catch (const std::exception& e) {
-    fail("bench-attn: %s", e.what());
-  }
+  auto args = parse_options(opts, argc, argv);
   if (args.count("help")) {
-    std::printf("%s\n", opts.help().c_str());
+    std::printf("%s\n", help_text(opts).c_str());
     return 0;
   }
   std::vector<AttnBackend> backends;

@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "commands.h"
+#include "cli_common.h"
 #include "common.h"
 #include "convert.h"
 
@@ -24,14 +25,9 @@ int cmd_convert(int argc, char** argv) {
        cxxopts::value<std::string>())
       ("h,help", "show this help");
   opts.parse_positional({"src"});
-  cxxopts::ParseResult args;
-  try {
-    args = opts.parse(argc, argv);
-  } catch (const cxxopts::exceptions::exception& e) {
-    fail("convert: %s", e.what());
-  }
+  auto args = parse_options(opts, argc, argv, /*allow_positional=*/true);
   if (args.count("help")) {
-    std::cout << opts.help() << "\n";
+    std::cout << help_text(opts) << "\n";
     return 0;
   }
   RUNLM_CHECK(args.count("src"), "convert: missing SRC (a .bin file or a model directory)\n%s", opts.help().c_str());

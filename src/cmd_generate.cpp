@@ -1,5 +1,7 @@
 // runlm generate: complete a prompt, streaming tokens to stdout and the
 // timings to stderr (as llama.cpp's llama-cli does without -cnv).
+#include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -7,8 +9,10 @@
 #include "cli_common.h"
 #include "commands.h"
 #include "common.h"
+#include "escapes.h"
 #include "generation.h"
 #include "model.h"
+#include "stop_strings.h"
 #include "tokenizer.h"
 
 namespace runlm {
@@ -21,6 +25,9 @@ std::string read_text_file(const std::string& path) {
   ss << in.rdbuf();
   return ss.str();
 }
+
+std::atomic<bool> g_generate_interrupt{false};
+extern "C" void on_generate_sigint(int) { g_generate_interrupt.store(true); }
 }  // namespace
 
 int cmd_generate(int argc, char** argv) {
@@ -33,15 +40,26 @@ int cmd_generate(int argc, char** argv) {
       ("n,n-predict", "tokens to generate (-1 = until EOS or the context is full)",
        cxxopts::value<int>()->default_value("-1"))
       ("ignore-eos", "keep generating after EOS")
-      ("no-display-prompt", "print only the generated text");
+      ("no-display-prompt", "print only the generated text")
+      ("r,reverse-prompt", "stop after the output ends with this text, printing it (repeatable)",
+       cxxopts::value<std::string>())
+      ("stop", "stop before this text, which is not printed (repeatable)", cxxopts::value<std::string>())
+      ("e,escape", "process escapes in the prompt and stop strings: \\n \\r \\t \\\\ \\\" \\' \\xHH")
+      ("no-conversation", "accepted: generate is always a plain completion (chat is 'runlm chat')");
   auto args = parse_options(opts, argc, argv);
   if (args.count("help")) {
-    std::printf("%s\n", opts.help().c_str());
+    std::printf("%s\n", help_text(opts).c_str());
     return 0;
   }
   RUNLM_CHECK(!(args.count("prompt") && args.count("file")), "use either -p or -f, not both");
-  const std::string prompt = args.count("file") ? read_text_file(args["file"].as<std::string>())
-                                                : args["prompt"].as<std::string>();
+  const bool escapes = args.count("escape") > 0;
+  auto unescape = [&](const std::string& t) { return escapes ? process_escapes(t) : t; };
+  const std::string prompt = unescape(args.count("file") ? read_text_file(args["file"].as<std::string>())
+                                                         : args["prompt"].as<std::string>());
+  std::vector<std::string> stop_after = option_values(args, "reverse-prompt");
+  std::vector<std::string> stop_before = option_values(args, "stop");
+  for (auto& s : stop_after) s = unescape(s);
+  for (auto& s : stop_before) s = unescape(s);
   const int n_predict = args["n-predict"].as<int>();
   RUNLM_CHECK(n_predict >= -1, "-n must be >= -1, got %d", n_predict);
   const SamplingParams sp = sampling_params_from(args);
@@ -64,13 +82,21 @@ int cmd_generate(int argc, char** argv) {
   // write_stdout throws on a failed write (e.g. > /dev/full): generation
   // stops with an error and exit code 1 instead of succeeding silently.
   if (!args.count("no-display-prompt")) write_stdout(prompt);
-  const GenerationResult r = generate(*engine, sampler, tok, req, [](int, const std::string& piece) {
-    write_stdout(piece);
-    return true;
-  });
+  // Ctrl-C stops generation; the timings are still printed (as llama-cli).
+  struct sigaction sa = {};
+  sa.sa_handler = on_generate_sigint;
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &sa, nullptr);
+  StopStringFilter stops(stop_before, stop_after);
+  const GenerationResult r = generate(*engine, sampler, tok, req, [&](int, const std::string& piece) {
+    bool stopped = false;
+    write_stdout(stops.push(piece, &stopped));
+    return !stopped;
+  }, &g_generate_interrupt);
+  if (r.finish != FinishReason::Stop) write_stdout(stops.flush());
   write_stdout("\n");
   std::fprintf(stderr, "%s | stop: %s\n", format_timings(r).c_str(), finish_reason_name(r.finish));
-  return 0;
+  return r.finish == FinishReason::Interrupted ? 130 : 0;
 }
 
 }  // namespace runlm

@@ -1,7 +1,10 @@
 // runlm perplexity: perplexity of a model over a text file in chunks (as
 // llama-perplexity), optionally saving its log-probs (--save-logits) or
 // comparing with saved ones (--kl-base: KL divergence, top-1 agreement, PPL
-// ratio). Progress on stderr when it is a terminal; the summary on stdout.
+// ratio). Output as llama-perplexity prints it: "[1]x,[2]y,..." (the running
+// perplexity after each chunk, flushed as chunks finish) and then
+// "Final estimate: PPL = X +/- Y" on stdout; the time per chunk and the ETA
+// on stderr after the first chunk.
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -67,17 +70,17 @@ int cmd_perplexity(int argc, char** argv) {
       ("chars", "use only the first N characters of the text (0 = all)",
        cxxopts::value<int64_t>()->default_value("0"))
       ("ppl-mode",
-       "reference: no BOS, every token of a chunk but its first is scored, a short last chunk too; llama: "
-       "llama-perplexity's method, BOS at the start of each chunk, only its second half scored, full chunks only",
-       cxxopts::value<std::string>()->default_value("reference"))
+       "llama (default): llama-perplexity's method, BOS at the start of each chunk, only its second half scored, "
+       "full chunks only; reference: no BOS, every token of a chunk but its first is scored, a short last chunk too",
+       cxxopts::value<std::string>()->default_value("llama"))
       ("save-logits", "save this run's log-probs to FILE, to be the --kl-base of later runs",
        cxxopts::value<std::string>()->default_value(""))
       ("kl-base", "KL divergence, top-1 agreement and PPL ratio against the log-probs saved in FILE",
        cxxopts::value<std::string>()->default_value(""))
-      ("per-chunk", "print each chunk's perplexity on stdout");
+      ("per-chunk", "after the run, print each chunk's own perplexity on stdout");
   auto args = parse_options(opts, argc, argv);
   if (args.count("help")) {
-    std::printf("%s\n", opts.help().c_str());
+    std::printf("%s\n", help_text(opts).c_str());
     return 0;
   }
   RUNLM_CHECK(args.count("file"), "no text given: use -f FILE");
@@ -118,21 +121,22 @@ int cmd_perplexity(int argc, char** argv) {
                last.n < po.n_ctx ? strfmt(" (the last %d)", last.n).c_str() : "",
                static_cast<long long>(plan.n_scored()), static_cast<long long>(plan.n_text_tokens));
 
-  const bool tty = stderr_is_tty();
+  std::fprintf(stderr, "perplexity: calculating perplexity over %zu chunks, n_ctx=%d\n", plan.chunks.size(), po.n_ctx);
   const PerplexityResult r =
       run_perplexity(*engine, n_vocab, plan, save_path, base_path, [&](const PerplexityProgress& p) {
-        if (!tty) return;
-        const double per_chunk = p.seconds / p.chunk;
-        std::fprintf(stderr, "\rchunk %d/%d | ppl %.4f | %.2f s/chunk | ETA %s\033[K", p.chunk, p.n_chunks,
-                     p.running_ppl, per_chunk, format_eta(per_chunk * (p.n_chunks - p.chunk)).c_str());
-        std::fflush(stderr);
+        if (p.chunk == 1) {
+          const double per_chunk = p.seconds;
+          std::fprintf(stderr, "perplexity: %.2f seconds per pass - ETA %s\n", per_chunk,
+                       format_eta(per_chunk * (p.n_chunks - p.chunk)).c_str());
+        }
+        write_stdout(strfmt("[%d]%.4f,", p.chunk, p.running_ppl));
       });
-  if (tty) std::fprintf(stderr, "\r\033[K");
+  write_stdout("\n");
 
   if (args.count("per-chunk"))
     for (size_t c = 0; c < r.chunk_ppl.size(); ++c)
       std::printf("chunk %zu: ppl %.4f (running %.4f)\n", c + 1, r.chunk_ppl[c], r.running_ppl[c]);
-  std::printf("perplexity: %.4f +/- %.5f\n", r.ppl, r.ppl_stderr);
+  std::printf("Final estimate: PPL = %.4f +/- %.5f\n", r.ppl, r.ppl_stderr);
   std::printf("tokens scored: %lld (%s mode, %zu chunks of %d)\n", static_cast<long long>(r.n_scored),
               ppl_mode_name(po.mode), plan.chunks.size(), po.n_ctx);
   if (r.kld) print_kld(*r.kld, base_path);

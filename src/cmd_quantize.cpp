@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "commands.h"
+#include "cli_common.h"
 #include "common.h"
 #include "quantize.h"
 
@@ -20,14 +21,9 @@ int cmd_quantize(int argc, char** argv) {
       ("t,threads", "worker threads (default: all cores)", cxxopts::value<int>()->default_value("0"))
       ("h,help", "show this help");
   opts.parse_positional({"in", "out", "type"});
-  cxxopts::ParseResult args;
-  try {
-    args = opts.parse(argc, argv);
-  } catch (const cxxopts::exceptions::exception& e) {
-    fail("quantize: %s", e.what());
-  }
+  auto args = parse_options(opts, argc, argv, /*allow_positional=*/true);
   if (args.count("help")) {
-    std::cout << opts.help() << "\n";
+    std::cout << help_text(opts) << "\n";
     return 0;
   }
   RUNLM_CHECK(args.count("in") && args.count("out") && args.count("type"),
@@ -35,7 +31,8 @@ int cmd_quantize(int argc, char** argv) {
   const std::string in = args["in"].as<std::string>(), out = args["out"].as<std::string>();
   const std::string type = args["type"].as<std::string>();
   const QuantTarget& target = quant_target_from_name(type);  // fail before opening anything
-  const QuantizeReport r = quantize_gguf(in, out, target.name, args["threads"].as<int>());
+  // -t above the hardware threads is capped, as for the model subcommands.
+  const QuantizeReport r = quantize_gguf(in, out, target.name, capped_thread_count(args["threads"].as<int>()));
   std::printf("quantize: wrote %s as %s: %zu tensors, %.2f MB -> %.2f MB%s\n", out.c_str(), target.name,
               r.n_tensors, static_cast<double>(r.bytes_in) / 1e6, static_cast<double>(r.bytes_out) / 1e6,
               r.fallbacks.empty() ? "" : strfmt(", %zu fell back (see above)", r.fallbacks.size()).c_str());

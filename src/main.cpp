@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "common.h"
+#include "version.h"
 
 namespace {
 
@@ -26,11 +27,14 @@ constexpr Subcommand kSubcommands[] = {
     {"perplexity", runlm::cmd_perplexity, "perplexity over a text in chunks; KLD against a saved run (-m MODEL -f FILE)"},
     {"convert", runlm::cmd_convert, "llama2.c .bin or Hugging Face directory -> GGUF"},
     {"quantize", runlm::cmd_quantize, "re-encode a GGUF's weights (q8_0, q4_0, q4_k, q6_k, q4_k_m, f16...)"},
+    {"info", runlm::cmd_info, "describe a GGUF model: architecture, shapes, tensor types, vocabulary (-m MODEL)"},
 };
 
 void usage() {
+  std::fprintf(stderr, "%s\n", runlm::version_line().c_str());
   std::fprintf(stderr, "usage: runlm SUBCOMMAND [options]   (runlm SUBCOMMAND --help for its options)\n\n");
   for (const auto& s : kSubcommands) std::fprintf(stderr, "  %-11s %s\n", s.name, s.help);
+  std::fprintf(stderr, "\n  runlm --version   version, git commit and whether CUDA is built in\n");
 }
 
 }  // namespace
@@ -57,6 +61,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "error: %s\n", e.what());
       return 1;
     }
+  }
+  if (!std::strcmp(argv[1], "--version") || !std::strcmp(argv[1], "-v")) {
+    std::printf("%s\n", runlm::version_line().c_str());
+    return 0;
   }
   std::fprintf(stderr, "error: unknown subcommand '%s'\n\n", argv[1]);
   usage();

@@ -1,20 +1,47 @@
 #include "thread_pool.h"
 
+#include <system_error>
+
+#include "common.h"
+
 namespace runlm {
 
-ThreadPool::ThreadPool(int n_threads) {
+std::thread ThreadPool::spawn_std_thread(std::function<void()> body) { return std::thread(std::move(body)); }
+
+ThreadPool::ThreadPool(int n_threads, const SpawnFn& spawn) {
   if (n_threads <= 0) n_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   n_threads_ = n_threads;
-  for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker(i); });
+  workers_.reserve(static_cast<size_t>(n_threads_ - 1));
+  std::string why;
+  try {
+    for (int i = 1; i < n_threads_; ++i) workers_.push_back(spawn([this, i] { worker(i); }));
+  } catch (const std::system_error& e) {
+    why = e.what();
+  } catch (const std::bad_alloc&) {
+    why = "out of memory";
+  }
+  if (!why.empty()) {
+    // The destructor does not run for a constructor that throws: the
+    // started workers must be stopped and joined here, or the vector's
+    // joinable threads would terminate the process.
+    const size_t started = workers_.size();
+    stop_workers();
+    fail("cannot start %d CPU threads (-t): thread %zu failed: %s; try a smaller -t", n_threads_, started + 1,
+         why.c_str());
+  }
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { stop_workers(); }
+
+void ThreadPool::stop_workers() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
   start_cv_.notify_all();
-  for (auto& t : workers_) t.join();
+  for (auto& t : workers_)
+    if (t.joinable()) t.join();
+  workers_.clear();
 }
 
 static void chunk(int64_t n, int parts, int index, int64_t* begin, int64_t* end) {

@@ -13,8 +13,15 @@ namespace runlm {
 
 class ThreadPool {
  public:
-  // n_threads <= 0 means one per hardware thread.
-  explicit ThreadPool(int n_threads);
+  // Starts a worker thread: std::thread by default. Tests pass one that
+  // fails, to check that a failed start is an Error and not a hang.
+  using SpawnFn = std::function<std::thread(std::function<void()>)>;
+  static std::thread spawn_std_thread(std::function<void()> body);
+
+  // n_threads <= 0 means one per hardware thread. When a worker cannot be
+  // started (thread limit, memory limit), the ones already started are
+  // stopped and joined and an Error says how many started.
+  explicit ThreadPool(int n_threads, const SpawnFn& spawn = spawn_std_thread);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -26,6 +33,7 @@ class ThreadPool {
 
  private:
   void worker(int index);
+  void stop_workers();
 
   int n_threads_;
   std::vector<std::thread> workers_;

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "batch_input.h"
+#include "batch_record.h"
 #include "engine.h"
 #include "generation.h"
 #include "model.h"
@@ -235,7 +236,8 @@ TEST(Batch, CliWritesRecordsInInputOrderWithErrorsInPlace) {
   }
   const CommandResult r = run_command(runlm_binary() + " batch -m " + shared_model("stories260K.gguf") + " -f " +
                                       in.str() + " -o " + out.str() + " --temp 0 -t 2 -np 2 --chat-template llama2");
-  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // One request failed: exit code 2 (0 only when every request succeeded).
+  ASSERT_EQ(r.exit_code, 2) << r.err;
   std::ifstream f(out.str());
   std::vector<nlohmann::json> recs;
   std::string line;
@@ -246,10 +248,15 @@ TEST(Batch, CliWritesRecordsInInputOrderWithErrorsInPlace) {
   EXPECT_EQ(recs[0]["finish_reason"], "length");
   EXPECT_TRUE(recs[1].contains("error"));
   EXPECT_EQ(recs[1]["line"], 2);
-  EXPECT_EQ(recs[2]["id"], 4);
+  // Requests without an id get none (never the line number, which could be
+  // another request's id); "line" says where they were.
+  EXPECT_FALSE(recs[1].contains("id")) << recs[1];
+  EXPECT_FALSE(recs[2].contains("id")) << recs[2];
+  EXPECT_EQ(recs[0]["line"], 1);
+  EXPECT_EQ(recs[2]["line"], 4);
   EXPECT_EQ(recs[2]["finish_reason"], "stop");
   EXPECT_EQ(recs[2]["text"].get<std::string>().find('.'), std::string::npos);
-  EXPECT_EQ(recs[3]["id"], 5);
+  EXPECT_EQ(recs[3]["line"], 5);
   EXPECT_TRUE(recs[3].contains("text"));
   EXPECT_NE(r.err.find("1 errors"), std::string::npos) << r.err;
 
@@ -275,4 +282,59 @@ TEST(Batch, CliPlainTextInputAndMissingFile) {
                                         " -f /nonexistent/prompts.txt");
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.err.find("/nonexistent/prompts.txt"), std::string::npos);
+}
+
+TEST(Batch, UnknownFieldsAreErrorsNamingThem) {
+  const auto typo = parse_batch_json_line(R"({"prompt": "hi", "n_predit": 4, "id": "x"})", 3);
+  EXPECT_NE(typo.error.find("unknown field \"n_predit\""), std::string::npos) << typo.error;
+  EXPECT_NE(typo.error.find("did you mean \"n_predict\""), std::string::npos) << typo.error;
+  EXPECT_EQ(typo.id, "\"x\"");  // the request's own id is still read
+  const auto far = parse_batch_json_line(R"({"prompt": "hi", "colour": "red"})", 1);
+  EXPECT_NE(far.error.find("unknown field \"colour\""), std::string::npos) << far.error;
+  EXPECT_EQ(far.error.find("did you mean"), std::string::npos) << far.error;
+  const auto allowed = parse_batch_json_line(R"({"prompt": "hi", "n_predit": 4})", 1, /*allow_extra_fields=*/true);
+  EXPECT_TRUE(allowed.error.empty()) << allowed.error;
+  EXPECT_FALSE(allowed.n_predict.has_value());
+  // A line that is not JSON has no readable id: the record carries only its line.
+  const auto bad = parse_batch_json_line("{\"id\": 7, ", 2);
+  EXPECT_TRUE(bad.id.empty());
+  const auto rec = nlohmann::json::parse(batch_error_record(bad, bad.error));
+  EXPECT_FALSE(rec.contains("id")) << rec;
+  EXPECT_EQ(rec["line"], 2);
+}
+
+TEST(Batch, CliExitCodeSaysWhetherEveryRequestSucceeded) {
+  TempPath in(".jsonl"), out(".jsonl");
+  const std::string run = runlm_binary() + " batch -m " + shared_model("stories260K.gguf") + " -f " + in.str() +
+                          " -o " + out.str() + " --temp 0 -t 2 -np 2";
+  {
+    std::ofstream f(in.str());
+    f << R"({"prompt": "Once upon a time", "n_predict": 4, "id": 1})" << "\n";
+    f << R"({"prompt": "Tom had a ball", "n_predict": 4, "id": 2})" << "\n";
+  }
+  const CommandResult ok = run_command(run);
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_NE(ok.err.find("batch: 2 requests: 2 done, 0 errors, 0 interrupted, 0 not started"), std::string::npos)
+      << ok.err;
+  {
+    std::ofstream f(in.str());
+    f << R"({"prompt": "Once upon a time", "n_predict": 4, "id": 1})" << "\n";
+    f << R"({"prompt": "Tom had a ball", "n_predit": 4, "id": 2})" << "\n";
+    f << "not json\n";
+  }
+  const CommandResult some = run_command(run);
+  EXPECT_EQ(some.exit_code, 2) << some.err;
+  EXPECT_NE(some.err.find("batch: 3 requests: 1 done, 2 errors"), std::string::npos) << some.err;
+  std::ifstream f(out.str());
+  std::vector<nlohmann::json> recs;
+  for (std::string line; std::getline(f, line);) recs.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(recs.size(), 3u);
+  EXPECT_EQ(recs[1]["id"], 2);
+  EXPECT_NE(recs[1]["error"].get<std::string>().find("n_predit"), std::string::npos);
+  EXPECT_FALSE(recs[2].contains("id")) << recs[2];  // never the line number as a made-up id
+  EXPECT_EQ(recs[2]["line"], 3);
+  // --allow-extra-fields runs the misspelt request with the defaults.
+  const CommandResult extra = run_command(run + " --allow-extra-fields -n 2");
+  EXPECT_EQ(extra.exit_code, 2) << extra.err;  // the line that is not JSON still fails
+  EXPECT_NE(extra.err.find("2 done, 1 errors"), std::string::npos) << extra.err;
 }

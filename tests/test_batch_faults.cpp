@@ -40,7 +40,7 @@ std::vector<nlohmann::json> complete_records(const std::string& text, int n_requ
   std::vector<nlohmann::json> recs;
   if (text.empty()) return recs;
   EXPECT_EQ(text.back(), '\n') << "the last record is cut:\n" << text.substr(text.size() > 300 ? text.size() - 300 : 0);
-  const std::set<std::string> reasons = {"eos", "stop", "length", "context", "interrupted"};
+  const std::set<std::string> reasons = {"eos", "stop", "length", "context", "interrupted", "not_started"};
   int prev_id = -1;
   size_t start = 0;
   for (size_t nl = text.find('\n'); nl != std::string::npos; start = nl + 1, nl = text.find('\n', start)) {
@@ -99,7 +99,13 @@ TEST(BatchFaults, WriteErrorMidRecordLeavesOnlyCompleteRecords) {
       << r.err;
 }
 
-TEST(BatchFaults, SigintStopsTheRunWithCompleteRecords) {
+namespace {
+
+// Starts a long batch run, sends `sig` once two records are out, and checks
+// that the run stops with exit code 128 + sig, a summary counting every
+// request, and one complete record per request: done, interrupted or
+// not_started.
+void stop_batch_with_signal(int sig) {
   TempPath in(".jsonl"), out(".jsonl"), err(".err");
   // ~256k tokens, tens of seconds on one thread: the SIGINT comes long
   // before the end.
@@ -126,7 +132,7 @@ TEST(BatchFaults, SigintStopsTheRunWithCompleteRecords) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     text = read_file(out.str());
   }
-  kill(pid, SIGINT);
+  kill(pid, sig);
   int status = 0;
   pid_t done = 0;
   for (int i = 0; i < 3000 && done == 0; ++i) {  // up to 60 s
@@ -136,21 +142,36 @@ TEST(BatchFaults, SigintStopsTheRunWithCompleteRecords) {
   if (done == 0) {
     kill(pid, SIGKILL);
     waitpid(pid, &status, 0);
-    FAIL() << "batch did not stop after SIGINT\n" << read_file(err.str());
+    FAIL() << "batch did not stop after signal " << sig << "\n" << read_file(err.str());
   }
   const std::string msg = read_file(err.str());
   ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0) << "\n" << msg;
-  EXPECT_EQ(WEXITSTATUS(status), 130) << msg;
+  EXPECT_EQ(WEXITSTATUS(status), 128 + sig) << msg;
   EXPECT_EQ(msg.find("error:"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("interrupted"), std::string::npos) << msg;
   const auto recs = complete_records(read_file(out.str()), n);
-  EXPECT_LT(recs.size(), static_cast<size_t>(n)) << "the run ended before the SIGINT";
-  size_t finished = 0;
-  for (const auto& j : recs) {
-    if (j["finish_reason"] != "interrupted") ++finished;
+  ASSERT_EQ(recs.size(), static_cast<size_t>(n)) << "every request gets a record";
+  size_t finished = 0, interrupted = 0, not_started = 0;
+  for (size_t i = 0; i < recs.size(); ++i) {
+    const auto& j = recs[i];
+    EXPECT_EQ(j["id"], static_cast<int>(i)) << "records in input order";
+    if (j["finish_reason"] == "interrupted") ++interrupted;
+    else if (j["finish_reason"] == "not_started") ++not_started;
+    else ++finished;
     if (j["finish_reason"] == "length") {
       EXPECT_EQ(j["tokens_out"], 256) << j.dump();
     }
   }
   EXPECT_GE(finished, 2u);
+  EXPECT_GT(not_started, 0u) << "the run ended before the signal";
+  // The summary counts every request.
+  EXPECT_NE(msg.find(runlm::strfmt("batch: %d requests: %zu done, 0 errors, %zu interrupted, %zu not started", n, finished,
+                            interrupted, not_started)),
+            std::string::npos)
+      << msg;
 }
+
+}  // namespace
+
+TEST(BatchFaults, SigintStopsTheRunWithARecordForEveryRequest) { stop_batch_with_signal(SIGINT); }
+
+TEST(BatchFaults, SigtermStopsTheRunWithARecordForEveryRequest) { stop_batch_with_signal(SIGTERM); }

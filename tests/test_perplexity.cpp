@@ -376,15 +376,16 @@ class PerplexityCli : public ::testing::Test {
 
 TEST_F(PerplexityCli, SaveThenCompareEndToEnd) {
   TempPath base(".logits");
-  const CommandResult save = run_command(cmd(text_a_.str(), "-c 128 --per-chunk --save-logits " + base.str()));
+  const CommandResult save =
+      run_command(cmd(text_a_.str(), "-c 128 --ppl-mode reference --per-chunk --save-logits " + base.str()));
   ASSERT_EQ(save.exit_code, 0) << save.err;
-  const double ppl = number_after(save.out, "perplexity: ");
+  const double ppl = number_after(save.out, "Final estimate: PPL = ");
   EXPECT_TRUE(std::isfinite(ppl) && ppl > 1.0) << save.out;
   EXPECT_NE(save.out.find("chunk 1: ppl "), std::string::npos) << save.out;
   EXPECT_NE(save.out.find("reference mode"), std::string::npos) << save.out;
-  const CommandResult cmp = run_command(cmd(text_a_.str(), "-c 128 --kl-base " + base.str()));
+  const CommandResult cmp = run_command(cmd(text_a_.str(), "-c 128 --ppl-mode reference --kl-base " + base.str()));
   ASSERT_EQ(cmp.exit_code, 0) << cmp.err;
-  EXPECT_EQ(number_after(cmp.out, "perplexity: "), ppl) << cmp.out;
+  EXPECT_EQ(number_after(cmp.out, "Final estimate: PPL = "), ppl) << cmp.out;
   EXPECT_LT(std::fabs(number_after(cmp.out, "Mean KLD             : ")), 1e-6) << cmp.out;
   EXPECT_NEAR(number_after(cmp.out, "Same top token       : "), 100.0, 1e-9) << cmp.out;
   EXPECT_NEAR(number_after(cmp.out, "PPL(Q)/PPL(base)     : "), 1.0, 1e-5) << cmp.out;
@@ -392,7 +393,44 @@ TEST_F(PerplexityCli, SaveThenCompareEndToEnd) {
   const CommandResult ll = run_command(cmd(text_a_.str(), "-c 128 --ppl-mode llama"));
   ASSERT_EQ(ll.exit_code, 0) << ll.err;
   EXPECT_NE(ll.out.find("llama mode"), std::string::npos) << ll.out;
-  EXPECT_TRUE(std::isfinite(number_after(ll.out, "perplexity: "))) << ll.out;
+  EXPECT_TRUE(std::isfinite(number_after(ll.out, "Final estimate: PPL = "))) << ll.out;
+  // llama-perplexity's method is the default: the same numbers without the flag.
+  const CommandResult def = run_command(cmd(text_a_.str(), "-c 128"));
+  ASSERT_EQ(def.exit_code, 0) << def.err;
+  EXPECT_EQ(def.out, ll.out);
+}
+
+// The output lines llama-perplexity prints: "[1]x,[2]y,..." with the running
+// perplexity after each chunk, then "Final estimate: PPL = X +/- Y" with its
+// uncertainty ppl * sqrt(var(nll) / (n - 1)); the last running value is the
+// final estimate.
+TEST_F(PerplexityCli, OutputAsLlamaPerplexityPrintsIt) {
+  const CommandResult r = run_command(cmd(text_a_.str(), "-c 128 --per-chunk"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const size_t line_end = r.out.find('\n');
+  ASSERT_NE(line_end, std::string::npos) << r.out;
+  const std::string stream = r.out.substr(0, line_end);
+  int n_chunks = 0;
+  double last = 0;
+  for (size_t at = 0; at < stream.size();) {
+    const std::string head = "[" + std::to_string(n_chunks + 1) + "]";
+    ASSERT_EQ(stream.compare(at, head.size(), head), 0) << stream;
+    const size_t comma = stream.find(',', at);
+    ASSERT_NE(comma, std::string::npos) << stream;
+    last = std::stod(stream.substr(at + head.size(), comma - at - head.size()));
+    ++n_chunks;
+    at = comma + 1;
+  }
+  EXPECT_GE(n_chunks, 2) << stream;
+  EXPECT_NE(r.out.find("chunk " + std::to_string(n_chunks) + ": ppl "), std::string::npos) << r.out;
+  const double ppl = number_after(r.out, "Final estimate: PPL = ");
+  EXPECT_NEAR(ppl, last, 1e-4) << r.out;
+  const size_t pm = r.out.find(" +/- ", r.out.find("Final estimate: PPL = "));
+  ASSERT_NE(pm, std::string::npos) << r.out;
+  const double err = std::stod(r.out.substr(pm + 5));
+  EXPECT_GT(err, 0) << r.out;
+  EXPECT_LT(err, ppl) << r.out;
+  EXPECT_NE(r.err.find("seconds per pass - ETA"), std::string::npos) << r.err;
 }
 
 TEST_F(PerplexityCli, MissingOrShortText) {
@@ -411,7 +449,7 @@ TEST_F(PerplexityCli, MismatchedBaseIsAnError) {
   ASSERT_EQ(run_command(cmd(text_a_.str(), "-c 128 --save-logits " + base.str())).exit_code, 0);
   expect_clean_error(run_command(cmd(text_b_.str(), "-c 128 --kl-base " + base.str())), "another text");
   expect_clean_error(run_command(cmd(text_a_.str(), "-c 64 --kl-base " + base.str())), "chunks of 128 tokens");
-  expect_clean_error(run_command(cmd(text_a_.str(), "-c 128 --ppl-mode llama --kl-base " + base.str())),
+  expect_clean_error(run_command(cmd(text_a_.str(), "-c 128 --ppl-mode reference --kl-base " + base.str())),
                      "scoring mode");
   expect_clean_error(run_command(cmd(text_a_.str(), "-c 128 --chunks 2 --kl-base " + base.str())), "chunks");
   // Another vocabulary: a model with 8192 tokens against stories260K's 512.
