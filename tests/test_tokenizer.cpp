@@ -19,7 +19,7 @@ using runlm::test::error_of;
 
 namespace {
 
-std::string shared(const std::string& name) { return std::string(RUNLM_SOURCE_DIR) + "/../shared/models/" + name; }
+std::string shared(const std::string& name) { return runlm::test::shared_model(name); }
 
 std::string read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -360,7 +360,7 @@ TEST(TokenizerErrors, InconsistentVocabularies) {
       {"duplicate_piece",
        [](auto& kv) { find_kv(kv, "tokenizer.ggml.tokens")->arr[300] = GgufValue::make_string("he"); },
        "sentencepiece"},
-      {"no_unknown", [](auto& kv) { find_kv(kv, "tokenizer.ggml.token_type")->arr[0] = GgufValue::make_i32(3); },
+      {"no_unknown", [](auto& kv) { find_kv(kv, "tokenizer.ggml.token_type")->arr[0] = GgufValue::make_i32(1); },
        "unknown"},
   };
   for (const Case& c : cases) {
