@@ -201,6 +201,14 @@ std::vector<int> Tokenizer::encode_impl(const std::string& text, bool add_bos, b
 }
 
 std::string Tokenizer::token_to_piece(int prev_token, int token) const { return b_->token_to_piece(prev_token, token); }
+std::string Tokenizer::token_text(int id) const {
+  b_->check_id(id);
+  const int type = b_->pieces[static_cast<size_t>(id)].type;
+  if (type == kTokenControl || type == kTokenUnknown || type == kTokenUserDefined)
+    return b_->pieces[static_cast<size_t>(id)].text;
+  return b_->token_to_piece(-1, id);
+}
+
 std::string Tokenizer::decode(const std::vector<int>& ids) const { return b_->decode(ids); }
 
 int Tokenizer::n_vocab() const { return static_cast<int>(b_->pieces.size()); }

@@ -47,6 +47,10 @@ class Tokenizer {
   // characters become the bytes they stand for, so one UTF-8 character may be
   // split across tokens (the bytes are emitted as they come).
   std::string token_to_piece(int prev_token, int token) const;
+  // The token as llama.cpp's token_to_piece with special = true renders it:
+  // control, unknown and user-defined tokens as their text, the others as
+  // token_to_piece without any space stripping.
+  std::string token_text(int id) const;
   // Whole-sequence decode (sentencepiece's DecodeIds; for BPE llama.cpp's
   // detokenize without special tokens, including its clean-up of spaces
   // before punctuation where the pre-tokenizer asks for it).
