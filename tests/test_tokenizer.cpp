@@ -322,10 +322,11 @@ TEST(TokenizerErrors, BadModelPathNamesThePath) {
 
 TEST(TokenizerErrors, UnsupportedTokenizerModelIsNamed) {
   auto kv = stories_vocab_kv();
-  *find_kv(kv, "tokenizer.ggml.model") = GgufValue::make_string("gpt2");
-  auto g = GgufFile::open(write_vocab_gguf("gpt2", kv));
+  *find_kv(kv, "tokenizer.ggml.model") = GgufValue::make_string("bert");
+  auto g = GgufFile::open(write_vocab_gguf("bert", kv));
   const std::string msg = error_of([&] { Tokenizer::from_gguf(*g); });
-  EXPECT_NE(msg.find("gpt2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'bert'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("supported: llama (SentencePiece), gpt2 (byte-level BPE)"), std::string::npos) << msg;
 }
 
 TEST(TokenizerErrors, InconsistentVocabularies) {
