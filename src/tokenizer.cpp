@@ -7,8 +7,10 @@
 #include "tokenizer.h"
 
 #include <algorithm>
-#include <cstring>
+#include <iterator>
 #include <optional>
+#include <string_view>
+#include <vector>
 
 #include "common.h"
 #include "gguf.h"
@@ -35,6 +37,20 @@ constexpr const char* kEotTexts[] = {
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>", "_<EOT>",
     "[EOT]", "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>", "<end_of_utterance>"};
 
+// Fill-in-the-middle tokens that llama.cpp also counts as end of generation
+// (pad, repository, file separator), by key or else by text.
+struct FimEog {
+  const char* key;
+  std::vector<const char*> texts;
+};
+const FimEog kFimEog[] = {
+    {"tokenizer.ggml.fim_pad_token_id", {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"}},
+    {"tokenizer.ggml.fim_rep_token_id", {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"}},
+    {"tokenizer.ggml.fim_sep_token_id", {"<|file_sep|>"}},
+};
+// gpt-oss (o200k_harmony) message markers llama.cpp always renders.
+constexpr const char* kRenderedMarkers[] = {"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"};
+
 // An optional token-id key: absent keeps def; an id outside the vocabulary
 // is an error (llama.cpp warns and keeps the default; a bad id here would
 // index out of the embedding).
@@ -47,9 +63,17 @@ int optional_id(const GgufFile& g, const char* key, int def, size_t n) {
 }
 
 // EOT/EOM, add_bos and the end-of-generation set, as llama.cpp derives them.
+// Like llama.cpp, a token found by its text (EOT, EOM, end of generation)
+// that is not typed control becomes control: it prints nothing and is matched
+// in text only with parse_special.
 void finish_special_tokens(TokenizerBackend& b, const GgufFile* g) {
   const size_t n = b.pieces.size();
+  auto make_control = [&](int id) {
+    if (id >= 0) b.pieces[static_cast<size_t>(id)].type = kTokenControl;
+  };
+  std::vector<int> fim(std::size(kFimEog), -1);
   if (g) {
+    for (size_t i = 0; i < fim.size(); ++i) fim[i] = optional_id(*g, kFimEog[i].key, -1, n);
     b.eot = optional_id(*g, "tokenizer.ggml.eot_token_id", -1, n);
     b.eom = optional_id(*g, "tokenizer.ggml.eom_token_id", -1, n);
     if (const GgufValue* v = g->find("tokenizer.ggml.add_bos_token")) b.add_bos = v->as_bool();
@@ -62,22 +86,35 @@ void finish_special_tokens(TokenizerBackend& b, const GgufFile* g) {
     // llama.cpp walks its hash map, so with several candidates its pick is
     // arbitrary; every candidate is in the EOG set below either way.
     for (const char* t : kEotTexts)
-      if ((b.eot = lookup(t)) >= 0) break;
+      if ((b.eot = lookup(t)) >= 0) {
+        make_control(b.eot);
+        break;
+      }
   }
-  if (b.eom < 0) b.eom = lookup("<|eom_id|>");
+  if (b.eom < 0) make_control(b.eom = lookup("<|eom_id|>"));
   b.eog.assign(n, 0);
+  for (size_t i = 0; i < fim.size(); ++i) {
+    for (size_t k = 0; fim[i] < 0 && k < kFimEog[i].texts.size(); ++k) make_control(fim[i] = lookup(kFimEog[i].texts[k]));
+    if (fim[i] >= 0) b.eog[static_cast<size_t>(fim[i])] = 1;
+  }
   for (const char* t : kEogTexts) {
     const int id = lookup(t);
-    if (id >= 0) b.eog[static_cast<size_t>(id)] = 1;
+    if (id < 0) continue;
+    b.eog[static_cast<size_t>(id)] = 1;
+    make_control(id);
   }
+  for (const char* t : kRenderedMarkers)
+    if (const int id = lookup(t); id >= 0) b.pieces[static_cast<size_t>(id)].type = kTokenUserDefined;
   for (int id : {b.eos, b.eot, b.eom})
     if (id >= 0) b.eog[static_cast<size_t>(id)] = 1;
   // o200k_harmony (gpt-oss): <|end|> ends a message, not the generation,
   // when <|return|> and <|call|> exist.
   const int end = lookup("<|end|>"), ret = lookup("<|return|>"), call = lookup("<|call|>");
   const int calls = lookup("<|calls|>"), flush = lookup("<|flush|>");
-  if (end >= 0 && end != b.eos && ((ret >= 0 && call >= 0) || (calls >= 0 && flush >= 0)))
+  if (end >= 0 && end != b.eos && ((ret >= 0 && call >= 0) || (calls >= 0 && flush >= 0))) {
     b.eog[static_cast<size_t>(end)] = 0;
+    b.pieces[static_cast<size_t>(end)].type = kTokenUserDefined;  // rendered, as there
+  }
 }
 
 struct Fragment {

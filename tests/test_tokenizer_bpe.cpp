@@ -380,3 +380,35 @@ TEST(TokenizerBpe, BadMetadataIsAnError) {
     runlm::test::expect_words(msg, words);
   }
 }
+
+TEST(TokenizerBpe, EndOfGenerationTextsBecomeControlAsInLlamaCpp) {
+  RUNLM_REQUIRE_ASSET(test_asset("vocab/ggml-vocab-gpt-2.gguf"));
+  // GPT-2 with <|endoftext|> typed normal and Qwen's FIM separator and the
+  // gpt-oss channel marker added: llama.cpp makes the first two control and
+  // end of generation, and always renders the marker.
+  auto kv = vocab_kv("gpt-2");
+  auto* tokens = kv_find(kv, "tokenizer.ggml.tokens");
+  auto* types = kv_find(kv, "tokenizer.ggml.token_type");
+  ASSERT_TRUE(tokens && types);
+  types->arr[50256] = GgufValue::make_i32(1);
+  for (const char* t : {"<|file_sep|>", "<|channel|>"}) {
+    tokens->arr.push_back(GgufValue::make_string(t));
+    types->arr.push_back(GgufValue::make_i32(3));
+  }
+  GgufWriter w;
+  for (const GgufKV& e : kv) w.set(e.key, e.value);
+  runlm::test::TempPath path(".gguf");
+  w.write(path.str());
+  auto tok = Tokenizer::from_gguf(*GgufFile::open(path.str()));
+  EXPECT_EQ(tok->token_type(50256), 3);
+  EXPECT_TRUE(tok->is_eog(50256));
+  EXPECT_EQ(tok->eot(), 50256);
+  EXPECT_EQ(tok->token_to_piece(-1, 50256), "");
+  EXPECT_TRUE(tok->is_eog(50257));  // <|file_sep|>
+  EXPECT_EQ(tok->token_type(50258), 4);
+  EXPECT_EQ(tok->token_to_piece(-1, 50258), "<|channel|>");
+  EXPECT_FALSE(tok->is_eog(50258));
+  // Control now: matched only with parse_special.
+  EXPECT_EQ(tok->encode("<|endoftext|>", false, true), std::vector<int>{50256});
+  EXPECT_NE(tok->encode("<|endoftext|>", false, false), std::vector<int>{50256});
+}
