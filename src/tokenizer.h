@@ -31,8 +31,9 @@ class Tokenizer {
   // token texts ("<s>", "<|im_start|>", "<|eot_id|>"...) that occur in the
   // text become their ids, the longest texts first, as llama.cpp's
   // tokenizer_st_partition does; the text between them is encoded normally.
-  // BPE vocabularies match user-defined token texts even without
-  // parse_special (llama.cpp and Hugging Face do). add_bos prepends bos().
+  // User-defined token texts are matched even without parse_special
+  // (llama.cpp and Hugging Face do; for a tokenizer.model file the
+  // sentencepiece library matches them itself). add_bos prepends bos().
   std::vector<int> encode(const std::string& text, bool add_bos, bool parse_special = false) const;
   // As above, but a special-token match that overlaps one of the byte ranges
   // [first, second) of literal_ranges is not taken: text there is encoded as

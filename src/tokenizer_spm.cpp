@@ -27,6 +27,7 @@ namespace {
 constexpr int kTypeNormal = kTokenNormal;
 constexpr int kTypeUnknown = kTokenUnknown;
 constexpr int kTypeControl = kTokenControl;
+constexpr int kTypeUserDefined = kTokenUserDefined;
 constexpr int kTypeByte = kTokenByte;
 
 // Field numbers of sentencepiece_model.proto (as in Debian's
@@ -287,7 +288,7 @@ GgufVocab read_gguf_vocab(const GgufFile& g) {
               "%s: tokenizer.ggml.unknown_token_id = %d is not a token of type unknown (2) or control (3)", path, v.unk);
   v.gguf_types = v.types;
   for (size_t i = 0; i < n; ++i)
-    if (v.types[i] == kTypeUnknown) v.types[i] = kTypeControl;
+    if (v.types[i] == kTypeUnknown || v.types[i] == kTypeUserDefined) v.types[i] = kTypeControl;
   v.types[static_cast<size_t>(v.unk)] = kTypeUnknown;
   if (const GgufValue* x = g.find("tokenizer.ggml.add_space_prefix")) v.add_space_prefix = x->as_bool();
   if (const GgufValue* x = g.find("tokenizer.ggml.remove_extra_whitespaces")) v.remove_extra_whitespaces = x->as_bool();
@@ -334,7 +335,13 @@ class SpmBackend : public TokenizerBackend {
     out->insert(out->end(), ids.begin(), ids.end());
   }
 
-  bool encodes_user_defined_itself() const override { return true; }
+  bool encodes_user_defined_itself() const override { return matches_user_defined; }
+  // A tokenizer.model keeps its user-defined pieces, which sentencepiece
+  // matches in any text; a GGUF vocabulary's are control pieces in the proto
+  // (never produced from text) and tokenizer.cpp partitions the text at them
+  // as llama.cpp does, so literal ranges hold for them too.
+  bool matches_user_defined = true;
+  bool strips_dummy_prefix = true;  // the normalizer's add_dummy_prefix: decode drops one leading space
 
   std::string token_to_piece(int prev_token, int token) const override {
     check_id(token);
@@ -362,6 +369,37 @@ class SpmBackend : public TokenizerBackend {
 
   std::string decode(const std::vector<int>& ids) const override {
     for (int id : ids) check_id(id);
+    if (matches_user_defined) return sp_decode(ids);
+    // User-defined pieces are control pieces in the proto, which sentencepiece
+    // would drop: their text goes in between the decoded runs (as llama.cpp's
+    // detokenize prints it). A run after the first keeps its leading space,
+    // which sentencepiece strips only at the start of the text.
+    std::string text;
+    std::vector<int> run;
+    bool first = true;
+    auto flush = [&] {
+      if (run.empty()) return;
+      std::string s = sp_decode(run);
+      if (!first && strips_dummy_prefix && pieces[static_cast<size_t>(run[0])].text.compare(0, 3, kSpaceMarker) == 0)
+        s.insert(0, 1, ' ');
+      text += s;
+      first = false;
+      run.clear();
+    };
+    for (int id : ids) {
+      if (pieces[static_cast<size_t>(id)].type == kTypeUserDefined) {
+        flush();
+        text += pieces[static_cast<size_t>(id)].text;
+        first = false;
+      } else {
+        run.push_back(id);
+      }
+    }
+    flush();
+    return text;
+  }
+
+  std::string sp_decode(const std::vector<int>& ids) const {
     std::string text;
     const auto status = sp.Decode(ids, &text);
     RUNLM_CHECK(status.ok(), "%s: sentencepiece decode failed: %s", source.c_str(), status.ToString().c_str());
@@ -394,6 +432,8 @@ std::unique_ptr<TokenizerBackend> make_spm_backend_from_gguf(const GgufFile& ggu
               status.ToString().c_str());
   m->init_tables();
   for (size_t i = 0; i < m->pieces.size(); ++i) m->pieces[i].type = v.gguf_types[i];
+  m->matches_user_defined = false;
+  m->strips_dummy_prefix = v.add_space_prefix;
   m->bos = v.bos;
   m->eos = v.eos;
   m->add_bos = true;  // llama.cpp's default for SPM; tokenizer.cpp reads the GGUF key

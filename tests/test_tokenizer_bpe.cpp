@@ -412,3 +412,30 @@ TEST(TokenizerBpe, EndOfGenerationTextsBecomeControlAsInLlamaCpp) {
   EXPECT_EQ(tok->encode("<|endoftext|>", false, true), std::vector<int>{50256});
   EXPECT_NE(tok->encode("<|endoftext|>", false, false), std::vector<int>{50256});
 }
+
+TEST(TokenizerSpm, UserDefinedPiecesHonourLiteralRanges) {
+  // The stories vocabulary with a user-defined "<|tool|>": matched in text
+  // even without parse_special (as llama.cpp does), not inside a literal
+  // range, and decoded back to its text.
+  auto g = GgufFile::open(runlm::test::shared_model("stories260K.gguf"));
+  std::vector<GgufKV> kv;
+  for (const GgufKV& e : g->metadata())
+    if (e.key.rfind("tokenizer.", 0) == 0) kv.push_back(e);
+  kv_find(kv, "tokenizer.ggml.tokens")->arr.push_back(GgufValue::make_string("<|tool|>"));
+  kv_find(kv, "tokenizer.ggml.scores")->arr.push_back(GgufValue::make_f32(0));
+  kv_find(kv, "tokenizer.ggml.token_type")->arr.push_back(GgufValue::make_i32(4));
+  GgufWriter w;
+  for (const GgufKV& e : kv) w.set(e.key, e.value);
+  runlm::test::TempPath path(".gguf");
+  w.write(path.str());
+  auto tok = Tokenizer::from_gguf(*GgufFile::open(path.str()));
+  auto plain = Tokenizer::from_gguf(*g);
+  const int tool = 512;
+  const std::string text = "Lily<|tool|> ran";
+  const std::vector<int> ids = tok->encode(text, false, false);
+  EXPECT_EQ(ids, cat({plain->encode("Lily", false), {tool}, plain->encode(" ran", false)}));
+  EXPECT_EQ(tok->decode(ids), "Lily<|tool|>  ran");  // " ran" has its dummy-prefix space, as in llama.cpp
+  const std::vector<int> kept = tok->encode(text, false, true, {{4, 12}});
+  EXPECT_EQ(std::count(kept.begin(), kept.end(), tool), 0);
+  EXPECT_EQ(tok->decode(kept), text);
+}
