@@ -7,6 +7,7 @@
 #include "tokenizer.h"
 
 #include <algorithm>
+#include <cctype>
 #include <iterator>
 #include <optional>
 #include <string_view>
@@ -115,6 +116,22 @@ void finish_special_tokens(TokenizerBackend& b, const GgufFile* g) {
     b.eog[static_cast<size_t>(end)] = 0;
     b.pieces[static_cast<size_t>(end)].type = kTokenUserDefined;  // rendered, as there
   }
+
+  // Phi-3 (llama.cpp picks it by general.name): every special token but
+  // <unk>, <s> and <|endoftext|> swallows the whitespace after it, as its
+  // Hugging Face tokenizer's rstrip does.
+  std::string name = g ? g->get_string_opt("general.name").value_or("") : "";
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (name.find("phi-3") != std::string::npos || name.find("phi3") != std::string::npos) {
+    b.rstrip.assign(n, 0);
+    for (size_t id = 0; id < n; ++id) {
+      const int t = b.pieces[id].type;
+      if (t == kTokenControl || t == kTokenUserDefined || t == kTokenUnknown) b.rstrip[id] = 1;
+    }
+    if (const int s = lookup("</s>"); s >= 0) b.rstrip[static_cast<size_t>(s)] = 1;
+    for (const char* t : {"<unk>", "<s>", "<|endoftext|>"})
+      if (const int id = lookup(t); id >= 0) b.rstrip[static_cast<size_t>(id)] = 0;
+  }
 }
 
 struct Fragment {
@@ -217,6 +234,11 @@ std::vector<int> Tokenizer::encode_impl(const std::string& text, bool add_bos, b
           if (match > start) next.push_back({-1, start, match - start});
           next.push_back({id, match, st.size()});
           start = search = match + st.size();
+          if (!b.rstrip.empty() && b.rstrip[static_cast<size_t>(id)]) {
+            const size_t end = f.offset + f.length;
+            while (start < end && std::isspace(static_cast<unsigned char>(text[start]))) ++start;
+            search = start;
+          }
         }
         if (start < f.offset + f.length) next.push_back({-1, start, f.offset + f.length - start});
       }

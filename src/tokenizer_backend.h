@@ -51,6 +51,9 @@ class TokenizerBackend {
   int bos = -1, eos = -1, eot = -1, eom = -1;
   bool add_bos = false;
   std::vector<char> eog;  // per id
+  // Per id: whitespace after this special token's text is dropped when the
+  // text is partitioned (llama.cpp's RSTRIP attribute; empty: none).
+  std::vector<char> rstrip;
 };
 
 // Built from a tokenizer.model file or a GGUF with tokenizer.ggml.model = llama.

@@ -439,3 +439,17 @@ TEST(TokenizerSpm, UserDefinedPiecesHonourLiteralRanges) {
   EXPECT_EQ(std::count(kept.begin(), kept.end(), tool), 0);
   EXPECT_EQ(tok->decode(kept), text);
 }
+
+TEST(TokenizerSpm, Phi3SpecialTokensSwallowTheWhitespaceAfterThem) {
+  const std::string p = test_asset("vocab/ggml-vocab-phi-3.gguf");
+  RUNLM_REQUIRE_ASSET(p);
+  auto tok = Tokenizer::from_gguf(*GgufFile::open(p));
+  const int user = tok->piece_to_id("<|user|>"), end = tok->piece_to_id("<|end|>");
+  ASSERT_GE(user, 0);
+  ASSERT_GE(end, 0);
+  // llama.cpp gives Phi-3's special tokens rstrip: "\n" after <|user|> and
+  // <|end|> is dropped; <|endoftext|> keeps what follows.
+  EXPECT_EQ(tok->encode("<|user|>\nhi<|end|>\n", false, true), cat({{user}, tok->encode("hi", false), {end}}));
+  const int eot = tok->piece_to_id("<|endoftext|>");
+  EXPECT_EQ(tok->encode("<|endoftext|> hi", false, true), cat({{eot}, tok->encode(" hi", false)}));
+}
