@@ -18,7 +18,7 @@ deps:
 	apt-get update
 	apt-get install -y --no-install-recommends cmake g++ make pkg-config \
 	  libsentencepiece-dev libcxxopts-dev libgtest-dev nlohmann-json3-dev \
-	  libedit-dev
+	  libedit-dev libpcre2-dev
 
 test: all
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
@@ -47,7 +47,7 @@ test-asan:
 
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS ?= fuzz_gguf fuzz_safetensors fuzz_hf_config fuzz_tokenizer fuzz_chat_template fuzz_batch_input
+FUZZ_TARGETS ?= fuzz_gguf fuzz_safetensors fuzz_hf_config fuzz_tokenizer fuzz_bpe_tokenizer fuzz_chat_template fuzz_batch_input
 
 deps-fuzz:
 	apt-get install -y --no-install-recommends clang libclang-rt-14-dev python3

@@ -18,7 +18,7 @@ ChatSession::ChatSession(Engine& engine, const Tokenizer& tokenizer, Sampler& sa
   // Where the end marker is one token of the vocabulary, stop on its id;
   // otherwise the text is watched for it.
   const int id = tok_.piece_to_id(end_marker_);
-  if (id >= 0 && id != tok_.eos()) stop_tokens_.push_back(id);
+  if (id >= 0 && !tok_.is_eog(id)) stop_tokens_.push_back(id);
   reset();
 }
 
@@ -30,13 +30,13 @@ void ChatSession::reset() {
 }
 
 std::vector<int> ChatSession::render_prompt() const {
-  const std::string bos_text = tok_.id_to_piece(tok_.bos());
-  const std::string eos_text = tok_.id_to_piece(tok_.eos());
+  const std::string bos_text = tok_.bos() >= 0 ? tok_.id_to_piece(tok_.bos()) : "";
+  const std::string eos_text = tok_.eos() >= 0 ? tok_.id_to_piece(tok_.eos()) : "";
   const std::string text = chat_template_apply(template_, messages_, /*add_generation_prompt=*/true, bos_text, eos_text);
   // Templates that write the BOS text themselves get it as a token through
   // parse_special; the others get BOS prepended, as llama.cpp does.
-  const bool starts_with_bos = text.rfind(bos_text, 0) == 0;
-  return tok_.encode(text, /*add_bos=*/!starts_with_bos, /*parse_special=*/true);
+  const bool starts_with_bos = !bos_text.empty() && text.rfind(bos_text, 0) == 0;
+  return tok_.encode(text, /*add_bos=*/tok_.add_bos() && !starts_with_bos, /*parse_special=*/true);
 }
 
 std::vector<int> ChatSession::fit_context(int reserve) {

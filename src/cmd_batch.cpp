@@ -109,6 +109,7 @@ int cmd_batch(int argc, char** argv) {
       ("n,n-predict", "default tokens per request (-1 = until EOS or the context is full)",
        cxxopts::value<int>()->default_value("128"))
       ("ignore-eos", "keep generating after EOS")
+      ("no-parse-special", "encode special-token texts in plain prompts (<|im_start|>, </s>...) as plain text")
       ("chat-template", "template for JSONL \"messages\" requests (default: from the model)",
        cxxopts::value<std::string>())
       ("allow-extra-fields", "ignore unknown fields of JSONL requests (default: a request naming one is an error)")
@@ -127,6 +128,7 @@ int cmd_batch(int argc, char** argv) {
   RUNLM_CHECK(n_predict >= -1, "-n must be >= -1, got %d", n_predict);
   const SamplingParams defaults = sampling_params_from(args);
   const auto entries = read_batch_input(args["file"].as<std::string>(), args.count("allow-extra-fields") > 0);
+  const bool parse_special = args.count("no-parse-special") == 0;
 
   auto model = load_model_from_options(args);
   const Tokenizer& tok = model->tokenizer();
@@ -171,12 +173,14 @@ int cmd_batch(int argc, char** argv) {
       try {
         if (e.is_chat()) {
           RUNLM_CHECK(!chat_template.empty(), "\"messages\" needs a chat template: the model has none runlm knows; use --chat-template");
-          const std::string text =
-              chat_template_apply(chat_template, e.messages, true, tok.id_to_piece(tok.bos()), tok.id_to_piece(tok.eos()));
-          r.prompt = tok.encode(text, text.rfind(tok.id_to_piece(tok.bos()), 0) != 0, true);
+          const std::string bos_text = tok.bos() >= 0 ? tok.id_to_piece(tok.bos()) : "";
+          const std::string eos_text = tok.eos() >= 0 ? tok.id_to_piece(tok.eos()) : "";
+          const std::string text = chat_template_apply(chat_template, e.messages, true, bos_text, eos_text);
+          const bool starts_with_bos = !bos_text.empty() && text.rfind(bos_text, 0) == 0;
+          r.prompt = tok.encode(text, tok.add_bos() && !starts_with_bos, true);
           r.stop.push_back(chat_template_end_marker(chat_template));
         } else {
-          r.prompt = tok.encode(e.prompt, true);
+          r.prompt = tok.encode(e.prompt, tok.add_bos(), parse_special);
         }
         r.n_predict = e.n_predict.value_or(n_predict);
         r.sampling = defaults;

@@ -40,6 +40,7 @@ int cmd_generate(int argc, char** argv) {
       ("n,n-predict", "tokens to generate (-1 = until EOS or the context is full)",
        cxxopts::value<int>()->default_value("-1"))
       ("ignore-eos", "keep generating after EOS")
+      ("no-parse-special", "encode special-token texts in the prompt (<|im_start|>, </s>...) as plain text")
       ("no-display-prompt", "print only the generated text")
       ("r,reverse-prompt", "stop after the output ends with this text, printing it (repeatable)",
        cxxopts::value<std::string>())
@@ -70,7 +71,10 @@ int cmd_generate(int argc, char** argv) {
   const Tokenizer& tok = model->tokenizer();
 
   GenerationRequest req;
-  req.prompt = tok.encode(prompt, /*add_bos=*/true);
+  // As llama.cpp: BOS where the vocabulary asks for it, special-token texts
+  // in the prompt parsed unless --no-parse-special.
+  req.prompt = tok.encode(prompt, tok.add_bos(), /*parse_special=*/args.count("no-parse-special") == 0);
+  RUNLM_CHECK(!req.prompt.empty(), "the prompt is empty and the vocabulary adds no BOS: give a prompt with -p or -f");
   req.n_predict = n_predict;
   req.ignore_eos = args.count("ignore-eos") > 0;
   RUNLM_CHECK(static_cast<int>(req.prompt.size()) <= engine->n_ctx(),

@@ -55,7 +55,7 @@ GenerationResult generate(Engine& engine, Sampler& sampler, const Tokenizer& tok
     }
     const int tok = sampler.sample(logits.data(), n_vocab);
     sampler.accept(tok);
-    if (tok == tokenizer.eos() && !req.ignore_eos) {
+    if (tokenizer.is_eog(tok) && !req.ignore_eos) {
       result.finish = FinishReason::Eos;
       break;
     }

@@ -28,6 +28,7 @@ constexpr Subcommand kSubcommands[] = {
     {"convert", runlm::cmd_convert, "llama2.c .bin or Hugging Face directory -> GGUF"},
     {"quantize", runlm::cmd_quantize, "re-encode a GGUF's weights (q8_0, q4_0, q4_k, q6_k, q4_k_m, f16...)"},
     {"info", runlm::cmd_info, "describe a GGUF model: architecture, shapes, tensor types, vocabulary (-m MODEL)"},
+    {"tokenize", runlm::cmd_tokenize, "print the tokens of a text, llama-tokenize style (-m MODEL -p TEXT [--ids])"},
 };
 
 void usage() {

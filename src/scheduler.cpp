@@ -99,7 +99,7 @@ void Scheduler::finish(Sequence& s, FinishReason why, const std::function<void(C
 
 bool Scheduler::accept_token(Sequence& s, int token, FinishReason* why) {
   s.sampler->accept(token);
-  if (token == tok_.eos() && !s.req.ignore_eos) {
+  if (tok_.is_eog(token) && !s.req.ignore_eos) {
     *why = FinishReason::Eos;
     return true;
   }

@@ -1,472 +1,304 @@
-// Tokenizer: the sentencepiece library behind a small API. A tokenizer.model
-// file is loaded as it is; a GGUF vocabulary (tokenizer.ggml.*) is turned into
-// a sentencepiece ModelProto in memory, serialised with the small protobuf
-// wire writer below (no protobuf headers are installed), and loaded from
-// those bytes. The piece tables behind the accessors are always read back from
-// the loaded model's own serialised proto, so both paths share one decoder and
-// a GGUF vocabulary is checked to survive the round trip.
+// Tokenizer: picks the backend by tokenizer.ggml.model, then does what both
+// vocabulary kinds share the way llama.cpp's llama_vocab does it: the
+// special-token ids (BOS, EOS, EOT, EOM) and add_bos from the GGUF, the
+// end-of-generation set (those ids plus the tokens llama.cpp recognises by
+// their text), and the partition of a text at special-token texts
+// (tokenizer_st_partition) before the plain fragments go to the backend.
 #include "tokenizer.h"
 
-#include <sentencepiece_processor.h>
-
 #include <algorithm>
-#include <array>
-#include <cstring>
-#include <unordered_map>
-#include <utility>
+#include <cctype>
+#include <iterator>
+#include <optional>
+#include <string_view>
+#include <vector>
 
 #include "common.h"
 #include "gguf.h"
+#include "tokenizer_backend.h"
 
 namespace runlm {
+
+void TokenizerBackend::check_id(int id) const {
+  RUNLM_CHECK(id >= 0 && static_cast<size_t>(id) < pieces.size(), "token id %d out of range (vocabulary of %zu, %s)", id,
+              pieces.size(), source.c_str());
+}
+
 namespace {
 
-// ModelProto.SentencePiece.Type; llama.cpp's tokenizer.ggml.token_type uses the
-// same numbers.
-constexpr int kTypeNormal = 1;
-constexpr int kTypeUnknown = 2;
-constexpr int kTypeControl = 3;
-constexpr int kTypeUserDefined = 4;
-constexpr int kTypeUnused = 5;
-constexpr int kTypeByte = 6;
+// Token texts that end generation in llama.cpp (llama_vocab::impl::load's
+// EOG list), whatever the vocabulary kind.
+constexpr const char* kEogTexts[] = {
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+    "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>", "[e~["};
+// Texts llama.cpp takes as the EOT token when tokenizer.ggml.eot_token_id is absent.
+constexpr const char* kEotTexts[] = {
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>", "_<EOT>",
+    "[EOT]", "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>", "<end_of_utterance>"};
 
-// Field numbers of sentencepiece_model.proto (as in Debian's
-// python3-sentencepiece sentencepiece_model_pb2.py).
-constexpr int kModelPieces = 1;
-constexpr int kModelTrainerSpec = 2;
-constexpr int kModelNormalizerSpec = 3;
-constexpr int kPiecePiece = 1;
-constexpr int kPieceScore = 2;
-constexpr int kPieceType = 3;
-constexpr int kTrainerModelType = 3;
-constexpr int kTrainerVocabSize = 4;
-constexpr int kTrainerSplitDigits = 25;
-constexpr int kTrainerAllowWhitespaceOnlyPieces = 26;
-constexpr int kTrainerByteFallback = 35;
-constexpr int kTrainerUnkId = 40;
-constexpr int kTrainerBosId = 41;
-constexpr int kTrainerEosId = 42;
-constexpr int kTrainerPadId = 43;
-constexpr int kTrainerUnkPiece = 45;
-constexpr int kTrainerBosPiece = 46;
-constexpr int kTrainerEosPiece = 47;
-constexpr int kNormalizerName = 1;
-constexpr int kNormalizerAddDummyPrefix = 3;
-constexpr int kNormalizerRemoveExtraWhitespaces = 4;
-constexpr int kNormalizerEscapeWhitespaces = 5;
-constexpr int kModelTypeBpe = 2;
-
-constexpr int kWireVarint = 0;
-constexpr int kWireFixed64 = 1;
-constexpr int kWireLengthDelimited = 2;
-constexpr int kWireFixed32 = 5;
-
-// "▁" (U+2581), sentencepiece's visible space.
-constexpr char kSpaceMarker[] = "\xe2\x96\x81";
-
-// Protobuf wire-format writer for the few field kinds a ModelProto needs.
-class ProtoWriter {
- public:
-  void varint_field(int field, uint64_t v) {
-    tag(field, kWireVarint);
-    varint(v);
-  }
-  // int32 fields are sign-extended to 64 bits on the wire, as protobuf does,
-  // so -1 takes ten bytes.
-  void int32_field(int field, int32_t v) { varint_field(field, static_cast<uint64_t>(static_cast<int64_t>(v))); }
-  void bool_field(int field, bool v) { varint_field(field, v ? 1 : 0); }
-  void float_field(int field, float v) {
-    tag(field, kWireFixed32);
-    uint32_t u;
-    std::memcpy(&u, &v, sizeof u);
-    for (int k = 0; k < 4; ++k) out_.push_back(static_cast<char>((u >> (8 * k)) & 0xff));  // little endian
-  }
-  void bytes_field(int field, const std::string& s) {
-    tag(field, kWireLengthDelimited);
-    varint(s.size());
-    out_.append(s);
-  }
-  const std::string& bytes() const { return out_; }
-
- private:
-  void tag(int field, int wire) { varint((static_cast<uint64_t>(field) << 3) | static_cast<uint64_t>(wire)); }
-  void varint(uint64_t v) {
-    while (v >= 0x80) {
-      out_.push_back(static_cast<char>((v & 0x7f) | 0x80));
-      v >>= 7;
-    }
-    out_.push_back(static_cast<char>(v));
-  }
-  std::string out_;
+// Fill-in-the-middle tokens that llama.cpp also counts as end of generation
+// (pad, repository, file separator), by key or else by text.
+struct FimEog {
+  const char* key;
+  std::vector<const char*> texts;
 };
-
-// Protobuf wire-format reader: walks the fields of one message, every length
-// checked against the bytes that remain.
-class ProtoReader {
- public:
-  ProtoReader(const char* data, size_t size, const std::string& what) : p_(data), end_(data + size), what_(what) {}
-
-  // Reads the next field; false at the end of the message.
-  bool next(int* field, int* wire) {
-    if (p_ == end_) return false;
-    const uint64_t key = varint();
-    *field = static_cast<int>(key >> 3);
-    *wire = static_cast<int>(key & 7);
-    return true;
-  }
-  uint64_t varint() {
-    uint64_t v = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
-      RUNLM_CHECK(p_ < end_, "%s: truncated varint in the sentencepiece model", what_.c_str());
-      const uint8_t b = static_cast<uint8_t>(*p_++);
-      v |= static_cast<uint64_t>(b & 0x7f) << shift;
-      if (b < 0x80) return v;
-    }
-    fail("%s: varint longer than 10 bytes in the sentencepiece model", what_.c_str());
-  }
-  float fixed32_float() {
-    RUNLM_CHECK(end_ - p_ >= 4, "%s: truncated float in the sentencepiece model", what_.c_str());
-    uint32_t u = 0;
-    for (int k = 0; k < 4; ++k) u |= static_cast<uint32_t>(static_cast<uint8_t>(p_[k])) << (8 * k);
-    p_ += 4;
-    float f;
-    std::memcpy(&f, &u, sizeof f);
-    return f;
-  }
-  std::pair<const char*, size_t> length_delimited() {
-    const uint64_t n = varint();
-    RUNLM_CHECK(n <= static_cast<uint64_t>(end_ - p_),
-                "%s: field length %llu runs past the end of the sentencepiece model", what_.c_str(),
-                static_cast<unsigned long long>(n));
-    const char* start = p_;
-    p_ += n;
-    return {start, static_cast<size_t>(n)};
-  }
-  void skip(int wire) {
-    switch (wire) {
-      case kWireVarint: varint(); return;
-      case kWireFixed64:
-        RUNLM_CHECK(end_ - p_ >= 8, "%s: truncated fixed64 in the sentencepiece model", what_.c_str());
-        p_ += 8;
-        return;
-      case kWireLengthDelimited: length_delimited(); return;
-      case kWireFixed32:
-        RUNLM_CHECK(end_ - p_ >= 4, "%s: truncated fixed32 in the sentencepiece model", what_.c_str());
-        p_ += 4;
-        return;
-      default: fail("%s: unsupported protobuf wire type %d in the sentencepiece model", what_.c_str(), wire);
-    }
-  }
-
- private:
-  const char* p_;
-  const char* end_;
-  const std::string& what_;
+const FimEog kFimEog[] = {
+    {"tokenizer.ggml.fim_pad_token_id", {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"}},
+    {"tokenizer.ggml.fim_rep_token_id", {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"}},
+    {"tokenizer.ggml.fim_sep_token_id", {"<|file_sep|>"}},
 };
+// gpt-oss (o200k_harmony) message markers llama.cpp always renders.
+constexpr const char* kRenderedMarkers[] = {"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"};
 
-struct Piece {
-  std::string text;
-  float score = 0;
-  int type = kTypeNormal;
-};
-
-// The pieces of a serialised ModelProto, in id order.
-std::vector<Piece> read_pieces(const std::string& proto, const std::string& what) {
-  std::vector<Piece> pieces;
-  ProtoReader model(proto.data(), proto.size(), what);
-  int field, wire;
-  while (model.next(&field, &wire)) {
-    if (field != kModelPieces || wire != kWireLengthDelimited) {
-      model.skip(wire);
-      continue;
-    }
-    auto [data, size] = model.length_delimited();
-    ProtoReader pr(data, size, what);
-    Piece piece;
-    int f, w;
-    while (pr.next(&f, &w)) {
-      if (f == kPiecePiece && w == kWireLengthDelimited) {
-        auto [s, n] = pr.length_delimited();
-        piece.text.assign(s, n);
-      } else if (f == kPieceScore && w == kWireFixed32) {
-        piece.score = pr.fixed32_float();
-      } else if (f == kPieceType && w == kWireVarint) {
-        piece.type = static_cast<int>(pr.varint());
-      } else {
-        pr.skip(w);
-      }
-    }
-    pieces.push_back(std::move(piece));
-  }
-  return pieces;
+// An optional token-id key: absent keeps def; an id outside the vocabulary
+// is an error (llama.cpp warns and keeps the default; a bad id here would
+// index out of the embedding).
+int optional_id(const GgufFile& g, const char* key, int def, size_t n) {
+  const std::optional<int64_t> x = g.get_int_opt(key);
+  if (!x) return def;
+  RUNLM_CHECK(*x >= 0 && *x < static_cast<int64_t>(n), "%s: %s = %lld is not a token id (vocabulary of %zu)",
+              g.path().c_str(), key, static_cast<long long>(*x), n);
+  return static_cast<int>(*x);
 }
 
-struct GgufVocab {
-  std::vector<std::string> tokens;
-  std::vector<float> scores;
-  std::vector<int> types;
-  int unk = 0, bos = 1, eos = 2;
-  bool add_space_prefix = true;
-  bool remove_extra_whitespaces = false;
-};
-
-// Mirrors the trainer and normalizer specs of the Llama 2 tokenizer.model
-// (BPE, identity normalizer, escaped whitespace), with the switches the GGUF
-// carries. split_digits and allow_whitespace_only_pieces are training options
-// that sentencepiece ignores when encoding; they are set as Llama 2 sets them.
-std::string serialise_model_proto(const GgufVocab& v) {
-  const bool has_bytes = std::find(v.types.begin(), v.types.end(), kTypeByte) != v.types.end();
-  ProtoWriter model;
-  for (size_t i = 0; i < v.tokens.size(); ++i) {
-    ProtoWriter piece;
-    piece.bytes_field(kPiecePiece, v.tokens[i]);
-    piece.float_field(kPieceScore, v.scores[i]);
-    piece.varint_field(kPieceType, static_cast<uint64_t>(v.types[i]));
-    model.bytes_field(kModelPieces, piece.bytes());
-  }
-  ProtoWriter trainer;
-  trainer.varint_field(kTrainerModelType, kModelTypeBpe);
-  trainer.int32_field(kTrainerVocabSize, static_cast<int32_t>(v.tokens.size()));
-  trainer.bool_field(kTrainerSplitDigits, true);
-  trainer.bool_field(kTrainerAllowWhitespaceOnlyPieces, true);
-  trainer.bool_field(kTrainerByteFallback, has_bytes);
-  trainer.int32_field(kTrainerUnkId, v.unk);
-  trainer.int32_field(kTrainerBosId, v.bos);
-  trainer.int32_field(kTrainerEosId, v.eos);
-  trainer.int32_field(kTrainerPadId, -1);
-  // sentencepiece finds unk/bos/eos by these piece texts, not by the ids.
-  trainer.bytes_field(kTrainerUnkPiece, v.tokens[static_cast<size_t>(v.unk)]);
-  trainer.bytes_field(kTrainerBosPiece, v.tokens[static_cast<size_t>(v.bos)]);
-  trainer.bytes_field(kTrainerEosPiece, v.tokens[static_cast<size_t>(v.eos)]);
-  model.bytes_field(kModelTrainerSpec, trainer.bytes());
-  ProtoWriter normalizer;
-  normalizer.bytes_field(kNormalizerName, "identity");
-  normalizer.bool_field(kNormalizerAddDummyPrefix, v.add_space_prefix);
-  normalizer.bool_field(kNormalizerRemoveExtraWhitespaces, v.remove_extra_whitespaces);
-  normalizer.bool_field(kNormalizerEscapeWhitespaces, true);
-  model.bytes_field(kModelNormalizerSpec, normalizer.bytes());
-  return model.bytes();
-}
-
-GgufVocab read_gguf_vocab(const GgufFile& g) {
-  const char* path = g.path().c_str();
-  const std::optional<std::string> model = g.get_string_opt("tokenizer.ggml.model");
-  RUNLM_CHECK(model.has_value(), "key not found in model: tokenizer.ggml.model (%s)", path);
-  RUNLM_CHECK(*model == "llama", "%s: tokenizer.ggml.model '%s' is not supported; supported: llama (SentencePiece)",
-              path, model->c_str());
-  GgufVocab v;
-  v.tokens = g.get_string_array("tokenizer.ggml.tokens");
-  v.scores = g.get_float_array("tokenizer.ggml.scores");
-  const std::vector<int64_t> types = g.get_int_array("tokenizer.ggml.token_type");
-  const size_t n = v.tokens.size();
-  RUNLM_CHECK(n > 0, "%s: tokenizer.ggml.tokens is empty", path);
-  RUNLM_CHECK(n <= static_cast<size_t>(INT32_MAX), "%s: tokenizer.ggml.tokens has %zu tokens, more than int32 holds",
-              path, n);
-  RUNLM_CHECK(v.scores.size() == n, "%s: tokenizer.ggml.scores has %zu entries but tokenizer.ggml.tokens has %zu",
-              path, v.scores.size(), n);
-  RUNLM_CHECK(types.size() == n, "%s: tokenizer.ggml.token_type has %zu entries but tokenizer.ggml.tokens has %zu",
-              path, types.size(), n);
-  v.types.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    RUNLM_CHECK(types[i] >= kTypeNormal && types[i] <= kTypeByte,
-                "%s: tokenizer.ggml.token_type[%zu] = %lld; supported: 1 normal, 2 unknown, 3 control, "
-                "4 user defined, 5 unused, 6 byte",
-                path, i, static_cast<long long>(types[i]));
-    v.types[i] = static_cast<int>(types[i]);
-    RUNLM_CHECK(!v.tokens[i].empty(), "%s: tokenizer.ggml.tokens[%zu] is empty", path, i);
-  }
-  auto id = [&](const char* key, int def) {
-    const int64_t x = g.get_int_opt(key).value_or(def);
-    RUNLM_CHECK(x >= 0 && x < static_cast<int64_t>(n), "%s: %s = %lld is not a token id (vocabulary of %zu)", path,
-                key, static_cast<long long>(x), n);
-    return static_cast<int>(x);
+// EOT/EOM, add_bos and the end-of-generation set, as llama.cpp derives them.
+// Like llama.cpp, a token found by its text (EOT, EOM, end of generation)
+// that is not typed control becomes control: it prints nothing and is matched
+// in text only with parse_special.
+void finish_special_tokens(TokenizerBackend& b, const GgufFile* g) {
+  const size_t n = b.pieces.size();
+  auto make_control = [&](int id) {
+    if (id >= 0) b.pieces[static_cast<size_t>(id)].type = kTokenControl;
   };
-  v.unk = id("tokenizer.ggml.unknown_token_id", 0);
-  v.bos = id("tokenizer.ggml.bos_token_id", 1);
-  v.eos = id("tokenizer.ggml.eos_token_id", 2);
-  RUNLM_CHECK(v.types[static_cast<size_t>(v.unk)] == kTypeUnknown,
-              "%s: tokenizer.ggml.unknown_token_id = %d is not a token of type unknown (2)", path, v.unk);
-  if (const GgufValue* x = g.find("tokenizer.ggml.add_space_prefix")) v.add_space_prefix = x->as_bool();
-  if (const GgufValue* x = g.find("tokenizer.ggml.remove_extra_whitespaces")) v.remove_extra_whitespaces = x->as_bool();
-  return v;
+  std::vector<int> fim(std::size(kFimEog), -1);
+  if (g) {
+    for (size_t i = 0; i < fim.size(); ++i) fim[i] = optional_id(*g, kFimEog[i].key, -1, n);
+    b.eot = optional_id(*g, "tokenizer.ggml.eot_token_id", -1, n);
+    b.eom = optional_id(*g, "tokenizer.ggml.eom_token_id", -1, n);
+    if (const GgufValue* v = g->find("tokenizer.ggml.add_bos_token")) b.add_bos = v->as_bool();
+  }
+  auto lookup = [&](const char* text) {
+    const auto it = b.piece_ids.find(text);
+    return it == b.piece_ids.end() ? -1 : it->second;
+  };
+  if (b.eot < 0) {
+    // llama.cpp walks its hash map, so with several candidates its pick is
+    // arbitrary; every candidate is in the EOG set below either way.
+    for (const char* t : kEotTexts)
+      if ((b.eot = lookup(t)) >= 0) {
+        make_control(b.eot);
+        break;
+      }
+  }
+  if (b.eom < 0) make_control(b.eom = lookup("<|eom_id|>"));
+  b.eog.assign(n, 0);
+  for (size_t i = 0; i < fim.size(); ++i) {
+    for (size_t k = 0; fim[i] < 0 && k < kFimEog[i].texts.size(); ++k) make_control(fim[i] = lookup(kFimEog[i].texts[k]));
+    if (fim[i] >= 0) b.eog[static_cast<size_t>(fim[i])] = 1;
+  }
+  for (const char* t : kEogTexts) {
+    const int id = lookup(t);
+    if (id < 0) continue;
+    b.eog[static_cast<size_t>(id)] = 1;
+    make_control(id);
+  }
+  for (const char* t : kRenderedMarkers)
+    if (const int id = lookup(t); id >= 0) b.pieces[static_cast<size_t>(id)].type = kTokenUserDefined;
+  for (int id : {b.eos, b.eot, b.eom})
+    if (id >= 0) b.eog[static_cast<size_t>(id)] = 1;
+  // o200k_harmony (gpt-oss): <|end|> ends a message, not the generation,
+  // when <|return|> and <|call|> exist.
+  const int end = lookup("<|end|>"), ret = lookup("<|return|>"), call = lookup("<|call|>");
+  const int calls = lookup("<|calls|>"), flush = lookup("<|flush|>");
+  if (end >= 0 && end != b.eos && ((ret >= 0 && call >= 0) || (calls >= 0 && flush >= 0))) {
+    b.eog[static_cast<size_t>(end)] = 0;
+    b.pieces[static_cast<size_t>(end)].type = kTokenUserDefined;  // rendered, as there
+  }
+
+  // Phi-3 (llama.cpp picks it by general.name): every special token but
+  // <unk>, <s> and <|endoftext|> swallows the whitespace after it, as its
+  // Hugging Face tokenizer's rstrip does.
+  std::string name = g ? g->get_string_opt("general.name").value_or("") : "";
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (name.find("phi-3") != std::string::npos || name.find("phi3") != std::string::npos) {
+    b.rstrip.assign(n, 0);
+    for (size_t id = 0; id < n; ++id) {
+      const int t = b.pieces[id].type;
+      if (t == kTokenControl || t == kTokenUserDefined || t == kTokenUnknown) b.rstrip[id] = 1;
+    }
+    if (const int s = lookup("</s>"); s >= 0) b.rstrip[static_cast<size_t>(s)] = 1;
+    for (const char* t : {"<unk>", "<s>", "<|endoftext|>"})
+      if (const int id = lookup(t); id >= 0) b.rstrip[static_cast<size_t>(id)] = 0;
+  }
+}
+
+struct Fragment {
+  int token;     // -1: raw text [offset, offset + length)
+  size_t offset;
+  size_t length;
+};
+
+bool overlaps_literal(size_t begin, size_t end, const std::vector<std::pair<size_t, size_t>>* literal) {
+  if (!literal) return false;
+  for (const auto& [a, z] : *literal)
+    if (begin < z && a < end) return true;
+  return false;
 }
 
 }  // namespace
 
-struct Tokenizer::Impl {
-  sentencepiece::SentencePieceProcessor sp;
-  std::string source;  // the file, for error messages
-  std::vector<Piece> pieces;
-  std::unordered_map<std::string, int> piece_ids;
-  int bos = -1;
-  int eos = -1;
-  // Control and user-defined token texts for parse_special, longest first,
-  // indexed by their first byte.
-  std::array<std::vector<std::pair<std::string, int>>, 256> specials;
-
-  // Fills the tables from the loaded model's serialised proto.
-  void init_tables() {
-    pieces = read_pieces(sp.serialized_model_proto(), source);
-    RUNLM_CHECK(static_cast<int>(pieces.size()) == sp.GetPieceSize(),
-                "%s: sentencepiece reports %d pieces but its model proto holds %zu", source.c_str(), sp.GetPieceSize(),
-                pieces.size());
-    for (size_t i = 0; i < pieces.size(); ++i) {
-      piece_ids.emplace(pieces[i].text, static_cast<int>(i));  // the first id wins
-      const int t = pieces[i].type;
-      if ((t == kTypeControl || t == kTypeUserDefined) && !pieces[i].text.empty())
-        specials[static_cast<uint8_t>(pieces[i].text[0])].emplace_back(pieces[i].text, static_cast<int>(i));
-    }
-    for (auto& list : specials)
-      std::stable_sort(list.begin(), list.end(),
-                       [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
-  }
-
-  void check_id(int id) const {
-    RUNLM_CHECK(id >= 0 && static_cast<size_t>(id) < pieces.size(), "token id %d out of range (vocabulary of %zu, %s)",
-                id, pieces.size(), source.c_str());
-  }
-
-  // Encodes text without special tokens. sentencepiece adds the dummy-prefix
-  // space to every fragment it is given, which is also what llama.cpp does for
-  // SPM vocabularies: it prefixes a space to each text fragment that follows a
-  // special token (or starts the text).
-  void encode_plain(const std::string& text, std::vector<int>* out) const {
-    if (text.empty()) return;
-    std::vector<int> ids;
-    const auto status = sp.Encode(text, &ids);
-    RUNLM_CHECK(status.ok(), "%s: sentencepiece encode failed: %s", source.c_str(), status.ToString().c_str());
-    out->insert(out->end(), ids.begin(), ids.end());
-  }
-};
-
-Tokenizer::Tokenizer() : impl_(std::make_unique<Impl>()) {}
+Tokenizer::Tokenizer(std::unique_ptr<TokenizerBackend> backend) : b_(std::move(backend)) {}
 Tokenizer::~Tokenizer() = default;
 
 std::unique_ptr<Tokenizer> Tokenizer::from_model_file(const std::string& path) {
-  std::unique_ptr<Tokenizer> t(new Tokenizer());
-  Impl& m = *t->impl_;
-  m.source = path;
-  const auto status = m.sp.Load(path);
-  RUNLM_CHECK(status.ok(), "cannot load sentencepiece model %s: %s", path.c_str(), status.ToString().c_str());
-  m.init_tables();
-  m.bos = m.sp.bos_id();
-  m.eos = m.sp.eos_id();
-  return t;
+  auto b = make_spm_backend_from_file(path);
+  finish_special_tokens(*b, nullptr);
+  return std::unique_ptr<Tokenizer>(new Tokenizer(std::move(b)));
 }
 
 std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& gguf) {
-  const GgufVocab v = read_gguf_vocab(gguf);
-  std::unique_ptr<Tokenizer> t(new Tokenizer());
-  Impl& m = *t->impl_;
-  m.source = gguf.path();
-  const auto status = m.sp.LoadFromSerializedProto(serialise_model_proto(v));
-  RUNLM_CHECK(status.ok(), "%s: sentencepiece rejected the GGUF vocabulary: %s", gguf.path().c_str(),
-              status.ToString().c_str());
-  m.init_tables();
-  m.bos = v.bos;
-  m.eos = v.eos;
-  return t;
+  const std::optional<std::string> model = gguf.get_string_opt("tokenizer.ggml.model");
+  RUNLM_CHECK(model.has_value(), "key not found in model: tokenizer.ggml.model (%s)", gguf.path().c_str());
+  std::unique_ptr<TokenizerBackend> b;
+  if (*model == "llama") {
+    b = make_spm_backend_from_gguf(gguf);
+  } else if (*model == "gpt2") {
+    b = make_bpe_backend_from_gguf(gguf);
+  } else {
+    fail("%s: tokenizer.ggml.model '%s' is not supported; supported: llama (SentencePiece), gpt2 (byte-level BPE)",
+         gguf.path().c_str(), model->c_str());
+  }
+  finish_special_tokens(*b, &gguf);
+  return std::unique_ptr<Tokenizer>(new Tokenizer(std::move(b)));
 }
 
 std::vector<int> Tokenizer::encode(const std::string& text, bool add_bos, bool parse_special) const {
-  const Impl& m = *impl_;
+  return encode_impl(text, add_bos, parse_special, nullptr);
+}
+
+std::vector<int> Tokenizer::encode(const std::string& text, bool add_bos, bool parse_special,
+                                   const std::vector<std::pair<size_t, size_t>>& literal_ranges) const {
+  return encode_impl(text, add_bos, parse_special, &literal_ranges);
+}
+
+// llama.cpp's tokenizer_st_partition: for each special token, longest text
+// first, every raw fragment is split at each occurrence of its text. Control
+// and unknown tokens take part only with parse_special; user-defined ones
+// always, except where the backend matches them itself.
+std::vector<int> Tokenizer::encode_impl(const std::string& text, bool add_bos, bool parse_special,
+                                        const std::vector<std::pair<size_t, size_t>>* literal) const {
+  const TokenizerBackend& b = *b_;
   std::vector<int> out;
   if (add_bos) {
-    RUNLM_CHECK(m.bos >= 0, "%s: the vocabulary has no BOS token", m.source.c_str());
-    out.push_back(m.bos);
+    RUNLM_CHECK(b.bos >= 0, "%s: the vocabulary has no BOS token", b.source.c_str());
+    out.push_back(b.bos);
   }
-  if (!parse_special) {
-    m.encode_plain(text, &out);
+  std::vector<Fragment> frags;
+  if (!text.empty()) frags.push_back({-1, 0, text.size()});
+
+  const bool user_defined = !b.encodes_user_defined_itself();
+  if (parse_special || user_defined) {
+    // The special tokens that occur in the text at all, longest first (a
+    // stable sort keeps id order among equal lengths, as llama.cpp's cache).
+    std::vector<int> present;
+    for (size_t id = 0; id < b.pieces.size(); ++id) {
+      const VocabPiece& p = b.pieces[id];
+      const bool take = ((p.type == kTokenControl || p.type == kTokenUnknown) && parse_special) ||
+                        (p.type == kTokenUserDefined && (parse_special || user_defined));
+      if (take && !p.text.empty() && text.find(p.text) != std::string::npos) present.push_back(static_cast<int>(id));
+    }
+    std::stable_sort(present.begin(), present.end(), [&](int x, int y) {
+      return b.pieces[static_cast<size_t>(x)].text.size() > b.pieces[static_cast<size_t>(y)].text.size();
+    });
+    for (int id : present) {
+      const std::string& st = b.pieces[static_cast<size_t>(id)].text;
+      std::vector<Fragment> next;
+      next.reserve(frags.size());
+      for (const Fragment& f : frags) {
+        if (f.token >= 0) {
+          next.push_back(f);
+          continue;
+        }
+        const std::string_view window(text.data(), f.offset + f.length);
+        size_t start = f.offset;  // start of the remaining raw text
+        size_t search = f.offset;
+        while (true) {
+          const size_t match = window.find(st, search);
+          if (match == std::string_view::npos) break;
+          if (overlaps_literal(match, match + st.size(), literal)) {
+            search = match + 1;
+            continue;
+          }
+          if (match > start) next.push_back({-1, start, match - start});
+          next.push_back({id, match, st.size()});
+          start = search = match + st.size();
+          if (!b.rstrip.empty() && b.rstrip[static_cast<size_t>(id)]) {
+            const size_t end = f.offset + f.length;
+            while (start < end && std::isspace(static_cast<unsigned char>(text[start]))) ++start;
+            search = start;
+          }
+        }
+        if (start < f.offset + f.length) next.push_back({-1, start, f.offset + f.length - start});
+      }
+      frags.swap(next);
+    }
+  }
+  if (!parse_special && !user_defined) {
+    // SentencePiece without special tokens: the whole text in one go.
+    b.encode_fragment(text, &out);
     return out;
   }
-  size_t start = 0;  // start of the pending plain-text fragment
-  size_t i = 0;
-  while (i < text.size()) {
-    const std::pair<std::string, int>* hit = nullptr;
-    for (const auto& s : m.specials[static_cast<uint8_t>(text[i])]) {
-      if (text.compare(i, s.first.size(), s.first) == 0) {
-        hit = &s;  // longest first, so the first match is the longest
-        break;
-      }
-    }
-    if (!hit) {
-      ++i;
-      continue;
-    }
-    m.encode_plain(text.substr(start, i - start), &out);
-    out.push_back(hit->second);
-    i += hit->first.size();
-    start = i;
+  for (const Fragment& f : frags) {
+    if (f.token >= 0)
+      out.push_back(f.token);
+    else
+      b.encode_fragment(text.substr(f.offset, f.length), &out);
   }
-  m.encode_plain(text.substr(start), &out);
   return out;
 }
 
-std::string Tokenizer::token_to_piece(int prev_token, int token) const {
-  const Impl& m = *impl_;
-  m.check_id(token);
-  const Piece& p = m.pieces[static_cast<size_t>(token)];
-  if (p.type == kTypeControl) return "";
-  if (p.type == kTypeByte) {
-    // sentencepiece checked at load that byte pieces read <0xXX>.
-    auto hex = [](char c) {
-      if (c >= '0' && c <= '9') return c - '0';
-      if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-      if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-      return -1;
-    };
-    if (p.text.size() == 6 && p.text.compare(0, 3, "<0x") == 0 && p.text[5] == '>' && hex(p.text[3]) >= 0 &&
-        hex(p.text[4]) >= 0)
-      return std::string(1, static_cast<char>(hex(p.text[3]) * 16 + hex(p.text[4])));
-    fail("%s: byte token %d has the piece '%s', not <0xXX>", m.source.c_str(), token, p.text.c_str());
-  }
-  std::string s;
-  s.reserve(p.text.size());
-  for (size_t i = 0; i < p.text.size();) {
-    if (p.text.compare(i, 3, kSpaceMarker) == 0) {
-      s.push_back(' ');
-      i += 3;
-    } else {
-      s.push_back(p.text[i++]);
-    }
-  }
-  // The first piece after BOS carries the dummy-prefix space, which is not
-  // part of the text (llama2.c's rule).
-  if (prev_token == m.bos && !s.empty() && s[0] == ' ') s.erase(0, 1);
-  return s;
+std::string Tokenizer::token_to_piece(int prev_token, int token) const { return b_->token_to_piece(prev_token, token); }
+std::string Tokenizer::token_text(int id) const {
+  b_->check_id(id);
+  const int type = b_->pieces[static_cast<size_t>(id)].type;
+  if (type == kTokenControl || type == kTokenUnknown || type == kTokenUserDefined)
+    return b_->pieces[static_cast<size_t>(id)].text;
+  return b_->token_to_piece(-1, id);
 }
 
-std::string Tokenizer::decode(const std::vector<int>& ids) const {
-  const Impl& m = *impl_;
-  for (int id : ids) m.check_id(id);
-  std::string text;
-  const auto status = m.sp.Decode(ids, &text);
-  RUNLM_CHECK(status.ok(), "%s: sentencepiece decode failed: %s", m.source.c_str(), status.ToString().c_str());
-  return text;
-}
+std::string Tokenizer::decode(const std::vector<int>& ids) const { return b_->decode(ids); }
 
-int Tokenizer::n_vocab() const { return static_cast<int>(impl_->pieces.size()); }
-int Tokenizer::bos() const { return impl_->bos; }
-int Tokenizer::eos() const { return impl_->eos; }
+int Tokenizer::n_vocab() const { return static_cast<int>(b_->pieces.size()); }
+int Tokenizer::bos() const { return b_->bos; }
+int Tokenizer::eos() const { return b_->eos; }
+int Tokenizer::eot() const { return b_->eot; }
+bool Tokenizer::is_eog(int id) const {
+  return id >= 0 && static_cast<size_t>(id) < b_->eog.size() && b_->eog[static_cast<size_t>(id)] != 0;
+}
+bool Tokenizer::add_bos() const { return b_->add_bos; }
+const std::string& Tokenizer::model_kind() const { return b_->model_kind; }
+const std::string& Tokenizer::pre() const { return b_->pre; }
 
 int Tokenizer::piece_to_id(const std::string& piece) const {
-  const auto it = impl_->piece_ids.find(piece);
-  return it == impl_->piece_ids.end() ? -1 : it->second;
+  const auto it = b_->piece_ids.find(piece);
+  return it == b_->piece_ids.end() ? -1 : it->second;
 }
 
 const std::string& Tokenizer::id_to_piece(int id) const {
-  impl_->check_id(id);
-  return impl_->pieces[static_cast<size_t>(id)].text;
+  b_->check_id(id);
+  return b_->pieces[static_cast<size_t>(id)].text;
 }
 
 float Tokenizer::score(int id) const {
-  impl_->check_id(id);
-  return impl_->pieces[static_cast<size_t>(id)].score;
+  b_->check_id(id);
+  return b_->pieces[static_cast<size_t>(id)].score;
 }
 
 int Tokenizer::token_type(int id) const {
-  impl_->check_id(id);
-  return impl_->pieces[static_cast<size_t>(id)].type;
+  b_->check_id(id);
+  return b_->pieces[static_cast<size_t>(id)].type;
 }
 
 }  // namespace runlm

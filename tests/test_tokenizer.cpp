@@ -21,7 +21,6 @@ using runlm::test::shared_model;
 namespace {
 
 
-
 std::string read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   EXPECT_TRUE(f.good()) << "cannot open " << path;
@@ -331,10 +330,11 @@ TEST(TokenizerErrors, BadModelPathNamesThePath) {
 
 TEST(TokenizerErrors, UnsupportedTokenizerModelIsNamed) {
   auto kv = stories_vocab_kv();
-  *find_kv(kv, "tokenizer.ggml.model") = GgufValue::make_string("gpt2");
-  auto g = GgufFile::open(write_vocab_gguf("gpt2", kv));
+  *find_kv(kv, "tokenizer.ggml.model") = GgufValue::make_string("bert");
+  auto g = GgufFile::open(write_vocab_gguf("bert", kv));
   const std::string msg = error_of([&] { Tokenizer::from_gguf(*g); });
-  EXPECT_NE(msg.find("gpt2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'bert'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("supported: llama (SentencePiece), gpt2 (byte-level BPE)"), std::string::npos) << msg;
 }
 
 TEST(TokenizerErrors, InconsistentVocabularies) {
@@ -369,7 +369,7 @@ TEST(TokenizerErrors, InconsistentVocabularies) {
       {"duplicate_piece",
        [](auto& kv) { find_kv(kv, "tokenizer.ggml.tokens")->arr[300] = GgufValue::make_string("he"); },
        "sentencepiece"},
-      {"no_unknown", [](auto& kv) { find_kv(kv, "tokenizer.ggml.token_type")->arr[0] = GgufValue::make_i32(3); },
+      {"no_unknown", [](auto& kv) { find_kv(kv, "tokenizer.ggml.token_type")->arr[0] = GgufValue::make_i32(1); },
        "unknown"},
   };
   for (const Case& c : cases) {

@@ -24,7 +24,7 @@ if [ -d "$DATA/models" ]; then
     [ -e "$MODELS/$(basename "$f")" ] || ln -s "$(realpath "$f")" "$MODELS/"
   done
 fi
-TARGETS="fuzz_gguf fuzz_safetensors fuzz_hf_config fuzz_tokenizer fuzz_chat_template fuzz_batch_input"
+TARGETS="fuzz_gguf fuzz_safetensors fuzz_hf_config fuzz_tokenizer fuzz_bpe_tokenizer fuzz_chat_template fuzz_batch_input"
 for t in $TARGETS; do
   mkdir -p "$OUT/$t"
   if [ -d "tests/fuzz/seeds/$t" ]; then cp tests/fuzz/seeds/"$t"/* "$OUT/$t/"; fi
@@ -121,6 +121,19 @@ inp = open(os.path.join(models, "ggml-vocab-llama-spm.gguf.inp"), "rb").read()
 for i, s in enumerate(inp.split(b"\n__ggml_vocab_test__\n")):
     for flags in (0x0, 0x1, 0x2, 0x4 | 0x8 | (i % 3)):
         write("fuzz_tokenizer", "vocab-test-%02d-%x" % (i, flags), bytes([flags]) + s)
+
+# ---- BPE tokenizer: llama.cpp's test strings of the byte-level vocabularies
+# (byte 0: vocabulary in bits 0-1, parse_special, add_bos, literal range)
+for v, name in enumerate(("qwen2", "llama-bpe", "gpt-2")):
+    path = os.path.join(models, "..", "vocab", "ggml-vocab-%s.gguf.inp" % name)
+    if not os.path.exists(path):
+        continue
+    for i, s in enumerate(open(path, "rb").read().split(b"\n__ggml_vocab_test__\n")):
+        for flags in (v, v | 0x4, v | 0x4 | 0x8 | 0x10):
+            write("fuzz_bpe_tokenizer", "vocab-test-%s-%02d-%x" % (name, i, flags), bytes([flags]) + s)
+for v in range(3):
+    write("fuzz_bpe_tokenizer", "specials-%d" % v, bytes([v | 0x4 | 0x10]) +
+          b"<|im_start|>user\nhi<|im_end|><|begin_of_text|><|eot_id|><|endoftext|>[PAD151646]")
 
 # ---- chat templates: the golden conversations, in the target's encoding -----
 cases = json.load(open("tests/data/chat_templates/cases.json"))["cases"]

@@ -4,7 +4,12 @@
 //
 //   make_random_model --preset llama2-7b|tinyllama-1.1b|mistral-7b|stories110m|tiny
 //       [--dim --hidden --layers --heads --kv-heads --vocab --ctx --sliding-window]
-//       --type f32|f16|bf16|q8_0|q4_0|q4_k|q6_k|q4_k_m -o out.gguf [--seed N] [--tokenizer PATH]
+//       --type f32|f16|bf16|q8_0|q4_0|q4_k|q6_k|q4_k_m -o out.gguf [--seed N]
+//       [--tokenizer PATH | --vocab-gguf VOCAB.gguf]
+//
+// --vocab-gguf copies every tokenizer.* key of a GGUF (e.g. llama.cpp's
+// vocabulary-only ggml-vocab-*.gguf files), so the model carries that
+// vocabulary, byte-level BPE ones included.
 //
 // Weights are scaled so activations stay near unit variance through the
 // network: 2-D weights U(-a, a) with a = sqrt(3 / fan_in), norms 1 + small
@@ -111,6 +116,7 @@ int run(int argc, char** argv) {
       ("o,output", "output GGUF path", cxxopts::value<std::string>())
       ("seed", "random seed", cxxopts::value<uint64_t>()->default_value("1"))
       ("tokenizer", "sentencepiece tokenizer.model", cxxopts::value<std::string>()->default_value(kDefaultTokenizer))
+      ("vocab-gguf", "copy the vocabulary (tokenizer.* keys) of this GGUF instead", cxxopts::value<std::string>())
       ("threads", "worker threads (0: all cores)", cxxopts::value<int>()->default_value("0"))
       ("h,help", "show this help");
   cxxopts::ParseResult args;
@@ -133,7 +139,10 @@ int run(int argc, char** argv) {
               preset_name.c_str());
   const QuantTarget& target = quant_target_from_name(args["type"].as<std::string>());
   const std::string tok_path = args["tokenizer"].as<std::string>();
-  RUNLM_CHECK(file_exists(tok_path), "tokenizer '%s' not found; pass --tokenizer PATH/tokenizer.model",
+  RUNLM_CHECK(!(args.count("tokenizer") && args.count("vocab-gguf")), "use either --tokenizer or --vocab-gguf, not both");
+  std::unique_ptr<GgufFile> vocab_gguf;
+  if (args.count("vocab-gguf")) vocab_gguf = GgufFile::open(args["vocab-gguf"].as<std::string>());
+  RUNLM_CHECK(vocab_gguf || file_exists(tok_path), "tokenizer '%s' not found; pass --tokenizer PATH/tokenizer.model",
               tok_path.c_str());
   const std::string out = args["output"].as<std::string>();
   const uint64_t seed = args["seed"].as<uint64_t>();
@@ -161,13 +170,22 @@ int run(int argc, char** argv) {
   hp.head_dim = hp.dim / hp.n_heads;
   hp.vocab_size = preset->vocab;
   if (args.count("vocab")) hp.vocab_size = args["vocab"].as<int64_t>();
-  if (hp.vocab_size == 0) hp.vocab_size = Tokenizer::from_model_file(tok_path)->n_vocab();
+  if (hp.vocab_size == 0)
+    hp.vocab_size = vocab_gguf ? Tokenizer::from_gguf(*vocab_gguf)->n_vocab() : Tokenizer::from_model_file(tok_path)->n_vocab();
   validate_llama_hparams(hp, "make_random_model");
 
   const auto t0 = std::chrono::steady_clock::now();
   GgufWriter w;
   write_llama_hparams(w, hp, target.ftype);
-  write_llama_tokenizer(w, tok_path, hp.vocab_size);  // vocab mismatch is an Error
+  if (vocab_gguf) {
+    const int n_tok = Tokenizer::from_gguf(*vocab_gguf)->n_vocab();  // also checks the vocabulary loads
+    RUNLM_CHECK(n_tok == hp.vocab_size, "%s has %d tokens but --vocab is %lld", vocab_gguf->path().c_str(), n_tok,
+                static_cast<long long>(hp.vocab_size));
+    for (const GgufKV& kv : vocab_gguf->metadata())
+      if (kv.key.rfind("tokenizer.", 0) == 0) w.set(kv.key, kv.value);
+  } else {
+    write_llama_tokenizer(w, tok_path, hp.vocab_size);  // vocab mismatch is an Error
+  }
 
   int64_t n_params = 0;
   uint64_t n_bytes = 0;
