@@ -5,6 +5,7 @@
 // unicode_regex_split does. The regexes run on PCRE2 (UTF + UCP).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>

@@ -7,7 +7,10 @@
 // are tokens (llama.cpp's rule). Decoding maps the characters back to bytes.
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <queue>
+#include <string>
+#include <unordered_map>
 
 #include "bpe_pretokenizer.h"
 #include "common.h"

@@ -36,9 +36,9 @@ struct Case {
   std::vector<int> ids;
 };
 
-// test-tokenizer-0's reader: cases separated by "\n__ggml_vocab_test__\n", the
-// text after the last separator is a case too when non-empty... as there, it is
-// whatever follows (empty for these files, and then .out has no line for it).
+// test-tokenizer-0's reader: cases separated by "\n__ggml_vocab_test__\n";
+// as there, whatever follows the last separator is a case too (nothing, in
+// these files, whose last case ends with the separator).
 std::vector<Case> read_cases(const std::string& gguf) {
   const std::string inp = slurp(gguf + ".inp");
   const std::string out = slurp(gguf + ".out");
@@ -81,7 +81,9 @@ void expect_vectors(const std::string& gguf_path, bool round_trip) {
   for (const Case& c : read_cases(gguf_path)) {
     EXPECT_EQ(tok->encode(c.text, /*add_bos=*/false, /*parse_special=*/false), c.ids)
         << gguf_path << " text: '" << show(c.text) << "'";
-    if (round_trip) EXPECT_EQ(tok->decode(c.ids), c.text) << gguf_path << " text: '" << show(c.text) << "'";
+    if (round_trip) {
+      EXPECT_EQ(tok->decode(c.ids), c.text) << gguf_path << " text: '" << show(c.text) << "'";
+    }
     ++n;
   }
   EXPECT_GT(n, 30);
