@@ -90,8 +90,7 @@ struct Emitter {
   ConvertResult& result;
 
   void add(const LlamaTensorSpec& spec, RowSource rows) {
-    const QuantTarget& target = quant_target_from_name(dtype_name(type));
-    const DType t = choose_tensor_type(target, spec.name, spec.ne, 0, true).type;
+    const DType t = choose_tensor_type(quant_target_for_type(type), spec.name, spec.ne, QuantModelInfo{}, true).type;
     const int64_t n_cols = spec.ne[0];
     int64_t n_rows = 1;
     for (size_t i = 1; i < spec.ne.size(); ++i) n_rows *= spec.ne[i];

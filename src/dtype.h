@@ -1,5 +1,7 @@
 // Tensor element types. The numeric values are GGUF's (ggml_type) so a type
-// read from a file is used as is. Quantized types store blocks of
+// read from a file is used as is. Every type ggml defines is listed, so a
+// file with one runlm cannot decode is refused by name; DTypeInfo::can_decode
+// says which ones runlm reads. Quantized types store blocks of
 // block_size() elements in type_size() bytes, laid out exactly as GGUF
 // defines them (see kernels/cpu/quant.h for the block structs).
 #pragma once
@@ -26,12 +28,27 @@ enum class DType : uint32_t {
   Q5_K = 13,
   Q6_K = 14,
   Q8_K = 15,
+  IQ2_XXS = 16,
+  IQ2_XS = 17,
+  IQ3_XXS = 18,
+  IQ1_S = 19,
+  IQ4_NL = 20,
+  IQ3_S = 21,
+  IQ2_S = 22,
+  IQ4_XS = 23,
   I8 = 24,
   I16 = 25,
   I32 = 26,
   I64 = 27,
   F64 = 28,
+  IQ1_M = 29,
   BF16 = 30,
+  TQ1_0 = 34,
+  TQ2_0 = 35,
+  MXFP4 = 39,
+  NVFP4 = 40,
+  Q1_0 = 41,
+  Q2_0 = 42,
 };
 
 struct DTypeInfo {

@@ -596,8 +596,11 @@ TEST(QuantizeGguf, Q8_0AndQ4_0CloseToOriginal) {
     testing::internal::CaptureStderr();
     const QuantizeReport rep = quantize_gguf(in, out, c.type);
     const std::string err = testing::internal::GetCapturedStderr();
-    // ffn_down rows are 172 long: not a multiple of 32, so they fall back to f16.
-    EXPECT_EQ(rep.fallbacks.size(), 5u) << c.type;
+    // ffn_down rows are 172 long: not a multiple of 32, so they fall back to
+    // f16. In the q4_0 mix the output matrix wants Q6_K (llama.cpp's rule),
+    // whose 256-element blocks do not fit its 64-wide rows: Q8_0.
+    const bool q4 = c.dtype == DType::Q4_0;
+    EXPECT_EQ(rep.fallbacks.size(), q4 ? 6u : 5u) << c.type;
     EXPECT_NE(err.find("blk.0.ffn_down.weight"), std::string::npos) << err;
     auto q = GgufFile::open(out);
     EXPECT_EQ(q->get_int("general.file_type"), c.ftype);
@@ -609,14 +612,19 @@ TEST(QuantizeGguf, Q8_0AndQ4_0CloseToOriginal) {
       ASSERT_TRUE(rt);
       EXPECT_EQ(t.ne, rt->ne);
       const bool is_down = t.name.find("ffn_down") != std::string::npos;
-      const DType want = t.ne.size() == 1 ? DType::F32 : is_down ? DType::F16 : c.dtype;
+      const DType want = t.ne.size() == 1      ? DType::F32
+                         : is_down               ? DType::F16
+                         : t.name == "output.weight" ? DType::Q8_0
+                                                 : c.dtype;
       ASSERT_EQ(t.type, want) << t.name;
       const std::vector<float> got = decode_tensor(*q, t), orig = decode_tensor(*ref, *rt);
       double err2 = 0, ref2 = 0;
       for (size_t i = 0; i < got.size(); ++i) {
-        const float tol = t.type == c.dtype ? block_amax(orig, i) * c.step * 1.01f + 1e-7f
-                          : t.type == DType::F16 ? std::fabs(orig[i]) / 2048 + 6e-8f
-                                                 : 0.0f;
+        const float q8_step = (0.5f + 127.0f / 2048) / 127;
+        const float tol = t.type == c.dtype        ? block_amax(orig, i) * c.step * 1.01f + 1e-7f
+                          : t.type == DType::Q8_0 ? block_amax(orig, i) * q8_step * 1.01f + 1e-7f
+                          : t.type == DType::F16  ? std::fabs(orig[i]) / 2048 + 6e-8f
+                                                  : 0.0f;
         ASSERT_LE(std::fabs(got[i] - orig[i]), tol) << c.type << " " << t.name << "[" << i << "]";
         err2 += (got[i] - orig[i]) * (got[i] - orig[i]);
         ref2 += orig[i] * orig[i];
@@ -633,7 +641,7 @@ TEST(QuantizeGguf, Q8_0AndQ4_0CloseToOriginal) {
   EXPECT_EQ(call_cmd(cmd_quantize, {"runlm quantize", dir / "q8_0.gguf", again, "Q8_0"}), 0);
   testing::internal::GetCapturedStderr();
   EXPECT_EQ(read_bytes(again), read_bytes(dir / "q8_0.gguf"));
-  EXPECT_THROW(call_cmd(cmd_quantize, {"runlm quantize", in, dir / "x.gguf", "q3_k"}), Error);
+  EXPECT_THROW(call_cmd(cmd_quantize, {"runlm quantize", in, dir / "x.gguf", "iq2_xxs"}), Error);
 }
 
 TEST(QuantizeGguf, Q4KFallsBackOnNarrowRows) {
@@ -642,14 +650,23 @@ TEST(QuantizeGguf, Q4KFallsBackOnNarrowRows) {
   QuantizeReport rep;
   ASSERT_NO_THROW(rep = quantize_gguf(shared_model("stories260K.gguf"), dir / "k.gguf", "q4_k"));
   const std::string err = testing::internal::GetCapturedStderr();
-  // Every 2-D tensor (embedding, output, 7 per layer) has rows of 64 or 172 < 256.
-  EXPECT_EQ(rep.fallbacks.size(), 2u + 5u * 7u);
+  // q4_k is llama-quantize's alias of q4_k_m. The output matrix's rows of 64
+  // are not whole Q4_K blocks, so its rule picks Q8_0 outright (no
+  // fallback). Every other 2-D tensor (embedding, 7 per layer) has rows of
+  // 64 or 172 < 256 and falls back as llama.cpp's tensor_type_fallback does:
+  // Q4_K -> Q5_0, Q6_K (attn_v of layers 2 and 4, use_more_bits for 5
+  // layers) -> Q8_0, and rows of 172 (ffn_down) -> F16.
+  EXPECT_EQ(rep.fallbacks.size(), 1u + 5u * 7u);
   EXPECT_NE(err.find("blk.2.attn_q.weight"), std::string::npos) << err;
-  EXPECT_NE(err.find("output.weight"), std::string::npos) << err;
+  for (const std::string& note : rep.fallbacks) EXPECT_NE(note.rfind("output.weight", 0), 0u) << note;
   auto g = GgufFile::open(dir / "k.gguf");
-  EXPECT_EQ(g->get_int("general.file_type"), 14);
+  EXPECT_EQ(g->get_int("general.file_type"), 15);
   for (const GgufTensorInfo& t : g->tensors()) {
-    const DType want = t.ne.size() == 1 ? DType::F32 : t.ne[0] % 32 == 0 ? DType::Q8_0 : DType::F16;
+    const bool q6 = t.name == "output.weight" || t.name == "blk.2.attn_v.weight" || t.name == "blk.4.attn_v.weight";
+    const DType want = t.ne.size() == 1    ? DType::F32
+                       : t.ne[0] % 32 != 0 ? DType::F16
+                       : q6                ? DType::Q8_0
+                                           : DType::Q5_0;
     EXPECT_EQ(t.type, want) << t.name;
   }
 }
@@ -657,24 +674,30 @@ TEST(QuantizeGguf, Q4KFallsBackOnNarrowRows) {
 TEST(QuantizeMix, Q4KMChoosesLikeLlamaCpp) {
   const QuantTarget& t = quant_target_from_name("Q4_K_M");
   EXPECT_EQ(t.ftype, 15u);
+  QuantModelInfo info;
+  info.n_layers = 32;
+  QuantModelInfo tied = info;
+  tied.has_output = false;
+  QuantModelInfo five = info;
+  five.n_layers = 5;
   // use_more_bits for 32 layers: i < 4, i >= 28, or (i - 4) % 3 == 2.
   const std::vector<int> more = {0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31};
   for (int i = 0; i < 32; ++i) {
     const bool m = std::find(more.begin(), more.end(), i) != more.end();
     const DType want = m ? DType::Q6_K : DType::Q4_K;
-    EXPECT_EQ(choose_tensor_type(t, strfmt("blk.%d.attn_v.weight", i), {4096, 4096}, 32, true).type, want) << i;
-    EXPECT_EQ(choose_tensor_type(t, strfmt("blk.%d.ffn_down.weight", i), {11008, 4096}, 32, true).type, want) << i;
-    EXPECT_EQ(choose_tensor_type(t, strfmt("blk.%d.attn_q.weight", i), {4096, 4096}, 32, true).type, DType::Q4_K);
-    EXPECT_EQ(choose_tensor_type(t, strfmt("blk.%d.attn_norm.weight", i), {4096}, 32, true).type, DType::F32);
+    EXPECT_EQ(choose_tensor_type(t, strfmt("blk.%d.attn_v.weight", i), {4096, 4096}, info).type, want) << i;
+    EXPECT_EQ(choose_tensor_type(t, strfmt("blk.%d.ffn_down.weight", i), {11008, 4096}, info).type, want) << i;
+    EXPECT_EQ(choose_tensor_type(t, strfmt("blk.%d.attn_q.weight", i), {4096, 4096}, info).type, DType::Q4_K);
+    EXPECT_EQ(choose_tensor_type(t, strfmt("blk.%d.attn_norm.weight", i), {4096}, info).type, DType::F32);
   }
-  EXPECT_EQ(choose_tensor_type(t, "output.weight", {4096, 32000}, 32, true).type, DType::Q6_K);
-  EXPECT_EQ(choose_tensor_type(t, "token_embd.weight", {4096, 32000}, 32, true).type, DType::Q4_K);
-  EXPECT_EQ(choose_tensor_type(t, "token_embd.weight", {4096, 32000}, 32, false).type, DType::Q6_K);  // tied
-  const TensorTypeChoice fb = choose_tensor_type(t, "blk.4.ffn_down.weight", {172, 64}, 5, true);  // 4 >= 7*5/8
-  EXPECT_EQ(fb.type, DType::F16);
+  EXPECT_EQ(choose_tensor_type(t, "output.weight", {4096, 32000}, info).type, DType::Q6_K);
+  EXPECT_EQ(choose_tensor_type(t, "token_embd.weight", {4096, 32000}, info).type, DType::Q4_K);
+  EXPECT_EQ(choose_tensor_type(t, "token_embd.weight", {4096, 32000}, tied).type, DType::Q6_K);  // tied
+  const TensorTypeChoice fb = choose_tensor_type(t, "blk.4.ffn_down.weight", {172, 64}, five);  // 4 >= 7*5/8
+  EXPECT_EQ(fb.type, DType::F16);  // Q6_K's fallback Q8_0 does not fit 172 either
   EXPECT_EQ(fb.wanted, DType::Q6_K);
   EXPECT_NE(fb.note.find("blk.4.ffn_down.weight"), std::string::npos);
-  EXPECT_THROW(quant_target_from_name("q5_k_m"), Error);
+  EXPECT_THROW(quant_target_from_name("q7_k_m"), Error);
 }
 
 TEST(QuantizeRows, ParallelEqualsSerial) {
@@ -795,6 +818,6 @@ TEST(RandomModel, OverridesAndErrors) {
   EXPECT_NE(run_random_model("--preset tiny --vocab 1000 --tokenizer " + tok + " -o " + dir / "v.gguf"), 0);
   EXPECT_NE(run_random_model("--preset tiny --tokenizer " + dir / "none.model" + " -o " + dir / "t.gguf"), 0);
   EXPECT_NE(run_random_model("--preset nope --tokenizer " + tok + " -o " + dir / "p.gguf"), 0);
-  EXPECT_NE(run_random_model("--preset tiny --type q3_k --tokenizer " + tok + " -o " + dir / "q.gguf"), 0);
+  EXPECT_NE(run_random_model("--preset tiny --type iq2_xxs --tokenizer " + tok + " -o " + dir / "q.gguf"), 0);
   EXPECT_FALSE(fs::exists(dir / "v.gguf"));
 }

@@ -332,7 +332,7 @@ TEST_F(PerplexitySotu29m, KldAgainstSelfAndQ8_0) {
   }
 
   TempPath q8(".gguf");
-  quantize_gguf(gguf_->str(), q8.str(), "q8_0", 2);
+  quantize_gguf(gguf_->str(), q8.str(), "q8_0", {2});
   auto model_q8 = Model::load(q8.str());
   auto eng = engine(*model_q8, 512);
   const PerplexityResult r = run_perplexity(*eng, nv, plan, "", base.str());

@@ -26,6 +26,7 @@
 #include <optional>
 
 #include "common.h"
+#include "cpu/quant.h"
 #include "gguf.h"
 #include "gguf_llama_writer.h"
 #include "quantize.h"
@@ -112,7 +113,9 @@ int run(int argc, char** argv) {
       ("vocab", "vocabulary size (must equal the tokenizer's)", cxxopts::value<int64_t>())
       ("ctx", "context length", cxxopts::value<int64_t>())
       ("sliding-window", "attention window (0: none)", cxxopts::value<int64_t>())
-      ("type", "f32, f16, bf16, q8_0, q4_0, q4_k, q6_k or q4_k_m", cxxopts::value<std::string>()->default_value("f16"))
+      ("type", "a quantize mix (" + quant_target_names() + ") or a plain type (q2_k, q3_k, q4_k, q5_k, iq4_nl, iq4_xs, mxfp4, ...)",
+       cxxopts::value<std::string>()->default_value("f16"))
+      ("pure", "every weight matrix gets --type's base type (no per-tensor mix rules)")
       ("o,output", "output GGUF path", cxxopts::value<std::string>())
       ("seed", "random seed", cxxopts::value<uint64_t>()->default_value("1"))
       ("tokenizer", "sentencepiece tokenizer.model", cxxopts::value<std::string>()->default_value(kDefaultTokenizer))
@@ -137,7 +140,19 @@ int run(int argc, char** argv) {
     if (preset_name == p.name) preset = &p;
   RUNLM_CHECK(preset, "unknown preset '%s' (known: llama2-7b, tinyllama-1.1b, mistral-7b, stories110m, tiny)",
               preset_name.c_str());
-  const QuantTarget& target = quant_target_from_name(args["type"].as<std::string>());
+  // A mix name first (llama.cpp's rules), else a plain type written pure.
+  const std::string type_name = args["type"].as<std::string>();
+  bool pure = args.count("pure") > 0;
+  const QuantTarget* target_ptr = nullptr;
+  try {
+    target_ptr = &quant_target_from_name(type_name);
+  } catch (const Error&) {
+    const DType t = dtype_from_name(type_name);  // Error listing the types if unknown
+    RUNLM_CHECK(can_quantize(t), "--type %s: runlm cannot write this type", type_name.c_str());
+    target_ptr = &quant_target_for_type(t);
+    pure = true;
+  }
+  const QuantTarget& target = *target_ptr;
   const std::string tok_path = args["tokenizer"].as<std::string>();
   RUNLM_CHECK(!(args.count("tokenizer") && args.count("vocab-gguf")), "use either --tokenizer or --vocab-gguf, not both");
   std::unique_ptr<GgufFile> vocab_gguf;
@@ -190,10 +205,15 @@ int run(int argc, char** argv) {
   int64_t n_params = 0;
   uint64_t n_bytes = 0;
   const auto specs = llama_tensor_specs(hp);
+  QuantModelInfo model_info;
+  model_info.n_layers = static_cast<int>(hp.n_layers);
+  model_info.n_head = static_cast<int>(hp.n_heads);
+  model_info.n_head_kv = static_cast<int>(hp.n_kv_heads);
+  model_info.has_output = !hp.tied_embeddings;
+  model_info.is_70b = hp.n_layers == 80 && hp.n_heads != hp.n_kv_heads;
   for (size_t ti = 0; ti < specs.size(); ++ti) {
     const LlamaTensorSpec& spec = specs[ti];
-    const TensorTypeChoice choice =
-        choose_tensor_type(target, spec.name, spec.ne, static_cast<int>(hp.n_layers), !hp.tied_embeddings);
+    const TensorTypeChoice choice = choose_tensor_type(target, spec.name, spec.ne, model_info, pure);
     if (!choice.note.empty()) std::fprintf(stderr, "make_random_model: %s\n", choice.note.c_str());
     const int64_t n_cols = spec.ne[0];
     const int64_t n_rows = spec.ne.size() > 1 ? spec.ne[1] : 1;

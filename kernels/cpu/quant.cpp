@@ -1,11 +1,14 @@
 // CPU reference for the GGUF block formats: dequantization, quantization and
-// the row dot product used by the CPU matmul.
+// the row dot product used by the CPU matmul. This file holds the 32-element
+// formats (Q4_0 .. Q8_0), Q4_K..Q6_K and the dispatch; Q2_K/Q3_K live in
+// quant_q2_q3_k.cpp and the table-valued IQ4_NL/IQ4_XS/MXFP4 in
+// quant_iq4_mxfp4.cpp (shared helpers: quant_blocks.h).
 //
 // Decoding reproduces ggml's dequantize_row_* bit for bit: every decoder keeps
 // ggml's order of float operations (e.g. Q6_K is (d * scale) * q, not
 // d * (scale * q)), so GPU kernels can be checked against it exactly.
 // Quantization follows ggml's quantize_row_*_ref, including its search for the
-// scales (make_qkx2_quants for Q4_K, make_qx_quants for Q6_K) and its rounding
+// scales (make_qkx2_quants for Q4_K and Q5_K, make_qx_quants for Q6_K) and its rounding
 // (nearest_int is round-half-even through the 1.5 * 2^23 trick, roundf is
 // half away from zero), so the bytes match llama.cpp's for the same input.
 //
@@ -26,51 +29,19 @@
 #include <cstring>
 
 #include "../../src/common.h"
+#include "quant_blocks.h"
 
 namespace runlm {
+
+using namespace quant_detail;
 
 static_assert(std::endian::native == std::endian::little,
               "GGUF blocks are little endian and are read in place");
 
 namespace {
 
-constexpr int kLanes = 8;
-// ggml treats a group whose largest |x| is below this as all zeros.
-constexpr float kGroupMaxEps = 1e-15f;
-constexpr const char* kQuantizable = "f32, f16, bf16, q8_0, q4_0, q4_k, q6_k";
-
-// Exact half -> float for every half (subnormals, inf, NaN included) without
-// a call or a branch per element, so F16 rows convert in a vectorised loop.
-// A normal half is moved into float position and its exponent bias fixed by
-// adding 224 to the exponent and multiplying by 2^-112 (exact: a power of
-// two, result never subnormal). A subnormal half m * 2^-24 is read as the
-// float 0.5 + m * 2^-24 minus 0.5, which is also exact. The two results are
-// merged with a mask rather than ?: so that GCC vectorises it on plain SSE2.
-inline float half_to_float(uint16_t h) {
-  const uint32_t w = static_cast<uint32_t>(h) << 16;
-  const uint32_t sign = w & 0x80000000u;
-  const uint32_t two_w = w + w;  // drops the sign
-  constexpr uint32_t kExpOffset = 0xE0u << 23;
-  constexpr float kExpScale = 0x1.0p-112f;
-  const float normal = fp32_from_bits((two_w >> 4) + kExpOffset) * kExpScale;
-  constexpr uint32_t kMagicMask = 126u << 23;
-  constexpr float kMagicBias = 0.5f;
-  const float subnormal = fp32_from_bits((two_w >> 17) | kMagicMask) - kMagicBias;
-  // Exponent field 0 (two_w < 2^27): the half is zero or subnormal.
-  const uint32_t is_subnormal = 0u - static_cast<uint32_t>((two_w >> 27) == 0);
-  return fp32_from_bits(sign | (fp32_to_bits(subnormal) & is_subnormal) |
-                        (fp32_to_bits(normal) & ~is_subnormal));
-}
-
-// ggml's nearest_int: adding 1.5 * 2^23 leaves round-half-even(f) in the low
-// mantissa bits. Used instead of lrintf so results never depend on the
-// rounding mode, exactly as ggml does.
-inline int nearest_int(float f) {
-  const float v = f + 12582912.f;
-  int32_t i;
-  std::memcpy(&i, &v, sizeof(i));
-  return (i & 0x007fffff) - 0x00400000;
-}
+constexpr const char* kQuantizable =
+    "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, mxfp4";
 
 // ---- k-quant 6-bit scale packing -------------------------------------------
 // 12 bytes hold 8 six-bit scales and 8 six-bit mins: bytes 0-3 keep scales
@@ -222,13 +193,6 @@ void decode_q6_k(const BlockQ6_K& __restrict b, float* __restrict y) {
   }
 }
 
-template <typename Block, int kElems, void (*Decode)(const Block&, float*)>
-void dequantize_blocks(const void* src, float* dst, int64_t n) {
-  const Block* blocks = static_cast<const Block*>(src);
-  const int64_t nb = n / kElems;
-  for (int64_t i = 0; i < nb; ++i) Decode(blocks[i], dst + i * kElems);
-}
-
 void convert_f16(const uint16_t* __restrict h, float* __restrict y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = half_to_float(h[i]);
 }
@@ -237,51 +201,6 @@ void convert_bf16(const uint16_t* __restrict h, float* __restrict y, int64_t n) 
 }
 
 // ---- dot products -------------------------------------------------------------
-
-// Eight float lanes as two 4-wide GCC/Clang vectors: the compiler emits SIMD
-// adds for them on any target (SSE2 baseline on x86-64, NEON on arm64)
-// without -ffast-math, which it would need to vectorise a plain float sum.
-using F4 = float __attribute__((vector_size(16)));
-
-struct Lanes {
-  F4 lo = {}, hi = {};
-  // += a[0..8) * b[0..8); memcpy is an unaligned vector load.
-  void mul_add(const float* a, const float* b) {
-    F4 a0, a1, b0, b1;
-    std::memcpy(&a0, a, sizeof(F4));
-    std::memcpy(&a1, a + 4, sizeof(F4));
-    std::memcpy(&b0, b, sizeof(F4));
-    std::memcpy(&b1, b + 4, sizeof(F4));
-    lo += a0 * b0;
-    hi += a1 * b1;
-  }
-  void add(const Lanes& o) {
-    lo += o.lo;
-    hi += o.hi;
-  }
-  float sum() const {
-    const F4 v = lo + hi;
-    return (v[0] + v[2]) + (v[1] + v[3]);
-  }
-};
-
-// Decodes a block into a stack buffer, then dots it with x. Each block sums
-// into fresh lanes that are then added to the total, so consecutive blocks
-// are independent and the CPU can overlap them.
-template <typename Block, int kElems, void (*Decode)(const Block&, float*)>
-float dot_blocks(const void* src, const float* x, int64_t nb) {
-  static_assert(kElems % kLanes == 0);
-  const Block* b = static_cast<const Block*>(src);
-  Lanes total;
-  float buf[kElems];  // one decoded block
-  for (int64_t i = 0; i < nb; ++i, x += kElems) {
-    Decode(b[i], buf);
-    Lanes s;
-    for (int j = 0; j < kElems; j += kLanes) s.mul_add(buf + j, x + j);
-    total.add(s);
-  }
-  return total.sum();
-}
 
 // Plain 16-bit types: convert a chunk into a stack buffer, then dot.
 template <void (*Convert)(const uint16_t*, float*, int64_t)>
@@ -346,12 +265,82 @@ void quantize_q4_0(const float* x, BlockQ4_0* y, int64_t nb) {
   }
 }
 
-// ggml's make_qkx2_quants with use_mad = false: fits x ~ scale * L - min with
-// L in [0, nmax] and min >= 0 by weighted least squares, trying nstep + 1
-// candidate inverse scales around nmax / (max - min). Returns the scale and
-// stores min (as a positive offset) in *the_min.
-float make_qkx2_quants(int n, int nmax, const float* x, const float* weights, uint8_t* L,
-                       float* the_min, uint8_t* Laux, float rmin, float rdelta, int nstep) {
+// Asymmetric 4-bit: levels 0..15 between the block's min and max.
+void quantize_q4_1(const float* x, BlockQ4_1* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQK) {
+    float min = x[0], max = x[0];
+    for (int j = 1; j < kQK; ++j) {
+      min = std::min(min, x[j]);
+      max = std::max(max, x[j]);
+    }
+    const float d = (max - min) / 15;
+    const float id = d != 0.f ? 1.0f / d : 0.f;
+    y[i].d = fp32_to_fp16(d);
+    y[i].m = fp32_to_fp16(min);
+    for (int j = 0; j < kQK / 2; ++j) {
+      const int q0 = std::min(15, static_cast<int>((x[j] - min) * id + 0.5f));
+      const int q1 = std::min(15, static_cast<int>((x[j + kQK / 2] - min) * id + 0.5f));
+      y[i].qs[j] = static_cast<uint8_t>(q0 | (q1 << 4));
+    }
+  }
+}
+
+// Q5_0 is Q4_0 with 32 levels: the largest-magnitude element maps to -16.
+void quantize_q5_0(const float* x, BlockQ5_0* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQK) {
+    float amax = 0.f, max = 0.f;
+    for (int j = 0; j < kQK; ++j) {
+      if (amax < std::fabs(x[j])) {
+        amax = std::fabs(x[j]);
+        max = x[j];
+      }
+    }
+    const float d = max / -16;
+    const float id = d != 0.f ? 1.0f / d : 0.f;
+    y[i].d = fp32_to_fp16(d);
+    uint32_t qh = 0;
+    for (int j = 0; j < kQK / 2; ++j) {
+      const int q0 = std::min(31, static_cast<int>(x[j] * id + 16.5f));
+      const int q1 = std::min(31, static_cast<int>(x[j + kQK / 2] * id + 16.5f));
+      y[i].qs[j] = static_cast<uint8_t>((q0 & 0xF) | ((q1 & 0xF) << 4));
+      qh |= static_cast<uint32_t>(q0 >> 4) << j;
+      qh |= static_cast<uint32_t>(q1 >> 4) << (j + kQK / 2);
+    }
+    std::memcpy(y[i].qh, &qh, sizeof(qh));
+  }
+}
+
+// Q5_1 is Q4_1 with 32 levels. ggml does not clamp to 31 here: (max - min)
+// * id + 0.5 stays below 31.5 in float, so the level fits.
+void quantize_q5_1(const float* x, BlockQ5_1* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQK) {
+    float min = x[0], max = x[0];
+    for (int j = 1; j < kQK; ++j) {
+      min = std::min(min, x[j]);
+      max = std::max(max, x[j]);
+    }
+    const float d = (max - min) / 31;
+    const float id = d != 0.f ? 1.0f / d : 0.f;
+    y[i].d = fp32_to_fp16(d);
+    y[i].m = fp32_to_fp16(min);
+    uint32_t qh = 0;
+    for (int j = 0; j < kQK / 2; ++j) {
+      const int q0 = static_cast<uint8_t>((x[j] - min) * id + 0.5f);
+      const int q1 = static_cast<uint8_t>((x[j + kQK / 2] - min) * id + 0.5f);
+      y[i].qs[j] = static_cast<uint8_t>((q0 & 0xF) | ((q1 & 0xF) << 4));
+      qh |= static_cast<uint32_t>((q0 & 0x10) >> 4) << j;
+      qh |= static_cast<uint32_t>((q1 & 0x10) >> 4) << (j + kQK / 2);
+    }
+    std::memcpy(y[i].qh, &qh, sizeof(qh));
+  }
+}
+
+}  // namespace
+
+// Declared in quant_blocks.h (Q2_K uses it too, with use_mad).
+float quant_detail::make_qkx2_quants(int n, int nmax, const float* x, const float* weights, uint8_t* L,
+                                     float* the_min, uint8_t* Laux, float rmin, float rdelta, int nstep,
+                                     bool use_mad) {
   float min = x[0], max = x[0];
   float sum_w = weights[0];
   float sum_x = sum_w * x[0];
@@ -368,6 +357,7 @@ float make_qkx2_quants(int n, int nmax, const float* x, const float* weights, ui
     *the_min = -min;
     return 0.f;
   }
+  auto err = [use_mad](float diff) { return use_mad ? std::fabs(diff) : diff * diff; };
   float iscale = nmax / (max - min);
   float scale = 1 / iscale;
   float best_error = 0;
@@ -375,7 +365,7 @@ float make_qkx2_quants(int n, int nmax, const float* x, const float* weights, ui
     const int l = nearest_int(iscale * (x[i] - min));
     L[i] = static_cast<uint8_t>(std::max(0, std::min(nmax, l)));
     const float diff = scale * L[i] + min - x[i];
-    best_error += weights[i] * (diff * diff);
+    best_error += weights[i] * err(diff);
   }
   for (int is = 0; is <= nstep; ++is) {
     iscale = (rmin + rdelta * is + nmax) / (max - min);
@@ -401,7 +391,7 @@ float make_qkx2_quants(int n, int nmax, const float* x, const float* weights, ui
       float cur_error = 0;
       for (int i = 0; i < n; ++i) {
         const float diff = this_scale * Laux[i] + this_min - x[i];
-        cur_error += weights[i] * (diff * diff);
+        cur_error += weights[i] * err(diff);
       }
       if (cur_error < best_error) {
         std::memcpy(L, Laux, static_cast<size_t>(n));
@@ -414,6 +404,8 @@ float make_qkx2_quants(int n, int nmax, const float* x, const float* weights, ui
   *the_min = -min;
   return scale;
 }
+
+namespace {
 
 void quantize_q4_k(const float* x, BlockQ4_K* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += kQK_K) {
@@ -429,7 +421,7 @@ void quantize_q4_k(const float* x, BlockQ4_K* y, int64_t nb) {
       const float av_x = std::sqrt(sum_x2 / 32);
       // Weights favour large elements, floored by the sub-block's RMS.
       for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(xs[l]);
-      scales[j] = make_qkx2_quants(32, 15, xs, weights, L + 32 * j, &mins[j], Laux, -1.f, 0.1f, 20);
+      scales[j] = make_qkx2_quants(32, 15, xs, weights, L + 32 * j, &mins[j], Laux, -1.f, 0.1f, 20, false);
       if (scales[j] > max_scale) max_scale = scales[j];
       if (mins[j] > max_min) max_min = mins[j];
     }
@@ -460,6 +452,59 @@ void quantize_q4_k(const float* x, BlockQ4_K* y, int64_t nb) {
     for (int c = 0; c < 4; ++c)
       for (int l = 0; l < 32; ++l)
         y[i].qs[32 * c + l] = static_cast<uint8_t>(L[64 * c + l] | (L[64 * c + l + 32] << 4));
+  }
+}
+
+// As Q4_K with 5-bit levels (nmax 31) and a finer scale search (16 steps of
+// 0.1 from -0.5).
+void quantize_q5_k(const float* x, BlockQ5_K* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i, x += kQK_K) {
+    uint8_t L[kQK_K];
+    uint8_t Laux[32];
+    float weights[32];
+    float mins[kQK_K / 32], scales[kQK_K / 32];
+    float max_scale = 0, max_min = 0;
+    for (int j = 0; j < kQK_K / 32; ++j) {
+      const float* xs = x + 32 * j;
+      float sum_x2 = 0;
+      for (int l = 0; l < 32; ++l) sum_x2 += xs[l] * xs[l];
+      const float av_x = std::sqrt(sum_x2 / 32);
+      for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(xs[l]);
+      scales[j] = make_qkx2_quants(32, 31, xs, weights, L + 32 * j, &mins[j], Laux, -0.5f, 0.1f, 15, false);
+      if (scales[j] > max_scale) max_scale = scales[j];
+      if (mins[j] > max_min) max_min = mins[j];
+    }
+    const float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
+    const float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
+    uint8_t ls[8], lm[8];
+    for (int j = 0; j < kQK_K / 32; ++j) {
+      ls[j] = std::min<uint8_t>(63, static_cast<uint8_t>(nearest_int(inv_scale * scales[j])));
+      lm[j] = std::min<uint8_t>(63, static_cast<uint8_t>(nearest_int(inv_min * mins[j])));
+    }
+    pack_k_scales(ls, lm, y[i].scales);
+    y[i].d = fp32_to_fp16(max_scale / 63.f);
+    y[i].dmin = fp32_to_fp16(max_min / 63.f);
+    const float dd = half_to_float(y[i].d);
+    const float dm_all = half_to_float(y[i].dmin);
+    for (int j = 0; j < kQK_K / 32; ++j) {
+      const float d = dd * ls[j];
+      if (d == 0.f) continue;
+      const float dm = dm_all * lm[j];
+      for (int ii = 0; ii < 32; ++ii) {
+        const int l = nearest_int((x[32 * j + ii] + dm) / d);
+        L[32 * j + ii] = static_cast<uint8_t>(std::max(0, std::min(31, l)));
+      }
+    }
+    // Chunk c of 64: low nibbles of the first 32 in qs[32c..], high nibbles
+    // of the next 32; the 5th bits go to bits 2c and 2c+1 of qh.
+    std::memset(y[i].qh, 0, sizeof(y[i].qh));
+    for (int c = 0; c < 4; ++c) {
+      for (int j = 0; j < 32; ++j) {
+        const int l1 = L[64 * c + j], l2 = L[64 * c + j + 32];
+        y[i].qh[j] |= static_cast<uint8_t>(((l1 >> 4) << (2 * c)) | ((l2 >> 4) << (2 * c + 1)));
+        y[i].qs[32 * c + j] = static_cast<uint8_t>((l1 & 0xF) | ((l2 & 0xF) << 4));
+      }
+    }
   }
 }
 
@@ -572,21 +617,26 @@ int64_t checked_blocks(const char* what, DType t, int64_t n) {
 }  // namespace
 
 void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
-  checked_blocks("dequantize_row", t, n);
+  const int64_t nb = checked_blocks("dequantize_row", t, n);
   switch (t) {
     case DType::F32:
       if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
       return;
     case DType::F16: return convert_f16(static_cast<const uint16_t*>(src), dst, n);
     case DType::BF16: return convert_bf16(static_cast<const uint16_t*>(src), dst, n);
-    case DType::Q4_0: return dequantize_blocks<BlockQ4_0, kQK, decode_q4_0>(src, dst, n);
-    case DType::Q4_1: return dequantize_blocks<BlockQ4_1, kQK, decode_q4_1>(src, dst, n);
-    case DType::Q5_0: return dequantize_blocks<BlockQ5_0, kQK, decode_q5_0>(src, dst, n);
-    case DType::Q5_1: return dequantize_blocks<BlockQ5_1, kQK, decode_q5_1>(src, dst, n);
-    case DType::Q8_0: return dequantize_blocks<BlockQ8_0, kQK, decode_q8_0>(src, dst, n);
-    case DType::Q4_K: return dequantize_blocks<BlockQ4_K, kQK_K, decode_q4_k>(src, dst, n);
-    case DType::Q5_K: return dequantize_blocks<BlockQ5_K, kQK_K, decode_q5_k>(src, dst, n);
-    case DType::Q6_K: return dequantize_blocks<BlockQ6_K, kQK_K, decode_q6_k>(src, dst, n);
+    case DType::Q4_0: return dequantize_blocks<BlockQ4_0, kQK, decode_q4_0>(src, dst, nb);
+    case DType::Q4_1: return dequantize_blocks<BlockQ4_1, kQK, decode_q4_1>(src, dst, nb);
+    case DType::Q5_0: return dequantize_blocks<BlockQ5_0, kQK, decode_q5_0>(src, dst, nb);
+    case DType::Q5_1: return dequantize_blocks<BlockQ5_1, kQK, decode_q5_1>(src, dst, nb);
+    case DType::Q8_0: return dequantize_blocks<BlockQ8_0, kQK, decode_q8_0>(src, dst, nb);
+    case DType::Q4_K: return dequantize_blocks<BlockQ4_K, kQK_K, decode_q4_k>(src, dst, nb);
+    case DType::Q5_K: return dequantize_blocks<BlockQ5_K, kQK_K, decode_q5_k>(src, dst, nb);
+    case DType::Q6_K: return dequantize_blocks<BlockQ6_K, kQK_K, decode_q6_k>(src, dst, nb);
+    case DType::Q2_K: return dequantize_q2_k(src, dst, nb);
+    case DType::Q3_K: return dequantize_q3_k(src, dst, nb);
+    case DType::IQ4_NL: return dequantize_iq4_nl(src, dst, nb);
+    case DType::IQ4_XS: return dequantize_iq4_xs(src, dst, nb);
+    case DType::MXFP4: return dequantize_mxfp4(src, dst, nb);
     default: break;
   }
   fail("dequantize_row: type %s cannot be decoded", dtype_name(t));
@@ -606,6 +656,11 @@ float dot_row(DType t, const void* row, const float* x, int64_t n) {
     case DType::Q4_K: return dot_blocks<BlockQ4_K, kQK_K, decode_q4_k>(row, x, nb);
     case DType::Q5_K: return dot_blocks<BlockQ5_K, kQK_K, decode_q5_k>(row, x, nb);
     case DType::Q6_K: return dot_blocks<BlockQ6_K, kQK_K, decode_q6_k>(row, x, nb);
+    case DType::Q2_K: return dot_q2_k(row, x, nb);
+    case DType::Q3_K: return dot_q3_k(row, x, nb);
+    case DType::IQ4_NL: return dot_iq4_nl(row, x, nb);
+    case DType::IQ4_XS: return dot_iq4_xs(row, x, nb);
+    case DType::MXFP4: return dot_mxfp4(row, x, nb);
     default: break;
   }
   fail("dot_row: type %s cannot be decoded", dtype_name(t));
@@ -618,8 +673,17 @@ bool can_quantize(DType t) {
     case DType::BF16:
     case DType::Q8_0:
     case DType::Q4_0:
+    case DType::Q4_1:
+    case DType::Q5_0:
+    case DType::Q5_1:
+    case DType::Q2_K:
+    case DType::Q3_K:
     case DType::Q4_K:
-    case DType::Q6_K: return true;
+    case DType::Q5_K:
+    case DType::Q6_K:
+    case DType::IQ4_NL:
+    case DType::IQ4_XS:
+    case DType::MXFP4: return true;
     default: return false;
   }
 }
@@ -646,6 +710,15 @@ void quantize_row(DType t, const float* src, void* dst, int64_t n) {
     case DType::Q4_0: return quantize_q4_0(src, static_cast<BlockQ4_0*>(dst), nb);
     case DType::Q4_K: return quantize_q4_k(src, static_cast<BlockQ4_K*>(dst), nb);
     case DType::Q6_K: return quantize_q6_k(src, static_cast<BlockQ6_K*>(dst), nb);
+    case DType::Q4_1: return quantize_q4_1(src, static_cast<BlockQ4_1*>(dst), nb);
+    case DType::Q5_0: return quantize_q5_0(src, static_cast<BlockQ5_0*>(dst), nb);
+    case DType::Q5_1: return quantize_q5_1(src, static_cast<BlockQ5_1*>(dst), nb);
+    case DType::Q5_K: return quantize_q5_k(src, static_cast<BlockQ5_K*>(dst), nb);
+    case DType::Q2_K: return quantize_q2_k(src, dst, nb);
+    case DType::Q3_K: return quantize_q3_k(src, dst, nb);
+    case DType::IQ4_NL: return quantize_iq4_nl(src, dst, nb);
+    case DType::IQ4_XS: return quantize_iq4_xs(src, dst, nb);
+    case DType::MXFP4: return quantize_mxfp4(src, dst, nb);
     default: break;
   }
   fail("quantize_row: cannot quantize to %s; supported: %s", dtype_name(t), kQuantizable);
