@@ -549,9 +549,9 @@ struct DevProblem {
                      out.as<float>());
   }
   // Poisons out with NaN (all-ones bits), runs, and returns out.
-  std::vector<float> run(int partition) {
+  std::vector<float> run(int partition, DecodeKernel kernel = DecodeKernel::Auto) {
     ck(cudaMemset(out.p, 0xff, hp.q.size() * 4), "poison");
-    paged_decode_attention(params(), ws.p, ws_bytes, nullptr, partition);
+    paged_decode_attention(params(), ws.p, ws_bytes, nullptr, partition, kernel);
     ck(cudaGetLastError(), "launch");
     ck(cudaDeviceSynchronize(), "sync");
     std::vector<float> h(hp.q.size());
@@ -604,69 +604,35 @@ std::string describe(const Case& c, int partition) {
 // errors times ||v_k - o|| / ||o||, which for random values is ~1-3 (few
 // keys: o is a mix of 1-3 rows; many keys: the errors average out like o
 // does): ~1e-3 at the worst row. Hence 3e-3 on that path only.
-// Version 10 on bf16 pools (paged_decode_f16_mma) rounds q to bf16 (2^-9
+// The f16 tensor-core kernel on bf16 pools rounds q to bf16 (2^-9
 // relative a value, 4x f16's) and keeps P to ~2^-17 (hi + lo bf16 parts).
 // The estimate of ~8e-4 for the weights was short: the test grid measured
-// rows up to 4.0e-3 (H100, session 7), all of it q's rounding (f16 pools,
+// rows up to 4.0e-3 (H100), all of it q's rounding (f16 pools,
 // same kernel, stay under 3e-3). So 6e-3 for bf16 on tensor cores: 1.5x the
 // worst measured, under the ~1e-2 that bf16 attention is held to elsewhere.
-double row_tolerance(const PagedDecodeParams& p) {
-  if (!paged_decode_uses_tensor_cores(p)) return 1e-3;
+double row_tolerance(const PagedDecodeParams& p, DecodeKernel kernel) {
+  if (!decode_kernel_uses_tensor_cores(kernel)) return 1e-3;
   return p.kv.k_type == KvType::BF16 ? 6e-3 : 3e-3;
 }
 
-// all_mma_versions: where the case runs on the tensor-core kernel, check
-// version 4, 5 (the pipelined key loop), 6 (the cp.async ring in shared
-// memory), 7 (16-byte register loads, scales in the conversion), 8 (7
-// with a register ring), 9 (7 at 3 CTAs an SM; 7 to 9 run version 4
-// for pairs with an f16 side), 11 (7's math through a TMA ring, K and V
-// both q8_0 / fp8 at hd 128, bs >= 16, even n_kv, sm_90; elsewhere what 9
-// runs) and 12 (11's math, a CTA a group of 8 KV heads: 11's cases with
-// n_kv % 8 == 0) against the same reference
-// (paged_decode_set_mma_version), then restore the one in use. At head_dim
-// 256 versions 5 to 9 run version 4: 4 and 6 there (the fallback is
-// exercised, not repeated).
-constexpr bool kAllMmaVersions = true;
+// The kernels a case runs on: every kernel with an instance for it on this
+// device (the selector's pick, the ones it picks on other devices, and the
+// SIMT kernel, which runs everything), each forced through the launch.
+std::vector<DecodeKernel> kernels_for(const DevProblem& dp) { return decode_kernels_for(dp.params()); }
 
-// Version 10's pools (K and V both f16 or both bf16, head_dim 64 and 128):
-// check_case runs them on the SIMT kernel and on each version 10 mode
-// (paged_decode_set_f16_mma 1, 2, 3), whatever RUNLM_PAGED_DECODE_F16 says.
-bool plain_mma_case(const Case& c) {
-  return c.k_type == c.v_type && (c.k_type == KvType::F16 || c.k_type == KvType::BF16) && (c.hd == 64 || c.hd == 128);
-}
-// Restores the version 10 mode in use when a test (or a failed ASSERT) leaves.
-struct F16ModeGuard {
-  int saved = paged_decode_f16_mma();
-  ~F16ModeGuard() { paged_decode_set_f16_mma(saved); }
-};
-std::vector<int> f16_modes(const Case& c) {
-  return plain_mma_case(c) ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{paged_decode_f16_mma()};
-}
-
-void check_case(const Case& c, std::vector<int> partitions = {-1}, bool all_mma_versions = false) {
+void check_case(const Case& c, std::vector<int> partitions = {-1}) {
   const HostProblem hp = make_problem(c);
   const std::vector<float> ref = reference(hp);
   DevProblem dp(hp);
-  const int in_use = paged_decode_mma_version();
-  const F16ModeGuard f16_guard;
-  for (int mode : f16_modes(c)) {
-    paged_decode_set_f16_mma(mode);
-    const double tol = row_tolerance(dp.params());
-    std::vector<int> versions = {in_use};
-    if (all_mma_versions && paged_decode_uses_tensor_cores(dp.params()) && !plain_mma_case(c))
-      versions = c.hd <= 128 ? std::vector<int>{4, 5, 6, 7, 8, 9, 11, 12} : std::vector<int>{4, 6};
-    for (int v : versions) {
-      paged_decode_set_mma_version(v);
-      for (int part : partitions) {
-        const std::vector<float> out = dp.run(part);
-        std::string where;
-        const double err = worst_row_error(out, ref, c.hd, &where);
-        EXPECT_LT(err, tol) << describe(c, part) << " (tensor-core version " << v << ", f16 mode " << mode << ") at "
-                            << where;
-      }
+  for (DecodeKernel k : kernels_for(dp)) {
+    const double tol = row_tolerance(dp.params(), k);
+    for (int part : partitions) {
+      const std::vector<float> out = dp.run(part, k);
+      std::string where;
+      const double err = worst_row_error(out, ref, c.hd, &where);
+      EXPECT_LT(err, tol) << describe(c, part) << " (kernel " << decode_kernel_name(k) << ") at " << where;
     }
   }
-  paged_decode_set_mma_version(in_use);
 }
 
 Case make_case(std::vector<int> lens, int nq, int n_heads, int n_kv, int hd, int bs, int window, uint32_t seed) {
@@ -754,7 +720,7 @@ TEST(PagedAttention, KvTypePairs) {
       Case c = make_case({1, 17, 300, 2100}, 1 + seed % 2, 32, 8, 128, 16, seed % 2 ? 0 : 300, seed);
       c.k_type = kt;
       c.v_type = vt;
-      check_case(c, {-1, 0, 256}, kAllMmaVersions);
+      check_case(c, {-1, 0, 256});
       ++seed;
     }
 }
@@ -777,7 +743,7 @@ TEST(PagedAttention, RisingScoresRescaleMidSequence) {
       c.k_type = kt;
       c.v_type = vt;
       c.score_steps = 40.0f;
-      check_case(c, {-1, 0, 256}, kAllMmaVersions);
+      check_case(c, {-1, 0, 256});
     }
 }
 
@@ -798,7 +764,7 @@ TEST(PagedAttention, KvTypeHeadDimsRowsPages) {
         Case c = make_case({5, 33, 1000}, 1, h.n_heads, h.n_kv, hd, hd == 64 ? 8 : 32, hd == 32 ? 100 : 0, seed++);
         c.k_type = kt;
         c.v_type = vt;
-        check_case(c, {-1, 0, 256}, kAllMmaVersions);
+        check_case(c, {-1, 0, 256});
       }
 }
 
@@ -837,7 +803,7 @@ TEST(PagedAttention, TensorCorePairsHeadDimsRows) {
             DevProblem dp(hp);
             ASSERT_TRUE(paged_decode_uses_tensor_cores(dp.params())) << describe(c, -1);
           }
-          check_case(c, {-1, 0, 256}, kAllMmaVersions);
+          check_case(c, {-1, 0, 256});
         }
     }
 }
@@ -866,11 +832,7 @@ TEST(PagedAttention, PlainTensorCoreHeadDimsRowsPages) {
         {
           const HostProblem hp = make_problem(c);
           DevProblem dp(hp);
-          const F16ModeGuard f16_guard;
-          paged_decode_set_f16_mma(1);
-          EXPECT_TRUE(paged_decode_uses_tensor_cores(dp.params())) << describe(c, -1);
-          paged_decode_set_f16_mma(0);
-          EXPECT_FALSE(paged_decode_uses_tensor_cores(dp.params())) << describe(c, -1);
+          EXPECT_EQ(select_decode_kernel(dp.params()).kernel, DecodeKernel::MmaF16) << describe(c, -1);
         }
         check_case(c, {-1, 0, 256});
       }
@@ -906,21 +868,14 @@ TEST(PagedAttention, TensorCoreStaleTailSlots) {
           c.k_type = kt;
           c.v_type = vt;
           c.stale_tail = true;
-          {  // versions 11 and 12 run where they apply (an sm_90 device, n_kv even / a multiple of 8), else 9's choice
+          {  // the TMA kernel runs where it applies (an sm_90 device, n_kv a multiple of 8), else mma_quant_sm80
             const HostProblem hp = make_problem(c);
             DevProblem dp(hp);
-            const int in_use = paged_decode_mma_version();
-            if (paged_decode_uses_tensor_cores(dp.params())) {
-              paged_decode_set_mma_version(11);
-              EXPECT_EQ(paged_decode_mma_version_for(dp.params()), !q4 && h.n_kv % 2 == 0 && device_is_sm90() ? 11 : 9)
-                  << describe(c, -1);
-              paged_decode_set_mma_version(12);
-              EXPECT_EQ(paged_decode_mma_version_for(dp.params()), h.n_kv % 8 == 0 && device_is_sm90() ? 12 : 9)
-                  << describe(c, -1);
-            }
-            paged_decode_set_mma_version(in_use);
+            const DecodeKernel want =
+                h.n_kv % 8 == 0 && device_is_sm90() ? DecodeKernel::TmaSm90 : DecodeKernel::MmaQuantSm80;
+            EXPECT_EQ(select_decode_kernel(dp.params()).kernel, want) << describe(c, -1);
           }
-          check_case(c, {-1, 0, 256}, kAllMmaVersions);
+          check_case(c, {-1, 0, 256});
         }
 }
 
@@ -942,7 +897,7 @@ TEST(PagedAttention, TensorCoreWindowEdges) {
       Case c = make_case(kLens, nq, 32, 8, 128, 16, window, seed++);
       c.k_type = KvType::Q8_0;
       c.v_type = KvType::Q4_0;
-      check_case(c, {-1, 0, 256}, kAllMmaVersions);
+      check_case(c, {-1, 0, 256});
     }
 }
 
@@ -956,11 +911,9 @@ TEST(PagedAttention, ShuffledEqualsContiguous) {
   HostProblem b = make_problem(c);
   place_contents_of(b, c, a);
   DevProblem da(a), db(b);
-  const F16ModeGuard f16_guard;
-  for (int mode : f16_modes(c)) {  // the SIMT kernel and version 10
-    paged_decode_set_f16_mma(mode);
-    for (int part : {-1, 0, 256}) EXPECT_EQ(da.run(part), db.run(part)) << "partition " << part << " f16 mode " << mode;
-  }
+  for (DecodeKernel k : kernels_for(da))
+    for (int part : {-1, 0, 256})
+      EXPECT_EQ(da.run(part, k), db.run(part, k)) << "partition " << part << " kernel " << decode_kernel_name(k);
 }
 
 // A graph captured once replays for new device-side lengths within the bounds.
@@ -972,14 +925,12 @@ TEST(PagedAttention, GraphReplaysNewLengths) {
   DevProblem dp(hp);
   cudaStream_t st;
   ck(cudaStreamCreate(&st), "stream");
-  const F16ModeGuard f16_guard;
-  for (int mode : f16_modes(c)) {  // the SIMT kernel and version 10, each captured
-    paged_decode_set_f16_mma(mode);
+  for (DecodeKernel k : kernels_for(dp)) {  // each kernel, captured
     hp.c.lens = c.lens;
     upload(dp.lens, c.lens);
     cudaGraph_t graph;
     ck(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal), "begin capture");
-    paged_decode_attention(dp.params(), dp.ws.p, dp.ws_bytes, st);
+    paged_decode_attention(dp.params(), dp.ws.p, dp.ws_bytes, st, -1, k);
     ck(cudaStreamEndCapture(st, &graph), "end capture");
     cudaGraphExec_t exec;
     ck(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
@@ -993,8 +944,8 @@ TEST(PagedAttention, GraphReplaysNewLengths) {
       ck(cudaMemcpy(out.data(), dp.out.p, out.size() * 4, cudaMemcpyDeviceToHost), "download");
       const std::vector<float> ref = reference(hp);
       std::string where;
-      EXPECT_LT(worst_row_error(out, ref, c.hd, &where), row_tolerance(dp.params()))
-          << "lens " << lens[0] << "," << lens[1] << " f16 mode " << mode << " at " << where;
+      EXPECT_LT(worst_row_error(out, ref, c.hd, &where), row_tolerance(dp.params(), k))
+          << "lens " << lens[0] << "," << lens[1] << " kernel " << decode_kernel_name(k) << " at " << where;
     }
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
@@ -1010,12 +961,10 @@ TEST(PagedAttention, OutOfBoundLengthsGiveNaNRows) {
   HostProblem hp = make_problem(c);
   const std::vector<float> ref = reference(hp);
   DevProblem dp(hp);
-  const F16ModeGuard f16_guard;
-  for (int mode : f16_modes(c))  // the SIMT kernel and version 10 (f16, hd 64)
+  for (DecodeKernel k : kernels_for(dp))  // the SIMT kernel and mma_f16 (f16, hd 64)
   for (int part : {0, 256}) {
-    paged_decode_set_f16_mma(mode);
     // Elementwise: the row tolerance's share of a value (|out| <= 1 here).
-    const double tol = paged_decode_uses_tensor_cores(dp.params()) ? 3e-3 : 1e-3;
+    const double tol = decode_kernel_uses_tensor_cores(k) ? 3e-3 : 1e-3;
     for (int which : {0, 1}) {
       std::vector<int> lens = hp.c.lens;
       PagedDecodeParams p = dp.params();
@@ -1036,7 +985,7 @@ TEST(PagedAttention, OutOfBoundLengthsGiveNaNRows) {
             ASSERT_TRUE(std::isnan(out[i])) << "part " << part << " seq " << s << " elem " << i;
           else
             ASSERT_NEAR(out[i], ref[i], tol * (1 + std::fabs(ref[i]))) << "part " << part << " seq " << s
-                                                                        << " f16 mode " << mode;
+                                                                        << " kernel " << decode_kernel_name(k);
         }
     }
     upload(dp.lens, hp.c.lens);
@@ -1199,38 +1148,21 @@ std::vector<float> one_sequence_reference(const PagedDecodeParams& p, const floa
   return ref;
 }
 
-// Issue 7's rows: each KV type (K and V the same) at B=64 L=8192 and B=1
-// L=32768, GQA 32/8, hd 128, page 16, shuffled pages; GB/s of the bytes the
-// kernel actually reads (quants + scales of K and V), tokens/s (decode steps
-// of the whole batch per second: B / time) and the ratio to f16. Rows on the
-// tensor-core kernel are also timed with a second version in the same run
-// (RUNLM_PAGED_DECODE_MMA_CMP=v4..v9, v11 or v12, default v7: 16-byte register
-// loads, paged_decode_mma_v7.cuh): the "vN" columns (validated first, as
-// the main columns).
-// The f16 and bf16 rows' "vN" columns run version 10 (tensor cores for
-// the plain pools) in mode f16_cmp (paged_decode_set_f16_mma: 1 mma, 2 mma2,
-// 3 mma4) beside the main columns (the mode in use: mma4 on sm_90 by
-// default, RUNLM_PAGED_DECODE_F16 forces one; F16Paths sets the SIMT kernel).
-void kv_type_sweep(double copy_bw, const std::vector<KvType>& types, int f16_cmp) {
+// Each KV type (K and V the same) at B=64 L=8192 and B=1 L=32768, GQA 32/8,
+// hd 128, page 16, shuffled pages, on the kernel the selector picks: GB/s
+// of the bytes the kernel actually reads (quants + scales of K and V),
+// tokens/s (decode steps of the whole batch per second: B / time), the
+// ratio to f16 and the kernel that ran.
+void kv_type_sweep(double copy_bw, const std::vector<KvType>& types) {
   const int n_heads = 32, n_kv = 8, hd = 128, bs = 16;
   struct Point {
     int b, l;
   };
   const Point points[] = {{64, 8192}, {1, 32768}};
   const int max_pages = 64 * 8192 / bs;  // one rotation of the largest point
-  std::printf("\npaged decode by KV type (GQA 32/8, hd 128, page 16, auto split; quantized: %s v%d); copy %.0f GB/s\n",
-              std::getenv("RUNLM_PAGED_DECODE") ? std::getenv("RUNLM_PAGED_DECODE") : "tensor cores",
-              paged_decode_mma_version(), copy_bw / 1e9);
-  const char* cmp_env = std::getenv("RUNLM_PAGED_DECODE_MMA_CMP");
-  const int cmp_n = cmp_env && cmp_env[0] == 'v' ? std::atoi(cmp_env + 1) : 0;
-  const int cmp = (cmp_n >= 4 && cmp_n <= 9) || cmp_n == 11 || cmp_n == 12 ? cmp_n : 7;
-  const std::string col_us = "v" + std::to_string(cmp) + " us", col_gbps = "v" + std::to_string(cmp) + " GB/s",
-                    col_vs = "v" + std::to_string(cmp) + " vs";
-  std::printf("(f16 / bf16 rows: main columns f16 mode %d, the vN columns version 10 mode %d (%s); 0 simt, 1 mma, "
-              "2 mma2, 3 mma4)\n",
-              paged_decode_f16_mma(), f16_cmp, f16_cmp == 1 ? "mma" : f16_cmp == 2 ? "mma2" : "mma4");
-  std::printf("%5s %6s %6s %10s %10s %10s %12s %8s %10s %10s %8s\n", "B", "L", "kv", "us", "MB read", "GB/s",
-              "tokens/s", "vs f16", col_us.c_str(), col_gbps.c_str(), col_vs.c_str());
+  std::printf("\npaged decode by KV type (GQA 32/8, hd 128, page 16, auto split); copy %.0f GB/s\n", copy_bw / 1e9);
+  std::printf("%5s %6s %6s %10s %10s %10s %12s %8s  %s\n", "B", "L", "kv", "us", "MB read", "GB/s", "tokens/s",
+              "vs f16", "kernel");
   double f16_tps[2] = {0, 0};
   for (KvType t : types) {  // f16 first: the ratios refer to it
     const KvPoolLayout l = kv_pool_layout(t, bs, n_kv, hd);
@@ -1274,7 +1206,7 @@ void kv_type_sweep(double copy_bw, const std::vector<KvType>& types, int f16_cmp
       DevBuf ws(ws_bytes);
       PagedDecodeParams p =
           one_token_params(dq, dout, dcu, dlens, dtab.as<int32_t>(), kpool.p, vpool.p, t, B, L, bs, n_heads, n_kv, hd);
-      const int in_use = paged_decode_mma_version();
+      const char* kernel = decode_kernel_name(select_decode_kernel(p).kernel);
       // Validate sequence 0 against the reference on a host copy of its pages.
       auto validate = [&] {
         ck(cudaMemset(dout.p, 0xff, hq.size() * 4), "poison");
@@ -1293,9 +1225,8 @@ void kv_type_sweep(double copy_bw, const std::vector<KvType>& types, int f16_cmp
         }
         const std::vector<float> ref = one_sequence_reference(p, hq.data(), pk.data(), pv.data(), L);
         std::string where;
-        EXPECT_LT(worst_row_error(out, ref, hd, &where), row_tolerance(p))
-            << "kv " << kv_type_name(t) << " B=" << B << " L=" << L << " tensor-core version "
-            << paged_decode_mma_version() << " f16 mode " << paged_decode_f16_mma();
+        EXPECT_LT(worst_row_error(out, ref, hd, &where), row_tolerance(p, select_decode_kernel(p).kernel))
+            << "kv " << kv_type_name(t) << " B=" << B << " L=" << L << " kernel " << kernel;
       };
       validate();
       std::vector<PagedDecodeParams> ps;
@@ -1306,28 +1237,10 @@ void kv_type_sweep(double copy_bw, const std::vector<KvType>& types, int f16_cmp
       const double t_s = time_launches(ps, ws.p, ws_bytes, -1);
       const double tps = B / t_s;
       if (t == KvType::F16) f16_tps[pi] = tps;
-      double t6 = 0;  // version cmp (0: not on the tensor-core kernel)
-      if (t == KvType::F16 || t == KvType::BF16) {
-        const F16ModeGuard f16_guard;
-        paged_decode_set_f16_mma(f16_cmp);
-        validate();
-        t6 = time_launches(ps, ws.p, ws_bytes, -1);
-        std::printf("{\"bench\":\"paged_decode_kv\",\"kv\":\"%s\",\"f16_mode\":%d,\"B\":%d,\"L\":%d,\"us\":%.2f,"
-                    "\"gbps\":%.1f,\"tokens_per_s\":%.0f,\"vs_f16\":%.3f}\n",
-                    kv_type_name(t), f16_cmp, B, L, t6 * 1e6, bytes / t6 / 1e9, B / t6, B / t6 / f16_tps[pi]);
-      } else if (paged_decode_uses_tensor_cores(p)) {
-        paged_decode_set_mma_version(cmp);
-        validate();
-        t6 = time_launches(ps, ws.p, ws_bytes, -1);
-        paged_decode_set_mma_version(in_use);
-        std::printf("{\"bench\":\"paged_decode_kv\",\"kv\":\"%s\",\"mma\":%d,\"B\":%d,\"L\":%d,\"us\":%.2f,"
-                    "\"gbps\":%.1f,\"tokens_per_s\":%.0f,\"vs_f16\":%.3f}\n",
-                    kv_type_name(t), cmp, B, L, t6 * 1e6, bytes / t6 / 1e9, B / t6, B / t6 / f16_tps[pi]);
-      }
       std::printf("{\"bench\":\"paged_decode_kv\",\"kv\":\"%s\",\"B\":%d,\"L\":%d,\"part\":%d,\"us\":%.2f,"
-                  "\"bytes\":%.0f,\"gbps\":%.1f,\"tokens_per_s\":%.0f,\"vs_f16\":%.3f}\n",
+                  "\"bytes\":%.0f,\"gbps\":%.1f,\"tokens_per_s\":%.0f,\"vs_f16\":%.3f,\"kernel\":\"%s\"}\n",
                   kv_type_name(t), B, L, paged_decode_auto_partition(p), t_s * 1e6, bytes, bytes / t_s / 1e9, tps,
-                  tps / f16_tps[pi]);
+                  tps / f16_tps[pi], kernel);
       // Partition sweep at B=64 (JSON only): is auto's split right for this
       // type's kernel, whose CTAs an SM differ from the f16 one's?
       if (B == 64)
@@ -1340,10 +1253,7 @@ void kv_type_sweep(double copy_bw, const std::vector<KvType>& types, int f16_cmp
         }
       std::printf("%5d %6d %6s %10.2f %10.1f %10.1f %12.0f %8.2f", B, L, kv_type_name(t), t_s * 1e6, bytes / 1e6,
                   bytes / t_s / 1e9, tps, tps / f16_tps[pi]);
-      if (t6 > 0)
-        std::printf(" %10.2f %10.1f %8.2f\n", t6 * 1e6, bytes / t6 / 1e9, B / t6 / f16_tps[pi]);
-      else
-        std::printf(" %10s %10s %8s\n", "-", "-", "-");
+      std::printf("  %s\n", kernel);
       std::fflush(stdout);
     }
   }
@@ -1387,11 +1297,6 @@ TEST(PagedAttentionBench, DecodeSweep) {
     int part;
   };
   std::vector<Row> rows;
-  struct ModeRow {
-    int b, l;
-    double gbps[4];  // paged, by version 10 mode (0: the SIMT kernel)
-  };
-  std::vector<ModeRow> mode_rows;
   for (int B : batches)
     for (int L : ctxs) {
       const int pages = L / bs;
@@ -1457,8 +1362,8 @@ TEST(PagedAttentionBench, DecodeSweep) {
             std::vector<float> got(out.begin() + size_t(s) * n_heads * hd, out.begin() + size_t(s + 1) * n_heads * hd);
             std::string where;
             const double err = worst_row_error(got, ref, hd, &where);
-            EXPECT_LT(err, row_tolerance(ps[0][0]))
-                << "bench B=" << B << " L=" << L << " seq " << s << " f16 mode " << paged_decode_f16_mma() << " " << where;
+            EXPECT_LT(err, row_tolerance(ps[0][0], select_decode_kernel(ps[0][0]).kernel))
+                << "bench B=" << B << " L=" << L << " seq " << s << " " << where;
           }
         }
       };
@@ -1474,22 +1379,6 @@ TEST(PagedAttentionBench, DecodeSweep) {
                     gbps[layout] * 1e9 / copy_bw);
       }
       rows.push_back({B, L, gbps[0], gbps[1], auto_part});
-      // Version 10 (tensor cores for the plain pools) beside the SIMT kernel
-      // at the target points: every mode on the paged layout, auto split.
-      if ((B == 1 && L == 32768) || (B == 64 && L == 8192) || (B == 8 && L == 32768) || (B == 256 && L == 8192)) {
-        const F16ModeGuard f16_guard;
-        ModeRow mr{B, L, {}};
-        for (int mode = 0; mode < 4; ++mode) {
-          paged_decode_set_f16_mma(mode);
-          validate();
-          const double t = time_launches(ps[0], ws.p, ws_bytes, -1);
-          mr.gbps[mode] = kv_bytes / t / 1e9;
-          std::printf("{\"bench\":\"paged_decode_f16\",\"f16_mode\":%d,\"B\":%d,\"L\":%d,\"part\":%d,\"us\":%.2f,"
-                      "\"gbps\":%.1f}\n",
-                      mode, B, L, paged_decode_auto_partition(ps[0][0]), t * 1e6, mr.gbps[mode]);
-        }
-        mode_rows.push_back(mr);
-      }
       // Partition sweep at the issue's target points (is auto right?).
       if ((B == 1 && L == 32768) || (B == 64 && L == 8192) || (B == 8 && L == 32768)) {
         for (int part : {0, 256, 512, 1024, 2048, 4096}) {
@@ -1506,11 +1395,6 @@ TEST(PagedAttentionBench, DecodeSweep) {
   for (const Row& r : rows)
     std::printf("%5d %6d %6d %10.1f %10.1f %8.3f %8.3f\n", r.b, r.l, r.part, r.paged_gbps, r.contig_gbps,
                 r.paged_gbps / r.contig_gbps, r.paged_gbps * 1e9 / copy_bw);
-  std::printf("\nf16 paths, paged GB/s (simt: SIMT kernel; mma / mma2 / mma4: version 10 modes 1 / 2 / 3)\n");
-  std::printf("%5s %6s %8s %8s %8s %8s %9s\n", "B", "L", "simt", "mma", "mma2", "mma4", "best/simt");
-  for (const ModeRow& r : mode_rows)
-    std::printf("%5d %6d %8.1f %8.1f %8.1f %8.1f %9.3f\n", r.b, r.l, r.gbps[0], r.gbps[1], r.gbps[2], r.gbps[3],
-                std::max({r.gbps[1], r.gbps[2], r.gbps[3]}) / r.gbps[0]);
 }
 
 // Probe of the pool layout (NHD: a page is [token][kv head][dim], so one KV
@@ -1589,47 +1473,20 @@ TEST(PagedAttentionBench, HeadLayoutProbe) {
   }
 }
 
-// Version 10's mode for the comparison columns: RUNLM_PAGED_DECODE_F16_CMP
-// = mma (default), mma2 or mma4.
-int f16_cmp_mode() {
-  const char* e = std::getenv("RUNLM_PAGED_DECODE_F16_CMP");
-  if (e && std::strcmp(e, "mma2") == 0) return 2;
-  if (e && std::strcmp(e, "mma4") == 0) return 3;
-  return 1;
-}
-
-// Issue 7's table alone (the quick A/B of the tensor-core versions: the
-// main columns run the version in use, RUNLM_PAGED_DECODE_MMA, the vN
-// columns RUNLM_PAGED_DECODE_MMA_CMP, default v7).
+// The KV type table alone (RUNLM_BENCH_KV=q8_0,q4_0, names as -ctk takes
+// them, keeps only those rows besides f16, the ratios' base).
 TEST(PagedAttentionBench, KvTypes) {
   if (!bench_enabled()) GTEST_SKIP() << "set RUNLM_BENCH=1";
   REQUIRE_DEVICE();
   const double copy_bw = copy_bandwidth();
   std::printf("{\"bench\":\"copy\",\"bytes\":%zu,\"gbps\":%.1f}\n", size_t(2) << 30, copy_bw / 1e9);
-  // RUNLM_BENCH_KV=q8_0,q4_0 (names as -ctk takes them) keeps only those
-  // rows besides f16, the ratios' base (device runs short of time).
   std::vector<KvType> types = {KvType::F16};
   for (KvType t : {KvType::BF16, KvType::Q8_0, KvType::FP8, KvType::Q4_0}) {
     const char* only = std::getenv("RUNLM_BENCH_KV");
     if (!only || ("," + std::string(only) + ",").find("," + std::string(kv_type_name(t)) + ",") != std::string::npos)
       types.push_back(t);
   }
-  kv_type_sweep(copy_bw, types, f16_cmp_mode());
-}
-
-// Version 10 (tensor cores for f16/f16 and bf16/bf16 pools) in each mode
-// beside the SIMT kernel (forced in the main columns): kv_type_sweep's f16
-// and bf16 rows once per mode (B=64 L=8192 and B=1 L=32768, validated first).
-TEST(PagedAttentionBench, F16Paths) {
-  if (!bench_enabled()) GTEST_SKIP() << "set RUNLM_BENCH=1";
-  REQUIRE_DEVICE();
-  const double copy_bw = copy_bandwidth();
-  std::printf("{\"bench\":\"copy\",\"bytes\":%zu,\"gbps\":%.1f}\n", size_t(2) << 30, copy_bw / 1e9);
-  const F16ModeGuard f16_guard;
-  for (int mode : {1, 2, 3}) {
-    paged_decode_set_f16_mma(0);  // the main columns: the SIMT kernel, whatever the default
-    kv_type_sweep(copy_bw, {KvType::F16, KvType::BF16}, mode);
-  }
+  kv_type_sweep(copy_bw, types);
 }
 
 #endif  // RUNLM_CUDA

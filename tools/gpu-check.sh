@@ -23,7 +23,7 @@ OUT=${OUT:-$ROOT/gpu-check-out}
 BUILD=${BUILD:-$ROOT/build-gpu}
 JOBS=${JOBS:-$(nproc)}
 # Also available: profile (ncu), plot (PNG charts), and the sections below
-# the summary (models, bench_model, paged, paged_v6, paged_v7, paged_f16, batch_model, gemv, gemm_fused,
+# the summary (models, bench_model, paged, batch_model, gemv, gemm_fused,
 # bench_npl, fa3_variant, ...).
 SECTIONS=${SECTIONS:-"env build test sass sanitize bench anchors summary"}
 BENCH_ARGS=${BENCH_ARGS:-}
@@ -310,7 +310,7 @@ section_bench_model() {
   return $rc
 }
 
-# The paged decode kernel's sweep (issue 6) and torch's decode anchor.
+# The paged decode benches (the kernel that ran in each row) and torch's decode anchor.
 section_paged() {
   RUNLM_BENCH=1 "$TESTS" --gtest_filter='PagedAttentionBench*' >"$OUT/paged_bench.log" 2>&1
   local rc=$?
@@ -323,84 +323,6 @@ section_paged() {
   return $rc
 }
 
-# Issue 7's tensor-core decode versions: the paged tests (each tensor-core
-# case runs v4..v9), then the by-KV-type table once per version in $2 in the
-# main columns (RUNLM_PAGED_DECODE_MMA), with version $1 in the comparison
-# columns (RUNLM_PAGED_DECODE_MMA_CMP) each time. Logs: paged_$1_*.
-paged_mma_ab() {
-  local cmp=$1 versions=$2 v rc=0
-  timeout "$TEST_TIMEOUT" "$TESTS" --gtest_filter='PagedAttention.*' >"$OUT/paged_${cmp}_tests.log" 2>&1 || rc=1
-  grep -E '^\[  (PASSED|FAILED) ' "$OUT/paged_${cmp}_tests.log"
-  for v in $versions; do
-    RUNLM_PAGED_DECODE_MMA=$v RUNLM_PAGED_DECODE_MMA_CMP=$cmp RUNLM_BENCH=1 timeout "$BENCH_TIMEOUT" "$TESTS" \
-      --gtest_filter='PagedAttentionBench.KvTypes' >"$OUT/paged_${cmp}_bench_$v.log" 2>&1 || rc=1
-    sed -n '/^paged decode by KV type/,$p' "$OUT/paged_${cmp}_bench_$v.log" | grep -vE '^\{|^\['
-  done
-  return $rc
-}
-
-# Version 6 (kernels/cuda/paged_decode_mma_v6.cuh: a cp.async ring in shared
-# memory) against v4 and itself.
-section_paged_v6() { paged_mma_ab v6 "v4 v6"; }
-
-# Versions 7, 8 and 9 (kernels/cuda/paged_decode_mma_v7.cuh: 16-byte
-# register loads, scales in the conversion; 8 adds a register ring, 9 runs 7
-# at 3 CTAs an SM): v4, v8 and v9 each beside v7.
-section_paged_v7() { paged_mma_ab v7 "v4 v8 v9"; }
-
-# Version 11 (kernels/cuda/paged_decode_mma_v11.cuh: version 7's math with a
-# per-warp TMA ring in shared memory, opt-in; q8_0 / fp8 K and V at hd 128):
-# the paged tests (every tensor-core case also runs v11), the by-KV-type
-# table with v9 in the main columns and v11 (4 stages, 3 CTAs an SM) beside
-# it, then v11's s3c4 configuration (3 stages, 4 CTAs) in the main columns.
-# Logs: paged_v11_*.
-section_paged_v11() {
-  local rc=0
-  paged_mma_ab v11 "v9" || rc=1
-  RUNLM_PAGED_DECODE_V11=s3c4 RUNLM_PAGED_DECODE_MMA=v11 RUNLM_PAGED_DECODE_MMA_CMP=v11 RUNLM_BENCH=1 \
-    timeout "$BENCH_TIMEOUT" "$TESTS" --gtest_filter='PagedAttentionBench.KvTypes' \
-    >"$OUT/paged_v11_bench_s3c4.log" 2>&1 || rc=1
-  sed -n '/^paged decode by KV type/,$p' "$OUT/paged_v11_bench_s3c4.log" | grep -vE '^\{|^\['
-  return $rc
-}
-
-# Version 10 (kernels/cuda/paged_decode_mma_f16.cuh: tensor cores for
-# f16/f16 and bf16/bf16 pools, opt-in RUNLM_PAGED_DECODE_F16): the paged
-# tests that run plain pools (each runs the SIMT kernel and modes mma, mma2,
-# mma4) with mma in use, then the f16 / bf16 rows at B=64 L=8192 and B=1
-# L=32768 with the SIMT kernel in the main columns and one mode each in the
-# v-columns. ~30-60 s. Logs: paged_f16_*.
-PAGED_F16_TESTS='PagedAttention.LengthsBlockSizesHeadDims:PagedAttention.HeadLayoutsQueryTokensWindow:PagedAttention.BatchSizes:PagedAttention.Bf16Pool:PagedAttention.PlainTensorCore*:PagedAttention.WindowEdges:PagedAttention.ShuffledEqualsContiguous:PagedAttention.GraphReplaysNewLengths:PagedAttention.OutOfBoundLengthsGiveNaNRows'
-section_paged_f16() {
-  local rc=0
-  RUNLM_PAGED_DECODE_F16=mma timeout "$TEST_TIMEOUT" "$TESTS" --gtest_filter="$PAGED_F16_TESTS" \
-    >"$OUT/paged_f16_tests.log" 2>&1 || rc=1
-  grep -E '^\[  (PASSED|FAILED) |^\[  FAILED  \]' "$OUT/paged_f16_tests.log" | head -20
-  RUNLM_BENCH=1 timeout "$BENCH_TIMEOUT" "$TESTS" --gtest_filter='PagedAttentionBench.F16Paths' \
-    >"$OUT/paged_f16_bench.log" 2>&1 || rc=1
-  grep -E '^\{' "$OUT/paged_f16_bench.log" >"$OUT/paged_f16_bench.jsonl"
-  # One line per (kv, B, L, mode): the SIMT kernel's GB/s and the mode's.
-  python3 - "$OUT/paged_f16_bench.jsonl" <<'PY' || rc=1
-import json, sys
-simt, mode = {}, {}
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    if r.get("bench") != "paged_decode_kv":
-        continue
-    key = (r["kv"], r["B"], r["L"])
-    if "f16_mode" in r:
-        mode[key + (r["f16_mode"],)] = r["gbps"]
-    elif "part" in r:
-        simt[key] = r["gbps"]
-names = {1: "mma", 2: "mma2", 3: "mma4"}
-print("%5s %6s %6s %9s %9s %9s %9s %9s" % ("kv", "B", "L", "simt", "mma", "mma2", "mma4", "best/simt"))
-for key in sorted(simt, key=lambda k: (k[0], -k[1])):
-    g = [mode.get(key + (m,), float("nan")) for m in (1, 2, 3)]
-    best = max(x for x in g if x == x) if any(x == x for x in g) else float("nan")
-    print("%5s %6d %6d %9.1f %9.1f %9.1f %9.1f %9.3f" % (key + (simt[key],) + tuple(g) + (best / simt[key],)))
-PY
-  return $rc
-}
 
 # The end-to-end batch job of issue 6: 256 prompts of 128 tokens, 128 new
 # tokens each (EOS ignored), on the random 7B models.
