@@ -51,7 +51,7 @@ FUZZ_TARGETS ?= fuzz_gguf fuzz_safetensors fuzz_hf_config fuzz_tokenizer fuzz_ch
 deps-fuzz:
 	apt-get install -y --no-install-recommends clang libclang-rt-14-dev python3
 
-# Builds the targets, derives the seed corpora from ../shared/models, runs
+# Builds the targets, derives the seed corpora from the model files, runs
 # each target for FUZZ_SECONDS and fails if any finds a crash (the input is
 # left in $(FUZZ_BUILD)/artifacts/TARGET/).
 fuzz:

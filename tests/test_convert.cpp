@@ -1,6 +1,6 @@
 // Tests for model conversion (safetensors reader, config.json, llama2.c and
 // Hugging Face converters), quantization and the make_random_model tool.
-// References are real files in ../shared/models and the format definitions
+// References are real files (the embedded stories260K, shared sotu29m and Llama-2 tokenizer) and the format definitions
 // (block layouts, the RoPE permutation) written out independently here.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -28,11 +28,11 @@
 
 using namespace runlm;
 using runlm::test::error_of;
+using runlm::test::shared_model;
 namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kModels = std::string(RUNLM_SOURCE_DIR) + "/../shared/models";
 
 // A scratch directory per test, removed afterwards.
 class TempDir {
@@ -279,7 +279,8 @@ TEST(ConvertHfConfig, RejectsUnsupported) {
 }
 
 TEST(ConvertHfConfig, Sotu29m) {
-  const HfConfig c = read_hf_config(kModels + "/sotu29m/config.json");
+  RUNLM_REQUIRE_ASSET(shared_model("sotu29m/config.json"));
+  const HfConfig c = read_hf_config(shared_model("sotu29m/config.json"));
   EXPECT_EQ(c.hidden_size, 512);
   EXPECT_EQ(c.intermediate_size, 1408);
   EXPECT_EQ(c.num_hidden_layers, 7);
@@ -297,12 +298,13 @@ TEST(ConvertHfConfig, Sotu29m) {
 // ---- sentencepiece normalizer flags ------------------------------------------
 
 TEST(ConvertTokenizer, NormalizerFlagsFromModelProto) {
+  RUNLM_REQUIRE_ASSET(shared_model("llama2-tokenizer.model"));
   // SOURCES.md: tok512 has remove_extra_whitespaces=true, Llama 2's false;
   // both add_dummy_prefix.
-  const auto tok512 = read_spm_normalizer_flags(kModels + "/stories260K-tok512.model");
+  const auto tok512 = read_spm_normalizer_flags(shared_model("stories260K-tok512.model"));
   EXPECT_TRUE(tok512.add_dummy_prefix);
   EXPECT_TRUE(tok512.remove_extra_whitespaces);
-  const auto llama2 = read_spm_normalizer_flags(kModels + "/llama2-tokenizer.model");
+  const auto llama2 = read_spm_normalizer_flags(shared_model("llama2-tokenizer.model"));
   EXPECT_TRUE(llama2.add_dummy_prefix);
   EXPECT_FALSE(llama2.remove_extra_whitespaces);
 
@@ -321,10 +323,10 @@ TEST(ConvertLlama2c, Stories260KMatchesReferenceGguf) {
   TempDir dir;
   const std::string out = dir / "s.gguf";
   const ConvertResult r =
-      convert_llama2c(kModels + "/stories260K.bin", kModels + "/stories260K-tok512.model", out);
+      convert_llama2c(shared_model("stories260K.bin"), shared_model("stories260K-tok512.model"), out);
   EXPECT_TRUE(r.hparams.tied_embeddings);
   auto mine = GgufFile::open(out);
-  auto ref = GgufFile::open(kModels + "/stories260K.gguf");
+  auto ref = GgufFile::open(shared_model("stories260K.gguf"));
 
   // Every tensor bit-identical to llama.cpp's conversion of the same checkpoint.
   EXPECT_EQ(mine->tensors().size(), ref->tensors().size() - 1);  // output.weight omitted (tied)
@@ -366,11 +368,11 @@ TEST(ConvertLlama2c, Stories260KMatchesReferenceGguf) {
 TEST(ConvertLlama2c, F16AndCommandLine) {
   TempDir dir;
   const std::string out = dir / "s16.gguf";
-  EXPECT_EQ(call_cmd(cmd_convert, {"runlm convert", kModels + "/stories260K.bin", "-o", out, "--type", "f16",
-                                   "--tokenizer", kModels + "/stories260K-tok512.model"}),
+  EXPECT_EQ(call_cmd(cmd_convert, {"runlm convert", shared_model("stories260K.bin"), "-o", out, "--type", "f16",
+                                   "--tokenizer", shared_model("stories260K-tok512.model")}),
             0);
   auto mine = GgufFile::open(out);
-  auto ref = GgufFile::open(kModels + "/stories260K.gguf");
+  auto ref = GgufFile::open(shared_model("stories260K.gguf"));
   EXPECT_EQ(mine->get_int("general.file_type"), 1);
   for (const GgufTensorInfo& t : mine->tensors()) {
     const GgufTensorInfo* rt = ref->find_tensor(t.name);
@@ -382,19 +384,19 @@ TEST(ConvertLlama2c, F16AndCommandLine) {
   }
   // No tokenizer for a .bin: a clear error, no file.
   const std::string e = error_of([&] {
-    call_cmd(cmd_convert, {"runlm convert", kModels + "/stories260K.bin", "-o", dir / "x.gguf"});
+    call_cmd(cmd_convert, {"runlm convert", shared_model("stories260K.bin"), "-o", dir / "x.gguf"});
   });
   EXPECT_NE(e.find("--tokenizer"), std::string::npos) << e;
   EXPECT_FALSE(fs::exists(dir / "x.gguf"));
-  EXPECT_THROW(convert_llama2c(kModels + "/stories260K.bin", kModels + "/stories260K-tok512.model", dir / "q.gguf",
+  EXPECT_THROW(convert_llama2c(shared_model("stories260K.bin"), shared_model("stories260K-tok512.model"), dir / "q.gguf",
                                DType::Q8_0),
                Error);
 }
 
 TEST(ConvertLlama2c, RejectsBadFiles) {
   TempDir dir;
-  const std::string bin = read_bytes(kModels + "/stories260K.bin");
-  const std::string tok = kModels + "/stories260K-tok512.model";
+  const std::string bin = read_bytes(shared_model("stories260K.bin"));
+  const std::string tok = shared_model("stories260K-tok512.model");
   auto convert_image = [&](const std::string& image) {
     write_bytes(dir / "m.bin", image);
     return error_of([&] { convert_llama2c(dir / "m.bin", tok, dir / "m.gguf"); });
@@ -426,8 +428,9 @@ TEST(ConvertLlama2c, RejectsBadFiles) {
 // ---- Hugging Face ------------------------------------------------------------
 
 TEST(ConvertHf, Sotu29mShapesKeysAndRopePermutation) {
+  RUNLM_REQUIRE_ASSET(shared_model("sotu29m/config.json"));
   TempDir dir;
-  const std::string src = kModels + "/sotu29m";
+  const std::string src = shared_model("sotu29m");
   const std::string out = dir / "sotu.gguf";
   const ConvertResult r = convert_hf(src, out);
   EXPECT_EQ(r.type, DType::BF16);  // the checkpoint's precision
@@ -522,7 +525,7 @@ TEST(ConvertHf, RejectsMismatchedShapesAndExtraTensors) {
   write_bytes(dir / "config.json", cfg);
   write_bytes(dir / "model.safetensors", safetensors_image(h.dump(), data));
   write_bytes(dir / "tokenizer_config.json", R"({"chat_template": "{{ messages }}", "add_bos_token": true})");
-  const std::string tok = kModels + "/stories260K-tok512.model";
+  const std::string tok = shared_model("stories260K-tok512.model");
   EXPECT_EQ(error_of([&] { convert_hf(dir.str(), dir / "ok.gguf", DType::F16, tok); }), "<no error>");
   auto g = GgufFile::open(dir / "ok.gguf");
   EXPECT_EQ(g->find_tensor("output.weight"), nullptr);  // tied
@@ -576,7 +579,7 @@ float block_amax(const std::vector<float>& v, size_t i) {
 
 TEST(QuantizeGguf, Q8_0AndQ4_0CloseToOriginal) {
   TempDir dir;
-  const std::string in = kModels + "/stories260K.gguf";
+  const std::string in = shared_model("stories260K.gguf");
   auto ref = GgufFile::open(in);
   struct Case {
     const char* type;
@@ -637,7 +640,7 @@ TEST(QuantizeGguf, Q4KFallsBackOnNarrowRows) {
   TempDir dir;
   testing::internal::CaptureStderr();
   QuantizeReport rep;
-  ASSERT_NO_THROW(rep = quantize_gguf(kModels + "/stories260K.gguf", dir / "k.gguf", "q4_k"));
+  ASSERT_NO_THROW(rep = quantize_gguf(shared_model("stories260K.gguf"), dir / "k.gguf", "q4_k"));
   const std::string err = testing::internal::GetCapturedStderr();
   // Every 2-D tensor (embedding, output, 7 per layer) has rows of 64 or 172 < 256.
   EXPECT_EQ(rep.fallbacks.size(), 2u + 5u * 7u);
@@ -709,8 +712,9 @@ int run_random_model(const std::string& args) {
 }  // namespace
 
 TEST(RandomModel, TinyPresetOpensWithExpectedShapes) {
+  RUNLM_REQUIRE_ASSET(shared_model("llama2-tokenizer.model"));
   TempDir dir;
-  const std::string tok = kModels + "/llama2-tokenizer.model";
+  const std::string tok = shared_model("llama2-tokenizer.model");
   const std::string out = dir / "tiny.gguf";
   ASSERT_EQ(run_random_model("--preset tiny --type q8_0 --seed 7 --tokenizer " + tok + " -o " + out), 0);
   auto g = GgufFile::open(out);
@@ -760,7 +764,7 @@ TEST(RandomModel, TinyPresetOpensWithExpectedShapes) {
 
 TEST(RandomModel, OverridesAndErrors) {
   TempDir dir;
-  const std::string tok = kModels + "/stories260K-tok512.model";
+  const std::string tok = shared_model("stories260K-tok512.model");
   const std::string out = dir / "m.gguf";
   ASSERT_EQ(run_random_model("--preset tiny --type q4_k_m --dim 256 --heads 2 --kv-heads 1 --layers 2 --hidden 512 "
                              "--ctx 128 --tokenizer " + tok + " -o " + out),

@@ -105,6 +105,7 @@ TEST(CudaEngine, Stories260KGreedyMatchesGolden) {
 
 TEST(CudaEngine, Sotu29mMatchesTransformersAndTheCpu) {
   REQUIRE_GPU();
+  RUNLM_REQUIRE_ASSET(shared_model("sotu29m/config.json"));
   TempPath gguf(".gguf");
   auto model = load_sotu29m(gguf);
   const auto ref = sotu29m_reference();
@@ -145,6 +146,7 @@ std::unique_ptr<Engine> engine_with_attn(const Model& m, AttnBackend attn, int n
 
 TEST(CudaEngine, Sotu29mGreedyIsTheSameWithEveryAttnBackend) {
   REQUIRE_GPU();
+  RUNLM_REQUIRE_ASSET(shared_model("sotu29m/config.json"));
   TempPath gguf(".gguf");
   auto model = load_sotu29m(gguf);
   const auto ref = sotu29m_reference();
@@ -213,6 +215,7 @@ CommandResult make_llama7b_shape_model(const std::string& type, const std::strin
 // type); bound 2.5e-2. A wrong block, scale or element order gives > 0.1.
 TEST(CudaEngine, Llama7BShapeLogitsMatchTheCpu) {
   REQUIRE_GPU();
+  RUNLM_REQUIRE_ASSET(shared_model("llama2-tokenizer.model"));
   for (const char* type : {"q4_0", "q8_0", "q4_k", "f16"}) {
     TempPath path(".gguf");
     const CommandResult made = make_llama7b_shape_model(type, path.str());
@@ -252,6 +255,7 @@ TEST(CudaEngine, Llama7BShapeLogitsMatchTheCpu) {
 // tokens must be the same.
 TEST(CudaEngine, Llama7BShapeBackendsGiveTheSameGreedyTokens) {
   REQUIRE_GPU();
+  RUNLM_REQUIRE_ASSET(shared_model("llama2-tokenizer.model"));
   TempPath path(".gguf");
   const CommandResult made = make_llama7b_shape_model("q4_0", path.str());
   ASSERT_EQ(made.exit_code, 0) << made.err;
@@ -291,6 +295,7 @@ TEST(CudaEngine, Llama7BShapeBackendsGiveTheSameGreedyTokens) {
 // replays reuse the ticket counters).
 TEST(CudaEngine, GemvSwigluFusedEqualsSeparateSwiglu) {
   REQUIRE_GPU();
+  RUNLM_REQUIRE_ASSET(shared_model("llama2-tokenizer.model"));
   for (const char* type : {"q4_0", "q8_0"}) {
     TempPath path(".gguf");
     const CommandResult made = make_llama7b_shape_model(type, path.str());
@@ -327,6 +332,7 @@ TEST(CudaEngine, GemvSwigluFusedEqualsSeparateSwiglu) {
 // attention against the contiguous kernels).
 TEST(CudaEngine, BatchedPagedStepsMatchSingleSequenceRuns) {
   REQUIRE_GPU();
+  RUNLM_REQUIRE_ASSET(shared_model("sotu29m/config.json"));
   TempPath gguf(".gguf");
   auto model = load_sotu29m(gguf);
   const std::vector<std::string> prompts = {
@@ -358,6 +364,7 @@ TEST(CudaEngine, BatchedPagedStepsMatchSingleSequenceRuns) {
 // with the same window, for fa2 and auto (fa3 on sm_90).
 TEST(CudaEngine, BatchedPagedSlidingWindowMatchesSingleSequenceRuns) {
   REQUIRE_GPU();
+  RUNLM_REQUIRE_ASSET(shared_model("sotu29m/config.json"));
   TempPath gguf(".gguf");
   auto model = load_sotu29m(gguf);
   const std::string long_text =
@@ -431,6 +438,7 @@ std::unique_ptr<Engine> kv_engine(Device d, const Model& m, KvType k, KvType v, 
 
 TEST(CudaEngine, Sotu29mQ8KvGreedyMatchesTheCpu) {
   REQUIRE_GPU();
+  RUNLM_REQUIRE_ASSET(shared_model("sotu29m/config.json"));
   TempPath gguf(".gguf");
   auto model = load_sotu29m(gguf);
   const auto ref = sotu29m_reference();
@@ -455,6 +463,7 @@ TEST(CudaEngine, Sotu29mQ8KvGreedyMatchesTheCpu) {
 // levels are 1/8 of a block's range, so a level flip moves a logit more.
 TEST(CudaEngine, Sotu29mEveryKvTypePairCloseToTheCpu) {
   REQUIRE_GPU();
+  RUNLM_REQUIRE_ASSET(shared_model("sotu29m/config.json"));
   TempPath gguf(".gguf");
   auto model = load_sotu29m(gguf);
   const KvType types[] = {KvType::F16, KvType::BF16, KvType::Q8_0, KvType::Q4_0, KvType::FP8};
@@ -494,6 +503,7 @@ TEST(CudaEngine, Sotu29mEveryKvTypePairCloseToTheCpu) {
 // A contiguous cache refuses smoothing, naming the paged one.
 TEST(CudaEngine, KSmoothingOnTheGpu) {
   REQUIRE_GPU();
+  RUNLM_REQUIRE_ASSET(shared_model("sotu29m/config.json"));
   TempPath gguf(".gguf");
   auto model = load_sotu29m(gguf);
   const ModelConfig& c = model->config();
@@ -555,6 +565,7 @@ TEST(CudaEngine, KSmoothingOnTheGpu) {
 // naive kernel), which sees the same f16 values. --attn fa3 keeps gather_kv.
 TEST(CudaEngine, Sotu29mTypedKvPrefillReadsPagesInPlace) {
   REQUIRE_GPU();
+  RUNLM_REQUIRE_ASSET(shared_model("sotu29m/config.json"));
   TempPath gguf(".gguf");
   auto model = load_sotu29m(gguf);
   const KvType types[] = {KvType::F16, KvType::BF16, KvType::Q8_0, KvType::Q4_0, KvType::FP8};

@@ -1,4 +1,5 @@
-// Tests for the GGUF reader and writer: real files from ../shared/models,
+// Tests for the GGUF reader and writer: real files (the embedded stories260K,
+// the shared Llama-2 vocabulary),
 // writer round trips, and hand-built corrupt files that must be rejected with
 // an Error (never a crash).
 #include <gtest/gtest.h>
@@ -12,12 +13,14 @@
 #include "common.h"
 #include "dtype.h"
 #include "gguf.h"
+#include "test_support.h"
 
 using namespace runlm;
+using runlm::test::shared_model;
 
 namespace {
 
-const std::string kModels = std::string(RUNLM_SOURCE_DIR) + "/../shared/models/";
+
 
 std::vector<uint8_t> read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -104,7 +107,7 @@ Bytes valid_image() {
 // ---- real files ---------------------------------------------------------------
 
 TEST(GgufStories, MetadataMatchesSources) {
-  auto f = GgufFile::open(kModels + "stories260K.gguf");
+  auto f = GgufFile::open(shared_model("stories260K.gguf"));
   EXPECT_EQ(f->version(), 3u);
   EXPECT_EQ(f->alignment(), 32u);
   EXPECT_EQ(f->file_size(), 1185376u);
@@ -131,7 +134,7 @@ TEST(GgufStories, MetadataMatchesSources) {
 }
 
 TEST(GgufStories, TensorsMatchSources) {
-  auto f = GgufFile::open(kModels + "stories260K.gguf");
+  auto f = GgufFile::open(shared_model("stories260K.gguf"));
   ASSERT_EQ(f->tensors().size(), 48u);
   for (const auto& t : f->tensors()) {
     EXPECT_EQ(t.type, DType::F32) << t.name;
@@ -153,7 +156,7 @@ TEST(GgufStories, TensorsMatchSources) {
 
   // Cross-check against the independent llama2.c export of the same weights:
   // 7 int32 header, then emb[512][64], rms_att[5][64], wq[5][64][64], wk[5][32][64].
-  const auto bin = read_file(kModels + "stories260K.bin");
+  const auto bin = read_file(shared_model("stories260K.bin"));
   const size_t emb_at = 7 * 4;
   ASSERT_GE(bin.size(), emb_at + emb->nbytes);
   EXPECT_EQ(std::memcmp(f->tensor_data(*emb), bin.data() + emb_at, emb->nbytes), 0);
@@ -163,9 +166,9 @@ TEST(GgufStories, TensorsMatchSources) {
 }
 
 TEST(GgufStories, FromMemoryAgreesWithOpen) {
-  const auto img = read_file(kModels + "stories260K.gguf");
+  const auto img = read_file(shared_model("stories260K.gguf"));
   auto m = GgufFile::from_memory(img.data(), img.size(), "mem");
-  auto f = GgufFile::open(kModels + "stories260K.gguf");
+  auto f = GgufFile::open(shared_model("stories260K.gguf"));
   EXPECT_EQ(m->path(), "mem");
   ASSERT_EQ(m->tensors().size(), f->tensors().size());
   // SOURCES.md: tensor data starts at file offset 14176.
@@ -182,7 +185,7 @@ TEST(GgufStories, FromMemoryAgreesWithOpen) {
 TEST(GgufStories, RewriteIsByteIdentical) {
   // copy_metadata + the same tensors with the default alignment must
   // reproduce llama.cpp's file exactly: same layout, encoding and padding.
-  const std::string src_path = kModels + "stories260K.gguf";
+  const std::string src_path = shared_model("stories260K.gguf");
   auto f = GgufFile::open(src_path);
   GgufWriter w;
   w.copy_metadata(*f);
@@ -197,7 +200,8 @@ TEST(GgufStories, RewriteIsByteIdentical) {
 }
 
 TEST(GgufVocab, LlamaSpmVocabOnly) {
-  auto f = GgufFile::open(kModels + "ggml-vocab-llama-spm.gguf");
+  RUNLM_REQUIRE_ASSET(shared_model("ggml-vocab-llama-spm.gguf"));
+  auto f = GgufFile::open(shared_model("ggml-vocab-llama-spm.gguf"));
   EXPECT_EQ(f->version(), 3u);
   EXPECT_EQ(f->tensors().size(), 0u);
   const auto tokens = f->get_string_array("tokenizer.ggml.tokens");
@@ -215,12 +219,12 @@ TEST(GgufVocab, LlamaSpmVocabOnly) {
 // ---- getters --------------------------------------------------------------------
 
 TEST(GgufGetters, TypesAndErrors) {
-  auto f = GgufFile::open(kModels + "stories260K.gguf");
+  auto f = GgufFile::open(shared_model("stories260K.gguf"));
   try {
     f->get_int("llama.nope");
     ADD_FAILURE();
   } catch (const Error& e) {
-    EXPECT_EQ(std::string(e.what()), "key not found in model: llama.nope (" + kModels + "stories260K.gguf)");
+    EXPECT_EQ(std::string(e.what()), "key not found in model: llama.nope (" + shared_model("stories260K.gguf") + ")");
   }
   EXPECT_EQ(f->find("llama.nope"), nullptr);
   EXPECT_FALSE(f->get_int_opt("llama.nope").has_value());

@@ -138,6 +138,7 @@ TEST(KSmoothing, StatsGiveShiftOnSlowPairsAndQuarterPowerScale) {
 // scale (random here, not calibrated) leaves the logits of an f32 cache as
 // they were; one applied to K only would not.
 TEST(KSmoothing, LeavesUnquantizedLogitsUnchanged) {
+  RUNLM_REQUIRE_ASSET(shared_model("sotu29m/eval.txt"));
   auto model = Model::load(shared_model("stories260K.gguf"));
   const ModelConfig& c = model->config();
   const std::vector<int> tokens = eval_tokens(*model, 64);
@@ -176,6 +177,7 @@ TEST(KSmoothing, LeavesUnquantizedLogitsUnchanged) {
 // (the README's table has the whole text). Bounds: q8_0 under the issue's
 // 0.001, both under a quarter of their unsmoothed value.
 TEST(KSmoothing, CalibrationCutsQuantizedKError) {
+  RUNLM_REQUIRE_ASSET(shared_model("sotu29m/eval.txt"));
   auto model = Model::load(shared_model("stories260K.gguf"));
   const std::vector<int> tokens = eval_tokens(*model, 256);
   const int nv = model->config().n_vocab;

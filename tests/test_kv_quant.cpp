@@ -355,6 +355,7 @@ TEST(KvQuant, SmallHeadsKeepTheirOwnScale) {
 // bf16's (measured 4.6x; 6.1x with the blocks of 32), and the mean KL
 // divergence at most 0.005 (measured 0.0027; 0.0043 with blocks of 32).
 TEST(KvQuant, Stories260kQ8KvLogitsStayCloseToF16) {
+  RUNLM_REQUIRE_ASSET(shared_model("sotu29m/eval.txt"));
   auto model = Model::load(shared_model("stories260K.gguf"));
   const std::string text = read_file(shared_model("sotu29m/eval.txt")).substr(0, 1500);
   std::vector<int> tokens = model->tokenizer().encode(text, true);
@@ -410,6 +411,7 @@ TEST(KvQuant, Stories260kQ8KvLogitsStayCloseToF16) {
 // types for K or V with the error naming the combination, and takes the
 // plain ones; heads of 24 run every type (blocks of 8).
 TEST(KvQuant, HeadDimsNotAMultipleOf8RefuseQuantizedTypes) {
+  RUNLM_REQUIRE_ASSET(shared_model("llama2-tokenizer.model"));
   auto model_with_heads_of = [](int hd, const TempPath& out) {
     const std::string cmd = std::string(RUNLM_RANDOM_MODEL_BINARY) + " --preset tiny --type f32 --layers 1 --heads 4" +
                             " --kv-heads 2 --hidden 64 --dim " + std::to_string(4 * hd) + " --tokenizer " +

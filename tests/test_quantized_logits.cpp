@@ -56,6 +56,7 @@ std::string make_model(const TempPath& out, const std::string& type) {
 // are those measurements with ~1.5x margin; a wrong decode (a swapped nibble,
 // a wrong scale) drives the error to ~100%, far past them.
 TEST(QuantizedLogits, CloseToF32OnARandom110MModel) {
+  RUNLM_REQUIRE_ASSET(shared_model("llama2-tokenizer.model"));
   TempPath f32(".gguf"), q8(".gguf"), q4(".gguf"), q4k(".gguf");
   const std::vector<int> ids = {1, 450, 4996, 17354, 1701, 432, 17204, 975, 278, 17366, 11203, 29889};
   const auto ref = logits_of(make_model(f32, "f32"), ids);

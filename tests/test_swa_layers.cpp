@@ -197,6 +197,7 @@ TEST(SwaLayers, HfLayerTypesAndTheConvertedKey) {
 }
 
 TEST(SwaLayers, ConvertedLayerTypesReachTheModel) {
+  RUNLM_REQUIRE_ASSET(shared_model("sotu29m/config.json"));
   const Sotu29mWithLayerTypes conv;
   auto model = Model::load(conv.gguf.str());
   EXPECT_EQ(model->config().sliding_window, 32);
@@ -276,6 +277,7 @@ TEST(SwaLayers, BatchKeepsPagesForTheGlobalLayers) {
 // caches): its greedy tokens on the mixed model equal the CPU engine's.
 TEST(SwaLayers, GpuEngineMatchesTheCpu) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device (or built without CUDA)";
+  RUNLM_REQUIRE_ASSET(shared_model("sotu29m/config.json"));
   // The GPU's greedy tokens with a contiguous and a paged cache against the CPU's.
   auto expect_gpu_equals_cpu = [](const Model& model, const std::vector<int>& prompt, int n, const char* what) {
     const std::vector<int> want = greedy(*cpu_engine(model), model, prompt, n);

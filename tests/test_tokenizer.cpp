@@ -16,10 +16,11 @@
 
 using namespace runlm;
 using runlm::test::error_of;
+using runlm::test::shared_model;
 
 namespace {
 
-std::string shared(const std::string& name) { return std::string(RUNLM_SOURCE_DIR) + "/../shared/models/" + name; }
+
 
 std::string read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -78,7 +79,7 @@ std::string write_vocab_gguf(const std::string& name, const std::vector<GgufKV>&
 
 // The stories260K vocabulary as GGUF key/values, for editing.
 std::vector<GgufKV> stories_vocab_kv() {
-  auto g = GgufFile::open(shared("stories260K.gguf"));
+  auto g = GgufFile::open(shared_model("stories260K.gguf"));
   std::vector<GgufKV> kv;
   for (const GgufKV& e : g->metadata())
     if (e.key.rfind("tokenizer.", 0) == 0) kv.push_back(e);
@@ -105,7 +106,8 @@ std::string random_text(std::mt19937& rng) {
 }  // namespace
 
 TEST(TokenizerVocab, GgufMatchesLlamaCppVectors) {
-  const std::string path = shared("ggml-vocab-llama-spm.gguf");
+  RUNLM_REQUIRE_ASSET(shared_model("ggml-vocab-llama-spm.gguf"));
+  const std::string path = shared_model("ggml-vocab-llama-spm.gguf");
   auto g = GgufFile::open(path);
   auto tok = Tokenizer::from_gguf(*g);
   const auto vectors = read_vocab_vectors(path);
@@ -114,16 +116,19 @@ TEST(TokenizerVocab, GgufMatchesLlamaCppVectors) {
 }
 
 TEST(TokenizerVocab, ModelFileMatchesLlamaCppVectors) {
-  auto tok = Tokenizer::from_model_file(shared("llama2-tokenizer.model"));
-  const auto vectors = read_vocab_vectors(shared("ggml-vocab-llama-spm.gguf"));
+  RUNLM_REQUIRE_ASSET(shared_model("llama2-tokenizer.model"));
+  RUNLM_REQUIRE_ASSET(shared_model("ggml-vocab-llama-spm.gguf"));
+  auto tok = Tokenizer::from_model_file(shared_model("llama2-tokenizer.model"));
+  const auto vectors = read_vocab_vectors(shared_model("ggml-vocab-llama-spm.gguf"));
   ASSERT_EQ(vectors.size(), 46u);
   for (const auto& v : vectors) EXPECT_EQ(tok->encode(v.text, false), v.ids) << "text: '" << v.text << "'";
 }
 
 TEST(TokenizerVocab, GgufTablesRoundTripThroughSentencepiece) {
+  RUNLM_REQUIRE_ASSET(shared_model("ggml-vocab-llama-spm.gguf"));
   // The accessors are read back from the proto sentencepiece loaded, so this
   // checks the wire writer and reader against the GGUF arrays themselves.
-  auto g = GgufFile::open(shared("ggml-vocab-llama-spm.gguf"));
+  auto g = GgufFile::open(shared_model("ggml-vocab-llama-spm.gguf"));
   auto tok = Tokenizer::from_gguf(*g);
   const auto tokens = g->get_string_array("tokenizer.ggml.tokens");
   const auto scores = g->get_float_array("tokenizer.ggml.scores");
@@ -143,9 +148,11 @@ TEST(TokenizerVocab, GgufTablesRoundTripThroughSentencepiece) {
 }
 
 TEST(TokenizerVocab, GgufAndModelFileAgreeOnLlama2) {
-  auto g = GgufFile::open(shared("ggml-vocab-llama-spm.gguf"));
+  RUNLM_REQUIRE_ASSET(shared_model("ggml-vocab-llama-spm.gguf"));
+  RUNLM_REQUIRE_ASSET(shared_model("llama2-tokenizer.model"));
+  auto g = GgufFile::open(shared_model("ggml-vocab-llama-spm.gguf"));
   auto a = Tokenizer::from_gguf(*g);
-  auto b = Tokenizer::from_model_file(shared("llama2-tokenizer.model"));
+  auto b = Tokenizer::from_model_file(shared_model("llama2-tokenizer.model"));
   ASSERT_EQ(a->n_vocab(), b->n_vocab());
   EXPECT_EQ(a->bos(), b->bos());
   EXPECT_EQ(a->eos(), b->eos());
@@ -172,7 +179,7 @@ TEST(TokenizerVocab, GgufAndModelFileAgreeOnLlama2) {
 }
 
 TEST(TokenizerStories, ModelFileEncodesGoldenSentence) {
-  auto tok = Tokenizer::from_model_file(shared("stories260K-tok512.model"));
+  auto tok = Tokenizer::from_model_file(shared_model("stories260K-tok512.model"));
   EXPECT_EQ(tok->n_vocab(), 512);
   EXPECT_EQ(tok->encode(kOnceUponATime, false), kOnceUponATimeIds);
   std::vector<int> with_bos = {1};
@@ -184,7 +191,7 @@ TEST(TokenizerStories, GgufEncodesGoldenSentence) {
   // stories260K.gguf has no tokenizer.ggml.remove_extra_whitespaces, so the
   // default (false, as llama.cpp) applies; this sentence has no runs of
   // spaces, so both settings give the model file's ids.
-  auto g = GgufFile::open(shared("stories260K.gguf"));
+  auto g = GgufFile::open(shared_model("stories260K.gguf"));
   ASSERT_EQ(g->find("tokenizer.ggml.remove_extra_whitespaces"), nullptr);
   auto tok = Tokenizer::from_gguf(*g);
   EXPECT_EQ(tok->n_vocab(), 512);
@@ -196,13 +203,13 @@ TEST(TokenizerStories, GgufEncodesGoldenSentence) {
 TEST(TokenizerStories, RemoveExtraWhitespacesFollowsTheGgufKey) {
   // The tok512.model itself removes extra whitespace; a GGUF that says so
   // must encode like it, and the default must not.
-  auto model = Tokenizer::from_model_file(shared("stories260K-tok512.model"));
+  auto model = Tokenizer::from_model_file(shared_model("stories260K-tok512.model"));
   const std::string spaced = "  Once  upon a   time.  ";
   auto kv = stories_vocab_kv();
   kv.push_back({"tokenizer.ggml.remove_extra_whitespaces", GgufValue::make_bool(true)});
   auto g_on = GgufFile::open(write_vocab_gguf("rew_on", kv));
   EXPECT_EQ(Tokenizer::from_gguf(*g_on)->encode(spaced, false), model->encode(spaced, false));
-  auto g_off = GgufFile::open(shared("stories260K.gguf"));
+  auto g_off = GgufFile::open(shared_model("stories260K.gguf"));
   EXPECT_NE(Tokenizer::from_gguf(*g_off)->encode(spaced, false), model->encode(spaced, false));
 }
 
@@ -211,7 +218,7 @@ TEST(TokenizerStories, AddSpacePrefixFollowsTheGgufKey) {
   auto kv = stories_vocab_kv();
   kv.push_back({"tokenizer.ggml.add_space_prefix", GgufValue::make_bool(false)});
   auto g_off = GgufFile::open(write_vocab_gguf("no_prefix", kv));
-  auto g_on = GgufFile::open(shared("stories260K.gguf"));
+  auto g_on = GgufFile::open(shared_model("stories260K.gguf"));
   auto off = Tokenizer::from_gguf(*g_off);
   auto on = Tokenizer::from_gguf(*g_on);
   EXPECT_EQ(off->encode(std::string(" ") + kOnceUponATime, false), kOnceUponATimeIds);
@@ -220,11 +227,11 @@ TEST(TokenizerStories, AddSpacePrefixFollowsTheGgufKey) {
 }
 
 TEST(TokenizerStories, StreamingDecodeMatchesGreedyGolden) {
-  const std::vector<int> ids = parse_ids(read_file(shared("stories260K.greedy200.ids.txt")));
+  const std::vector<int> ids = parse_ids(read_file(shared_model("stories260K.greedy200.ids.txt")));
   ASSERT_EQ(ids.size(), 200u);
-  const std::string golden = read_file(shared("stories260K.greedy200.txt"));
-  auto g = GgufFile::open(shared("stories260K.gguf"));
-  std::unique_ptr<Tokenizer> toks[] = {Tokenizer::from_model_file(shared("stories260K-tok512.model")),
+  const std::string golden = read_file(shared_model("stories260K.greedy200.txt"));
+  auto g = GgufFile::open(shared_model("stories260K.gguf"));
+  std::unique_ptr<Tokenizer> toks[] = {Tokenizer::from_model_file(shared_model("stories260K-tok512.model")),
                                        Tokenizer::from_gguf(*g)};
   for (const auto& tok : toks) {
     std::string text;
@@ -238,7 +245,8 @@ TEST(TokenizerStories, StreamingDecodeMatchesGreedyGolden) {
 }
 
 TEST(TokenizerPieces, StreamingRules) {
-  auto tok = Tokenizer::from_model_file(shared("llama2-tokenizer.model"));
+  RUNLM_REQUIRE_ASSET(shared_model("llama2-tokenizer.model"));
+  auto tok = Tokenizer::from_model_file(shared_model("llama2-tokenizer.model"));
   const int once = tok->piece_to_id("\xe2\x96\x81Once");
   ASSERT_GE(once, 0);
   EXPECT_EQ(tok->token_to_piece(tok->bos(), once), "Once");  // dummy prefix dropped after BOS
@@ -255,7 +263,8 @@ TEST(TokenizerPieces, StreamingRules) {
 }
 
 TEST(TokenizerSpecial, ParsesControlTokens) {
-  auto tok = Tokenizer::from_model_file(shared("llama2-tokenizer.model"));
+  RUNLM_REQUIRE_ASSET(shared_model("llama2-tokenizer.model"));
+  auto tok = Tokenizer::from_model_file(shared_model("llama2-tokenizer.model"));
   const std::vector<int> ids = tok->encode("<s>[INST] hi [/INST]", false, true);
   ASSERT_FALSE(ids.empty());
   EXPECT_EQ(ids[0], tok->bos());
@@ -296,7 +305,7 @@ TEST(TokenizerSpecial, LongestSpecialTokenWins) {
   }
   auto g = GgufFile::open(write_vocab_gguf("specials", kv));
   auto tok = Tokenizer::from_gguf(*g);
-  auto plain = Tokenizer::from_model_file(shared("stories260K-tok512.model"));
+  auto plain = Tokenizer::from_model_file(shared_model("stories260K-tok512.model"));
   ASSERT_EQ(tok->n_vocab(), 515);
   const int im = 512, im_start = 513, im_end = 514;
   EXPECT_EQ(tok->token_type(im), 3);
@@ -316,7 +325,7 @@ TEST(TokenizerErrors, BadModelPathNamesThePath) {
   const std::string msg = error_of([&] { Tokenizer::from_model_file(path); });
   EXPECT_NE(msg.find(path), std::string::npos) << msg;
   // A file that is not a sentencepiece model.
-  const std::string bad = error_of([&] { Tokenizer::from_model_file(shared("stories260K.greedy200.txt")); });
+  const std::string bad = error_of([&] { Tokenizer::from_model_file(shared_model("stories260K.greedy200.txt")); });
   EXPECT_NE(bad.find("stories260K.greedy200.txt"), std::string::npos) << bad;
 }
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Seed corpora for the fuzz targets (tests/fuzz/fuzz_*.cpp), derived from the
-# real files in ../shared/models and from tiny models written by
+# real files (the embedded stories260K, and the test data's models/:
+# $RUNLM_TEST_DATA, default ../shared) and from tiny models written by
 # make_random_model, into BUILD/corpus/TARGET/. Nothing large is committed:
 # only tests/fuzz/seeds/ (a few hand-written inputs) is copied as it is.
 #
@@ -11,8 +12,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build-fuzz}
-MODELS=../shared/models
 OUT=$BUILD/corpus
+# One folder of model files: the embedded stories260K beside links to the
+# test data's models (those seeds are left out when it is absent).
+DATA=${RUNLM_TEST_DATA:-../shared}
+MODELS=$BUILD/seed-models
+mkdir -p "$MODELS"
+ln -sfn "$PWD"/models/stories260K/* "$MODELS/"
+if [ -d "$DATA/models" ]; then
+  for f in "$DATA"/models/*; do
+    [ -e "$MODELS/$(basename "$f")" ] || ln -s "$(realpath "$f")" "$MODELS/"
+  done
+fi
 TARGETS="fuzz_gguf fuzz_safetensors fuzz_hf_config fuzz_tokenizer fuzz_chat_template fuzz_batch_input"
 for t in $TARGETS; do
   mkdir -p "$OUT/$t"

@@ -25,7 +25,7 @@ namespace {
 
 const Tokenizer& tokenizer() {
   static const std::unique_ptr<Tokenizer> tok = Tokenizer::from_gguf(
-      *GgufFile::open(std::string(RUNLM_SOURCE_DIR) + "/../shared/models/stories260K.gguf"));
+      *GgufFile::open(std::string(RUNLM_SOURCE_DIR) + "/models/stories260K/stories260K.gguf"));
   return *tok;
 }
 

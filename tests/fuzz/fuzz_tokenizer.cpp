@@ -26,15 +26,21 @@ using namespace runlm;
 
 namespace {
 
-const std::string kModels = std::string(RUNLM_SOURCE_DIR) + "/../shared/models/";
+// The embedded stories260K, and the Llama-2 vocabularies of the test data
+// ($RUNLM_TEST_DATA, default ../shared beside the source tree).
+const std::string kEmbedded = std::string(RUNLM_SOURCE_DIR) + "/models/stories260K/";
+std::string test_data_models() {
+  const char* env = std::getenv("RUNLM_TEST_DATA");
+  return (env != nullptr && *env != '\0' ? std::string(env) : std::string(RUNLM_SOURCE_DIR) + "/../shared") + "/models/";
+}
 constexpr char kSpaceMarker[] = "\xe2\x96\x81";  // U+2581
 
 struct Vocabs {
   std::unique_ptr<Tokenizer> tok[3];
   Vocabs() {
-    tok[0] = Tokenizer::from_gguf(*GgufFile::open(kModels + "stories260K.gguf"));
-    tok[1] = Tokenizer::from_model_file(kModels + "llama2-tokenizer.model");
-    tok[2] = Tokenizer::from_gguf(*GgufFile::open(kModels + "ggml-vocab-llama-spm.gguf"));
+    tok[0] = Tokenizer::from_gguf(*GgufFile::open(kEmbedded + "stories260K.gguf"));
+    tok[1] = Tokenizer::from_model_file(test_data_models() + "llama2-tokenizer.model");
+    tok[2] = Tokenizer::from_gguf(*GgufFile::open(test_data_models() + "ggml-vocab-llama-spm.gguf"));
   }
 };
 
