@@ -1,5 +1,5 @@
 // Paged decode attention (flash-decoding over a paged KV cache). API and
-// contract in paged_attention.h; measurements in NOTES.md ("paged decode").
+// contract in paged_attention.h; measurements in docs/kernels.md ("paged decode").
 //
 // Memory bound: the design goal is to read each K/V byte once at close to
 // copy bandwidth. Every kernel is GQA-aware (one CTA owns all query rows
@@ -136,12 +136,11 @@ int parts_bound(int n_seqs, int max_seq_len) {
   return std::max(1, std::min(by_len, by_batch));
 }
 
-bool gpu_kv_type(KvType t) { return t == KvType::F16 || t == KvType::BF16 || kv_type_quantized(t); }
 
 void check_params(const PagedDecodeParams& p) {
   const PagedKvView& kv = p.kv;
   for (KvType t : {kv.k_type, kv.v_type})
-    RUNLM_CHECK(gpu_kv_type(t), "paged_decode_attention: kv type %s (K=%s V=%s) unsupported; supported: f16, bf16, "
+    RUNLM_CHECK(kv_type_on_gpu(t), "paged_decode_attention: kv type %s (K=%s V=%s) unsupported; supported: f16, bf16, "
                 "q8_0, q4_0, fp8 for K and V independently",
                 kv_type_name(t), kv_type_name(kv.k_type), kv_type_name(kv.v_type));
   const int hd = kv.head_dim;
@@ -269,6 +268,7 @@ bool kernel_runs(DecodeKernel kernel, const PagedDecodeParams& p, const DeviceAr
     case DecodeKernel::MmaQuantSm80: return arch.present && mma_types(k, v, hd) && mma_quant_types(k, v, hd);
     case DecodeKernel::MmaF16: return arch.present && mma_f16_types(k, v, hd);
     case DecodeKernel::TmaSm90: return tma_applies(p, arch);
+    case DecodeKernel::ContiguousRope: return false;
     case DecodeKernel::Auto: return true;
   }
   return false;
@@ -571,15 +571,24 @@ const char* decode_kernel_name(DecodeKernel k) {
     case DecodeKernel::MmaQuantSm80: return "mma_quant_sm80";
     case DecodeKernel::MmaF16: return "mma_f16";
     case DecodeKernel::TmaSm90: return "tma_sm90";
+    case DecodeKernel::ContiguousRope: return "contiguous_rope";
   }
   return "?";
 }
 
-bool decode_kernel_uses_tensor_cores(DecodeKernel k) { return k != DecodeKernel::Simt && k != DecodeKernel::Auto; }
+bool decode_kernel_uses_tensor_cores(DecodeKernel k) {
+  return k != DecodeKernel::Simt && k != DecodeKernel::Auto && k != DecodeKernel::ContiguousRope;
+}
 
 DecodeKernelChoice select_decode_kernel(const PagedDecodeParams& p) {
   check_params(p);
   return select(p, device_arch());
+}
+
+DecodeKernelChoice select_engine_decode_kernel(bool paged, const PagedDecodeParams& p) {
+  if (!paged)
+    return {DecodeKernel::ContiguousRope, "contiguous f16 cache: RoPE, K/V store and attention in one launch"};
+  return select_decode_kernel(p);
 }
 
 std::vector<DecodeKernel> decode_kernels_for(const PagedDecodeParams& p) {

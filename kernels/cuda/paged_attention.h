@@ -35,8 +35,11 @@ size_t paged_decode_workspace_bytes(int n_seqs, int total_q, int n_heads, int he
 void paged_decode_attention(const PagedDecodeParams& p, void* workspace, size_t workspace_bytes, void* stream);
 
 // The decode kernels (kernels/cuda/paged_attention.cu describes each).
-// Auto: the one select_decode_kernel picks.
-enum class DecodeKernel { Auto, Simt, MmaSm80, MmaQuantSm80, MmaF16, TmaSm90 };
+// Auto: the one select_decode_kernel picks. ContiguousRope is the engine's
+// kernel for its contiguous f16 cache (decode_attention_rope,
+// kernels/cuda/decode_attention.cu: RoPE, the K/V store and attention in one
+// launch); paged launches never run it.
+enum class DecodeKernel { Auto, Simt, MmaSm80, MmaQuantSm80, MmaF16, TmaSm90, ContiguousRope };
 
 const char* decode_kernel_name(DecodeKernel k);
 
@@ -47,6 +50,12 @@ struct DecodeKernelChoice {
   const char* reason = "";
 };
 DecodeKernelChoice select_decode_kernel(const PagedDecodeParams& p);
+
+// The engine's decode attention, one decision point for both cache
+// layouts: the contiguous f16 cache (paged = false) runs ContiguousRope, a
+// paged pool what select_decode_kernel picks for p (a probe: only the
+// types, head_dim, block_size, head counts and pool pointers are read).
+DecodeKernelChoice select_engine_decode_kernel(bool paged, const PagedDecodeParams& p);
 
 // Every kernel that has an instance for these params on the current device
 // (what select_decode_kernel may pick on some device, plus the SIMT kernel,

@@ -7,7 +7,7 @@
 // softmax, merge through shared memory) with nothing to convert: the loaded
 // 16-bit words are the mma operands.
 //
-// Why (NOTES.md, paged decode, "What limits it"): the SIMT kernel spends ~88
+// Why (docs/kernels.md, paged decode, "What limits it"): the SIMT kernel spends ~88
 // warp instructions a key and KV head (16 threads a key, butterfly
 // reductions, the softmax replicated over 16 lanes) and reaches 2906-2922
 // GB/s at B=64 L=8192 (0.95x cuDNN), latency / issue limited. Here a warp

@@ -29,7 +29,7 @@ constexpr int decode_unroll() {
 // Workspace (split only): ws_o [total_q * n_heads][ws_parts][head_dim] and
 // ws_md [total_q * n_heads][ws_parts][2] (m, d).
 // Up to 4 query rows: at least 4 CTAs per SM (registers capped at 128, no
-// spills): 16 warps instead of 12 measured +6% at B=64, L=8192 (NOTES.md).
+// spills): 16 warps instead of 12 measured +6% at B=64, L=8192 (docs/kernels.md).
 // KP, VP: the K and V pools' policies (kernels/cuda/kv_codec.cuh).
 template <typename KP, typename VP, int HD, int R>
 __global__ void __launch_bounds__(kThreads, R <= 4 ? 4 : 1)

@@ -9,7 +9,7 @@
 // each q8_0, fp8 or q4_0 (9 pairs), head_dim 128, block_size >= 16,
 // n_kv_heads a multiple of 8; elsewhere the selector picks mma_quant_sm80.
 //
-// Why (NOTES.md, TMA decode): the register-load
+// Why (docs/kernels.md, TMA decode): the register-load
 // kernel and a per-warp TMA ring both stopped at ~75% of DRAM (2.5 TB/s of
 // q8_0 bytes, f16 streams at 88%) with neither issue nor L2 saturated. What
 // they shared is the request pattern: 8 CTAs of a sequence, one a KV head,
@@ -52,7 +52,7 @@
 
 #include <cuda.h>  // CUtensorMap
 
-#include "cuda/fa3/sm90.cuh"
+#include "cuda/sm90.cuh"
 #include "cuda/paged_decode_mma_common.cuh"
 
 namespace runlm {
@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(kTmaThreads) __maxnreg__(kTmaMaxRegs<KP>)
     paged_decode_tma_sm90_kernel(const __grid_constant__ PagedDecodeParams p, const __grid_constant__ DecodeTmaMaps tm,
                                 int partition_size, int n_chunks, int bs_shift, int n_stages, int tiles_per_step,
                                 float* __restrict__ ws_o, float* __restrict__ ws_md, int ws_parts) {
-#if RUNLM_FA3_DEVICE
+#if RUNLM_SM90_DEVICE
   constexpr int HD = kTmaHd;
   constexpr int R = kMmaRows;
   constexpr int NS = HD / 16;  // k-steps of QK, m-tiles of PV
@@ -204,9 +204,9 @@ __global__ void __launch_bounds__(kTmaThreads) __maxnreg__(kTmaMaxRegs<KP>)
   const int S = n_stages;  // the ring's depth (>= 2; the host sized the shared memory for it)
 
   extern __shared__ uint8_t v12_smem_raw[];
-  const uint32_t raw_addr = fa3::smem_addr(v12_smem_raw);
+  const uint32_t raw_addr = sm90::smem_addr(v12_smem_raw);
   uint8_t* const sm = v12_smem_raw + ((1024u - (raw_addr & 1023u)) & 1023u);
-  const uint32_t sbase = fa3::smem_addr(sm);
+  const uint32_t sbase = sm90::smem_addr(sm);
   auto full_bar = [&](int st) { return sbase + S * L::kBytes + st * 8; };
   auto empty_bar = [&](int st) { return sbase + S * L::kBytes + (S + st) * 8; };
 
@@ -219,10 +219,10 @@ __global__ void __launch_bounds__(kTmaThreads) __maxnreg__(kTmaMaxRegs<KP>)
 
   if (threadIdx.x == 0) {
     for (int st = 0; st < S; ++st) {
-      fa3::mbar_init(full_bar(st), 1);
-      fa3::mbar_init(empty_bar(st), kTmaHeads);
+      sm90::mbar_init(full_bar(st), 1);
+      sm90::mbar_init(empty_bar(st), kTmaHeads);
     }
-    fa3::mbar_init_fence();
+    sm90::mbar_init_fence();
   }
   __syncthreads();  // the barriers initialised before any wait or TMA; no CTA-wide barrier after this
 
@@ -243,16 +243,16 @@ __global__ void __launch_bounds__(kTmaThreads) __maxnreg__(kTmaMaxRegs<KP>)
       }
       const int page = __shfl_sync(0xffffffffu, pages, j);
       const int st = n % S;
-      if (n >= S) fa3::mbar_wait(empty_bar(st), ((n / S) - 1) & 1);
+      if (n >= S) sm90::mbar_wait(empty_bar(st), ((n / S) - 1) & 1);
       if (lane == 0) {
         const uint32_t bar = full_bar(st);
         const uint32_t stage = sbase + st * L::kBytes;
         const int row = (k_first + 16 * n) & bs_mask;
-        fa3::mbar_arrive_expect_tx(bar, L::kBytes);
-        fa3::tma_load_4d(stage + L::kKq, &tm.kq, bar, 0, row, head0, page);
-        fa3::tma_load_4d(stage + L::kVq, &tm.vq, bar, 0, row, head0, page);
-        fa3::tma_load_3d(stage + L::kKs, &tm.ks, bar, head0 * (HD / 32), row, page);
-        fa3::tma_load_3d(stage + L::kVs, &tm.vs, bar, head0 * (HD / 32), row, page);
+        sm90::mbar_arrive_expect_tx(bar, L::kBytes);
+        sm90::tma_load_4d(stage + L::kKq, &tm.kq, bar, 0, row, head0, page);
+        sm90::tma_load_4d(stage + L::kVq, &tm.vq, bar, 0, row, head0, page);
+        sm90::tma_load_3d(stage + L::kKs, &tm.ks, bar, head0 * (HD / 32), row, page);
+        sm90::tma_load_3d(stage + L::kVs, &tm.vs, bar, head0 * (HD / 32), row, page);
       }
       __syncwarp();
     }
@@ -352,7 +352,7 @@ __global__ void __launch_bounds__(kTmaThreads) __maxnreg__(kTmaMaxRegs<KP>)
   };
   auto release = [&](int st) {
     __syncwarp();  // every lane has read the stage
-    if (lane == 0) fa3::mbar_arrive(empty_bar(st));
+    if (lane == 0) sm90::mbar_arrive(empty_bar(st));
   };
 
   int st = 0;
@@ -365,8 +365,8 @@ __global__ void __launch_bounds__(kTmaThreads) __maxnreg__(kTmaMaxRegs<KP>)
     for (; i + 2 <= n_tiles; i += 2) {
       const int st_b = st + 1 == S ? 0 : st + 1;
       const uint32_t phase_b = st + 1 == S ? phase ^ 1 : phase;
-      fa3::mbar_wait(full_bar(st), phase);
-      fa3::mbar_wait(full_bar(st_b), phase_b);
+      sm90::mbar_wait(full_bar(st), phase);
+      sm90::mbar_wait(full_bar(st_b), phase_b);
       TileRegs a, b;
       tile_qk(st, a);
       tile_qk(st_b, b);
@@ -379,7 +379,7 @@ __global__ void __launch_bounds__(kTmaThreads) __maxnreg__(kTmaMaxRegs<KP>)
     }
   }
   for (; i < n_tiles; ++i) {
-    fa3::mbar_wait(full_bar(st), phase);
+    sm90::mbar_wait(full_bar(st), phase);
     TileRegs a;
     tile_qk(st, a);
     release(st);
