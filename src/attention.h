@@ -31,7 +31,7 @@
 // that cannot read a given paged layout (block_size) refuse it through
 // attn_unsupported_reason, never by falling back to another path.
 //
-// Typed pools (issue 7, paged only): k_type / v_type, when set to a type
+// Typed pools (paged only): k_type / v_type, when set to a type
 // other than the dtype's, say that pool holds that KV type in src/paged_kv.h's
 // layout (bf16 rows, or for q8_0 / q4_0 / fp8 a page's quants then its f16
 // scales, one per 32 values). K and V are independent. Backends whose table

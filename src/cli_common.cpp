@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <cstring>
 #include <random>
 #include <thread>
 
@@ -59,6 +58,7 @@ void add_model_options(cxxopts::Options& opts) {
        cxxopts::value<std::string>()->default_value("on"))
       ("swa", "sliding window: N tokens (on the layers the model's pattern marks), or 'off' (default: the model's)",
        cxxopts::value<std::string>()->default_value(""))
+      ("verbose", "say which decode attention kernel and prefill attention backend the engine runs, and why")
       ("h,help", "show this help");
 }
 
@@ -192,6 +192,7 @@ EngineOptions engine_options_from(const cxxopts::ParseResult& args, const Model&
   const std::string smoothing = args["k-smoothing"].as<std::string>();
   RUNLM_CHECK(smoothing == "on" || smoothing == "off", "--k-smoothing must be on or off, got '%s'", smoothing.c_str());
   o.k_smoothing = smoothing == "on";
+  o.verbose = args.count("verbose") > 0;
   o.block_size = args["block-size"].as<int>();
   const int ctx = args["ctx-size"].as<int>();
   RUNLM_CHECK(ctx >= 0, "-c must be >= 0, got %d", ctx);

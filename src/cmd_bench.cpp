@@ -208,14 +208,14 @@ int bench_batched(const cxxopts::ParseResult& args) {
                  static_cast<long long>(r.steps), r.times.forward, r.times.sample,
                  r.times.total - r.times.forward - r.times.sample);
   if (format == "md") {
-    std::printf("| model | type | backend | attn | type_k | type_v | PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s "
-                "| S_TG t/s | T s | S t/s |\n");
-    std::printf("| --- | --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
+    std::printf("| model | type | backend | attn | decode kernel | type_k | type_v | PP | TG | B | N_KV | T_PP s | "
+                "S_PP t/s | T_TG s | S_TG t/s | T s | S t/s |\n");
+    std::printf("| --- | --- | --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
                 "---: |\n");
     for (const BatchedRow& r : rows) {
       const double t = r.t_pp + r.t_tg;
-      std::printf("| %s | %s | %s | %s | %s | %s | %d | %d | %d | %lld | %.3f | %.2f | %.3f | %.2f | %.3f | %.2f |\n",
-                  name.c_str(), type.c_str(), engine->backend_name(), attn, type_k, type_v, r.pp, r.tg, r.pl,
+      std::printf("| %s | %s | %s | %s | %s | %s | %s | %d | %d | %d | %lld | %.3f | %.2f | %.3f | %.2f | %.3f | %.2f |\n",
+                  name.c_str(), type.c_str(), engine->backend_name(), attn, engine->decode_kernel(), type_k, type_v, r.pp, r.tg, r.pl,
                   static_cast<long long>(r.n_kv), r.t_pp, r.pl * r.pp / r.t_pp, r.t_tg, r.pl * r.tg / r.t_tg, t,
                   static_cast<double>(r.n_kv) / t);
     }
@@ -224,7 +224,7 @@ int bench_batched(const cxxopts::ParseResult& args) {
       const double t = r.t_pp + r.t_tg;
       nlohmann::ordered_json j = {{"model", name}, {"type", type}, {"size_bytes", model->weight_bytes()},
                           {"params", model->n_params()}, {"backend", engine->backend_name()}, {"attn", attn},
-                          {"kv", "paged"}, {"type_k", type_k}, {"type_v", type_v}, {"block_size", eo.block_size},
+                          {"decode_kernel", engine->decode_kernel()}, {"kv", "paged"}, {"type_k", type_k}, {"type_v", type_v}, {"block_size", eo.block_size},
                           {"n_batch", eo.n_batch}, {"n_kv_max", static_cast<int64_t>(bm.n_pages()) * eo.block_size},
                           {"pp", r.pp}, {"tg", r.tg}, {"pl", r.pl}, {"n_kv", r.n_kv},
                           {"t_pp", r.t_pp}, {"speed_pp", r.pl * r.pp / r.t_pp},
@@ -326,23 +326,25 @@ int cmd_bench(int argc, char** argv) {
   const std::string type = model->weight_type_summary();
   const char* attn = engine->backend_name() == std::string("cpu") ? "cpu" : attn_backend_name(eo.attn);
   if (format == "md") {
-    std::printf("| model | type | size | params | backend | attn | kv | type_k | type_v | test | t/s | bandwidth |\n");
-    std::printf("| --- | --- | ---: | ---: | --- | --- | --- | --- | --- | --- | ---: | ---: |\n");
+    std::printf("| model | type | size | params | backend | attn | decode kernel | kv | type_k | type_v | test | t/s | "
+                "bandwidth |\n");
+    std::printf("| --- | --- | ---: | ---: | --- | --- | --- | --- | --- | --- | --- | ---: | ---: |\n");
     for (const Row& r : rows) {
       const std::string bw = r.bw_fraction < 0 ? "" : strfmt("%.0f GB/s = %.0f%% of %.0f GB/s copy", r.bytes_per_s / 1e9,
                                                              100 * r.bw_fraction, copy_bw / 1e9);
-      std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.2f ± %.2f | %s |\n",
+      std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.2f ± %.2f | %s |\n",
                   name.c_str(), type.c_str(), size.c_str(), n_params.c_str(), engine->backend_name(), attn,
-                  kv_layout_name(eo.kv), kv_type_name(engine->type_k()), kv_type_name(engine->type_v()), r.test.c_str(),
+                  engine->decode_kernel(), kv_layout_name(eo.kv), kv_type_name(engine->type_k()), kv_type_name(engine->type_v()), r.test.c_str(),
                   r.tps.mean, r.tps.stddev, bw.c_str());
     }
   } else {
     for (const Row& r : rows) {
       std::printf("{\"model\": \"%s\", \"type\": \"%s\", \"size_bytes\": %zu, \"params\": %lld, \"backend\": \"%s\", "
-                  "\"attn\": \"%s\", \"kv\": \"%s\", \"type_k\": \"%s\", \"type_v\": \"%s\", \"test\": \"%s\", "
+                  "\"attn\": \"%s\", \"decode_kernel\": \"%s\", \"kv\": \"%s\", \"type_k\": \"%s\", \"type_v\": \"%s\", \"test\": \"%s\", "
                   "\"tps_mean\": %.3f, \"tps_stddev\": %.3f, \"copy_bw\": %.4g, \"bytes_per_s\": %.4g}\n",
                   name.c_str(), type.c_str(), model->weight_bytes(), static_cast<long long>(model->n_params()),
-                  engine->backend_name(), attn, kv_layout_name(eo.kv), kv_type_name(engine->type_k()),
+                  engine->backend_name(), attn, engine->decode_kernel(), kv_layout_name(eo.kv),
+                  kv_type_name(engine->type_k()),
                   kv_type_name(engine->type_v()), r.test.c_str(), r.tps.mean, r.tps.stddev, copy_bw, r.bytes_per_s);
     }
   }

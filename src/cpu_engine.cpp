@@ -9,6 +9,7 @@
 // step carries its own position and table, so one step can mix sequences and
 // each token's result is the same as if it ran alone.
 #include <algorithm>
+#include <cstdio>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -16,6 +17,7 @@
 
 #include "common.h"
 #include "engine.h"
+#include "kv_types.h"
 #include "model.h"
 #include "ops.h"
 #include "thread_pool.h"
@@ -47,6 +49,7 @@ class CpuEngine final : public Engine {
     windows_ = layer_windows(cfg_, opt.sliding_window);
     type_k_ = opt.type_k.value_or(KvType::F32);
     type_v_ = opt.type_v.value_or(KvType::F32);
+    check_kv_types(Device::Cpu, type_k_, type_v_, layout_, cfg_.head_dim);
     // Stops with an error for a quantized type whose blocks cannot follow head_dim.
     row_bytes_k_ = kv_row_bytes(type_k_, cfg_.kv_dim(), cfg_.head_dim);
     row_bytes_v_ = kv_row_bytes(type_v_, cfg_.kv_dim(), cfg_.head_dim);
@@ -74,7 +77,7 @@ class CpuEngine final : public Engine {
     RUNLM_CHECK(!mul_overflows(rows, row_bytes_k_, &bytes_k) && !mul_overflows(rows, row_bytes_v_, &bytes_v) &&
                     !add_overflows(bytes_k, bytes_v, &bytes_kv),
                 "KV cache of %lld slots overflows 64 bits; lower -c", static_cast<long long>(n_slots));
-    // Checked against the machine first (issue 8): under overcommit a
+    // Checked against the machine first: under overcommit a
     // too-large new[] succeeds and the OOM killer strikes once the pages are
     // touched, and under AddressSanitizer a failed new[] aborts.
     check_host_allocation(bytes_kv, strfmt("the KV cache (%d layers x %lld slots, K %s, V %s)", cfg_.n_layers,
@@ -94,9 +97,11 @@ class CpuEngine final : public Engine {
       ffn_norm_.push_back(decode_vector(l.ffn_norm));
     }
     output_norm_ = decode_vector(model.weights().output_norm);
+    if (opt.verbose) std::fprintf(stderr, "decode attention: cpu (the CPU engine; attention on the host threads)\n");
   }
 
   const char* backend_name() const override { return "cpu"; }
+  const char* decode_kernel() const override { return "cpu"; }
   int n_ctx() const override { return n_ctx_; }
   int n_vocab() const override { return cfg_.n_vocab; }
   KvType type_k() const override { return type_k_; }
@@ -194,7 +199,7 @@ class CpuEngine final : public Engine {
 
     for (int t = 0; t < m; ++t) get_row(qmatrix(w.tok_embd), tokens[t], &x_[t * dim]);
 
-    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    const float scale = c.attn_scale();
     for (int l = 0; l < c.n_layers; ++l) {
       const LayerWeights& lw = w.layers[l];
       uint8_t* k_layer = k_cache_.get() + static_cast<size_t>(l) * n_slots_ * row_bytes_k_;

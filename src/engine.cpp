@@ -10,7 +10,7 @@
 #include "paged_kv.h"
 #include "sampler.h"
 #include "tokenizer.h"
-#include "llama.h"
+#include "llama_arch.h"
 
 namespace runlm {
 

@@ -47,6 +47,9 @@ struct EngineOptions {
   // make_engine calibrates K smoothing (src/k_smoothing.h) when K is
   // quantized (q8_0, q4_0, fp8); --k-smoothing off clears it.
   bool k_smoothing = true;
+  // --verbose: the engine says once on stderr which decode attention kernel
+  // it runs and why, and its prefill attention backend.
+  bool verbose = false;
 };
 
 // One sequence's share of a batched step: its new tokens at positions
@@ -63,6 +66,9 @@ class Engine {
  public:
   virtual ~Engine() = default;
   virtual const char* backend_name() const = 0;
+  // The decode attention kernel this engine runs (the GPU's selector's
+  // choice, kernels/cuda/paged_attention.h; "cpu" on the CPU).
+  virtual const char* decode_kernel() const = 0;
   virtual int n_ctx() const = 0;
   virtual int n_vocab() const = 0;  // the width of a logits row
   // Element types of the KV cache (-ctk, -ctv).

@@ -26,7 +26,7 @@
 //     stored K costs a logit (q . dk, with channels uncorrelated). q4_0 K's
 //     least-squares scale search (kernels/cpu/kv_quant.h) minimises the error
 //     weighted by it: stories260K's q4_0 K KL divergence 0.084 unweighted,
-//     0.071 weighted (32 grids; NOTES.md, session 13).
+//     0.071 weighted (32 grids; docs/kv-quality.md).
 //
 // Calibration (calibrate_k_smoothing): the engine's own greedy continuation of
 // BOS (min(256, n_ctx) tokens), evaluated once with statistics on: a fixed,

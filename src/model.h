@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "dtype.h"
-#include "llama.h"
+#include "llama_arch.h"
 
 namespace runlm {
 

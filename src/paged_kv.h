@@ -10,7 +10,7 @@
 //
 // Quantized pools (KV types q8_0, q4_0, fp8; a scale per block of L values
 // along head_dim, L = kv_quant_block_len(head_dim): 32, or 16 / 8 for head_dims
-// that are not a multiple of 32, issue 7) keep NHD for the quants and put the
+// that are not a multiple of 32) keep NHD for the quants and put the
 // scales at the end of each page, so every quant row stays 16-byte aligned for
 // wide loads (the GPU takes L = 32 only):
 //   page = quants [block_size][n_kv_heads][head_dim * bits / 8]
@@ -51,6 +51,11 @@ struct KvPoolLayout {
 };
 
 RUNLM_HOST_DEVICE inline bool kv_type_quantized(KvType t) { return t == KvType::Q8_0 || t == KvType::Q4_0 || t == KvType::FP8; }
+// The types the GPU kernels store and read (f32 is the CPU's only;
+// check_kv_types in src/kv_types.h says which combinations an engine takes).
+RUNLM_HOST_DEVICE inline bool kv_type_on_gpu(KvType t) {
+  return t == KvType::F16 || t == KvType::BF16 || kv_type_quantized(t);
+}
 
 // Quant bytes per value: q8_0 / fp8 one byte, q4_0 half a byte; plain types
 // their element size. One f16 scale per block of kv_quant_block_len(head_dim)

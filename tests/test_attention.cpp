@@ -881,17 +881,15 @@ TEST(AttentionGpuRescale, GrowingScoresMatchReference) {
       }
 }
 
-// fa3's kernel variants (RUNLM_FA3_VARIANT, attn_fa3.cu), head_dim 128
-// with BN 128 and contiguous K/V: 1 O rescaled in FlashAttention-3's order
-// (the default kernel's loop, which runs BN 176); 0 v4's order (rescaled
-// after P V); 2 and 3 ping-pong between the consumer warpgroups on 0 and 1. Varlen GQA batches, lengths not multiples of 128: up to 6
-// key tiles per query block, so the main loop body runs up to 5 times (the
-// carried rescale factor), single-tile blocks (causal block 0: prologue and
-// epilogue only), a sequence with queries but no keys (t_lo = t_hi: no
-// turns), a window that skips leading tiles, and more query blocks than
-// SMs in the first two cases (some CTAs take two blocks: the ping-pong turns
-// carry across blocks).
-const std::vector<AttnShapeCase>& fa3_variant_cases() {
+// fa3's main loop at head_dim 128 on contiguous K/V (the default kernel:
+// 128-key tiles for the causal cases below 4096 keys, 176 otherwise). Varlen
+// GQA batches, lengths not multiples of the tile: several key tiles per
+// query block, so the loop body runs several times (the carried rescale
+// factor), single-tile blocks (causal block 0: prologue and epilogue only),
+// a sequence with queries but no keys (t_lo = t_hi), a window that skips
+// leading tiles, and more query blocks than SMs in the first two cases
+// (some CTAs take two blocks).
+const std::vector<AttnShapeCase>& fa3_loop_cases() {
   static const std::vector<AttnShapeCase> k = {
       {"gqa_varlen", {300, 0, 700, 77, 450}, {300, 0, 700, 77, 450}, 8, 2, false, -1},
       {"gqa_varlen_causal", {300, 0, 700, 77, 450}, {300, 0, 700, 77, 450}, 8, 2, true, -1},
@@ -912,43 +910,17 @@ std::string fa3_d128_skip_reason() {
   return attn_unsupported_reason(AttnBackend::Fa3, probe, device_sm());
 }
 
-// Restores RUNLM_FA3_VARIANT's value when the test ends, however it ends.
-struct Fa3VariantRestore {
-  ~Fa3VariantRestore() { attn_fa3_set_variant(-1); }
-};
-
-// Each variant against the reference (outputs poisoned before every run,
-// run_gpu). Ping-pong changes only when a warpgroup issues its GEMMs, not
-// the arithmetic, so it must reproduce its partner bit for bit (2 = 0,
-// 3 = 1); variant 1 rounds differently from 0 (scale-then-add), within the
-// reference tolerance.
-TEST(AttentionGpuFa3Variants, MatchReference) {
+// The default kernel against the reference on the loop cases (outputs
+// poisoned before every run, run_gpu).
+TEST(AttentionGpuFa3Loop, MatchReference) {
   const std::string skip = fa3_d128_skip_reason();
   if (!skip.empty()) GTEST_SKIP() << skip;
-  const Fa3VariantRestore restore;
-  EXPECT_THROW(attn_fa3_set_variant(4), Error);
-  EXPECT_THROW(attn_fa3_set_variant(-2), Error);
-  const std::vector<AttnShapeCase>& cases = fa3_variant_cases();
+  const std::vector<AttnShapeCase>& cases = fa3_loop_cases();
   for (DType t : {DType::BF16, DType::F16})
     for (int ci = 0; ci < int(cases.size()); ++ci) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " " + cases[ci].name);
       const RefResult& ref = cached_ref_of(cases, 5000u, t, 128, ci);
-      GpuRun runs[4];
-      for (int v = 0; v < 4; ++v) {
-        SCOPED_TRACE(std::string("variant ") + std::to_string(v) + " " + dtype_name(t) + " " + cases[ci].name);
-        attn_fa3_set_variant(v);
-        ASSERT_EQ(attn_fa3_variant(), v);
-        runs[v] = run_gpu(AttnBackend::Fa3, ref.prob, t);
-        expect_matches_ref(runs[v], ref);
-      }
-      for (int v : {2, 3}) {
-        SCOPED_TRACE(std::string("variant ") + std::to_string(v) + " vs " + std::to_string(v - 2) + " " +
-                     dtype_name(t) + " " + cases[ci].name);
-        size_t out_diff = 0, lse_diff = 0;
-        for (size_t i = 0; i < runs[v].out.size(); ++i) out_diff += !(runs[v].out[i] == runs[v - 2].out[i]);
-        for (size_t i = 0; i < runs[v].lse.size(); ++i) lse_diff += !(runs[v].lse[i] == runs[v - 2].lse[i]);
-        EXPECT_EQ(out_diff, 0u) << "ping-pong changed output elements (it should only reorder issue)";
-        EXPECT_EQ(lse_diff, 0u) << "ping-pong changed lse rows";
-      }
+      expect_matches_ref(run_gpu(AttnBackend::Fa3, ref.prob, t), ref);
     }
 }
 
@@ -956,11 +928,9 @@ TEST(AttentionGpuFa3Variants, MatchReference) {
 // and causal from 4096 keys, 128 for causal problems below that. One case of
 // each (the long causal one crosses the switch: 4100 keys), bf16, against
 // the reference with outputs poisoned (run_gpu).
-TEST(AttentionGpuFa3Variants, DefaultTileChoices) {
+TEST(AttentionGpuFa3Loop, DefaultTileChoices) {
   const std::string skip = fa3_d128_skip_reason();
   if (!skip.empty()) GTEST_SKIP() << skip;
-  const Fa3VariantRestore restore;
-  attn_fa3_set_variant(-1);
   static const std::vector<AttnShapeCase> cases = {
       {"causal_4100_keys_bn176", {4100}, {4100}, 2, 1, true, -1},
       {"causal_varlen_bn128", {300, 700, 77}, {300, 700, 77}, 4, 2, true, -1},
@@ -1034,7 +1004,7 @@ INSTANTIATE_TEST_SUITE_P(Paged, AttentionPagedGpu,
                                             ::testing::Range(0, 3), ::testing::Values(8, 16, 64, 256)),
                          paged_param_name);
 
-// ---------------------------------------------------------------- typed paged K/V on the GPU (issue 7)
+// ---------------------------------------------------------------- typed paged K/V on the GPU
 
 // Every (K, V) pair of the GPU's KV types except f16/f16 (the grid above).
 std::vector<std::pair<KvType, KvType>> typed_pairs() {

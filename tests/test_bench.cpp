@@ -49,6 +49,7 @@ TEST(BenchParallel, JsonRows) {
     EXPECT_EQ(j["tg"], 8);
     EXPECT_EQ(j["n_kv"], pl * (16 + 8));
     EXPECT_EQ(j["backend"], "cpu");
+    EXPECT_EQ(j["decode_kernel"], "cpu");  // the decode attention that ran
     EXPECT_EQ(j["kv"], "paged");
     EXPECT_FALSE(j["model"].get<std::string>().empty());
     EXPECT_FALSE(j["type"].get<std::string>().empty());
@@ -71,8 +72,9 @@ TEST(BenchParallel, MarkdownRows) {
   EXPECT_NE(lines[0].find("| PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s |"),
             std::string::npos)
       << lines[0];
-  EXPECT_NE(lines[2].find("| cpu | cpu | f32 | f32 | 16 | 8 | 1 | 24 |"), std::string::npos) << lines[2];
-  EXPECT_NE(lines[3].find("| cpu | cpu | f32 | f32 | 16 | 8 | 4 | 96 |"), std::string::npos) << lines[3];
+  EXPECT_NE(lines[0].find("| backend | attn | decode kernel | type_k |"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[2].find("| cpu | cpu | cpu | f32 | f32 | 16 | 8 | 1 | 24 |"), std::string::npos) << lines[2];
+  EXPECT_NE(lines[3].find("| cpu | cpu | cpu | f32 | f32 | 16 | 8 | 4 | 96 |"), std::string::npos) << lines[3];
 }
 
 TEST(BenchParallel, BadValues) {

@@ -84,6 +84,19 @@ TEST(Cli, UnknownSubcommand) {
   EXPECT_NE(r.err.find("frobnicate"), std::string::npos);
 }
 
+// --verbose: the engine says which decode attention kernel it runs, once.
+TEST(Cli, VerboseNamesTheDecodeKernel) {
+  const std::string m = shared_model("stories260K.gguf");
+  const CommandResult r = run_command(generate_cmd(m, "--device cpu --verbose -n 2 --temp 0 -p hi"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const size_t at = r.err.find("decode attention: cpu");
+  EXPECT_NE(at, std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("decode attention:", at + 1), std::string::npos) << "said more than once: " << r.err;
+  const CommandResult quiet = run_command(generate_cmd(m, "--device cpu -n 2 --temp 0 -p hi"));
+  ASSERT_EQ(quiet.exit_code, 0) << quiet.err;
+  EXPECT_EQ(quiet.err.find("decode attention:"), std::string::npos) << quiet.err;
+}
+
 TEST(Cli, HelpExitsZero) {
   const CommandResult r = run_command(runlm_binary() + " generate --help");
   EXPECT_EQ(r.exit_code, 0);

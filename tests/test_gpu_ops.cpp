@@ -2,8 +2,6 @@
 // references (kernels/cpu/ops.h, kernels/cpu/quant.h): random inputs from
 // fixed seeds, outputs poisoned with NaN before each run, relative error
 // ||y - ref|| / ||ref||. Skipped in a CPU-only build or without a device.
-// GpuOpsBench.* times gemv and gemm (fused quantized and cuBLAS) on the
-// Llama-2-7B shapes when RUNLM_BENCH_GPU_OPS=1 (prints, never asserts on time).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -399,87 +397,6 @@ TEST(GpuOps, GemvX8MultiEqualsSingleLaunches) {
   for (auto& m : gm) gpu::free_matrix(m);
 }
 
-// gemv_x8_swiglu: gate and up bit-equal to the plain gemv_x8 launch, and
-// its int8 x bit-equal (q and (d, d sum q), every byte) to swiglu_x8 of
-// those gate/up, for both types, a Llama-2-7B shape and a small one with
-// odd blocks per row, 1..4 tokens. Outputs are poisoned before each run;
-// three runs on the same ticket counters check that each launch leaves
-// them at zero (graph replays and the next layer reuse them).
-TEST(GpuOps, GemvX8SwigluEqualsGemvThenSwiglu) {
-  REQUIRE_GPU();
-  struct Shape { int64_t rows, cols; };
-  for (DType t : {DType::Q4_0, DType::Q8_0}) {
-    for (const Shape& s : {Shape{96, 1056}, Shape{11008, 4096}}) {
-      if (small_only() && s.rows > 1000) continue;
-      const HostMatrix hg = make_matrix(t, s.rows, s.cols, 90 + static_cast<uint32_t>(t));
-      const HostMatrix hu = make_matrix(t, s.rows, s.cols, 190 + static_cast<uint32_t>(t));
-      gpu::GpuMatrix gg = gpu::upload_matrix(hg.q), gu = gpu::upload_matrix(hu.q);
-      constexpr int kMaxTok = gpu::kGemvSwigluMaxTokens;
-      auto dx = upload(randn(static_cast<size_t>(kMaxTok * s.cols), 13, 2.0f));
-      DevBuf x8(gpu::x8_bytes(kMaxTok, s.cols));
-      const size_t ny = static_cast<size_t>(kMaxTok * s.rows);
-      DevBuf g_ref(ny * 4), u_ref(ny * 4), g(ny * 4), u(ny * 4);
-      DevBuf x8_ref(gpu::x8_bytes(kMaxTok, s.rows)), x8_out(gpu::x8_bytes(kMaxTok, s.rows));
-      DevBuf tickets(gpu::gemv_x8_swiglu_tickets(s.rows) * sizeof(unsigned));
-      ck(cudaMemset(tickets.p, 0, tickets.n), "cudaMemset");
-      for (int n = 1; n <= kMaxTok; ++n) {
-        const std::string what = std::string(dtype_name(t)) + " " + std::to_string(s.rows) + "x" +
-                                  std::to_string(s.cols) + " n=" + std::to_string(n);
-        gpu::quantize_x8(dx->as<float>(), n, s.cols, x8.p, nullptr);
-        g_ref.poison();
-        u_ref.poison();
-        x8_ref.poison();
-        const gpu::GemvOut ref[2] = {{&gg, g_ref.as<float>()}, {&gu, u_ref.as<float>()}};
-        gpu::gemv_x8(ref, 2, x8.p, n, nullptr);
-        gpu::swiglu_x8(g_ref.as<float>(), u_ref.as<float>(), x8_ref.p, n, s.rows, nullptr);
-        const size_t n_y = static_cast<size_t>(n) * s.rows, n_x8 = gpu::x8_bytes(n, s.rows);
-        const std::vector<float> want_g = g_ref.get<float>(n_y), want_u = u_ref.get<float>(n_y);
-        const std::vector<uint8_t> want_x8 = x8_ref.get<uint8_t>(n_x8);
-        for (int run = 0; run < 3; ++run) {
-          g.poison();
-          u.poison();
-          x8_out.poison();
-          const gpu::GemvOut outs[2] = {{&gg, g.as<float>()}, {&gu, u.as<float>()}};
-          gpu::gemv_x8_swiglu(outs, x8.p, n, x8_out.p, static_cast<unsigned*>(tickets.p), nullptr);
-          EXPECT_EQ(g.get<float>(n_y), want_g) << what << " run " << run;
-          EXPECT_EQ(u.get<float>(n_y), want_u) << what << " run " << run;
-          const std::vector<uint8_t> got_x8 = x8_out.get<uint8_t>(n_x8);
-          size_t differ = 0;
-          for (size_t i = 0; i < n_x8; ++i) differ += got_x8[i] != want_x8[i];
-          EXPECT_EQ(differ, 0u) << what << " run " << run << ": x8 bytes differ from swiglu_x8's";
-          const std::vector<unsigned> left = tickets.get<unsigned>(gpu::gemv_x8_swiglu_tickets(s.rows));
-          EXPECT_EQ(std::count(left.begin(), left.end(), 0u), static_cast<long>(left.size()))
-              << what << " run " << run << ": ticket counters not reset";
-        }
-      }
-      gpu::free_matrix(gg);
-      gpu::free_matrix(gu);
-    }
-  }
-}
-
-// gemv_x8_swiglu refuses what it cannot do, naming it.
-TEST(GpuOps, GemvX8SwigluRejects) {
-  REQUIRE_GPU();
-  const HostMatrix a = make_matrix(DType::Q4_0, 64, 256, 5), b = make_matrix(DType::Q4_0, 96, 256, 6);
-  const HostMatrix odd = make_matrix(DType::Q4_0, 40, 256, 7);
-  gpu::GpuMatrix ga = gpu::upload_matrix(a.q), gb = gpu::upload_matrix(b.q), go = gpu::upload_matrix(odd.q);
-  DevBuf x8(gpu::x8_bytes(8, 256)), y(8 * 96 * 4), y2(8 * 96 * 4), out(gpu::x8_bytes(8, 96));
-  DevBuf tickets(64);
-  ck(cudaMemset(tickets.p, 0, tickets.n), "cudaMemset");
-  auto* tk = static_cast<unsigned*>(tickets.p);
-  const gpu::GemvOut ok[2] = {{&ga, y.as<float>()}, {&ga, y2.as<float>()}};
-  const gpu::GemvOut uneven[2] = {{&ga, y.as<float>()}, {&gb, y2.as<float>()}};
-  const gpu::GemvOut not32[2] = {{&go, y.as<float>()}, {&go, y2.as<float>()}};
-  EXPECT_THROW(gpu::gemv_x8_swiglu(ok, x8.p, 5, out.p, tk, nullptr), Error);  // 1..4 tokens
-  EXPECT_THROW(gpu::gemv_x8_swiglu(uneven, x8.p, 1, out.p, tk, nullptr), Error);
-  EXPECT_THROW(gpu::gemv_x8_swiglu(not32, x8.p, 1, out.p, tk, nullptr), Error);
-  EXPECT_THROW(gpu::gemv_x8_swiglu(ok, x8.p, 1, x8.p, tk, nullptr), Error);  // out_x8 is the x8 read
-  gpu::free_matrix(ga);
-  gpu::free_matrix(gb);
-  gpu::free_matrix(go);
-}
-
 TEST(GpuOps, UnsupportedTypeAndArgumentsThrow) {
   REQUIRE_GPU();
   std::vector<uint8_t> bytes(dtype_row_bytes(DType::Q4_1, 64) * 4, 1);
@@ -561,15 +478,15 @@ TEST(GpuOps, GemmEveryTypeAgainstMatmul) {
   }
 }
 
-// The fused Q4_0 / Q8_0 kernel (gemm_fused_q, called directly so the test
-// does not depend on RUNLM_GEMM_FUSED_MAX_TOKENS) against the float64
-// product, same tolerance as above (its f16 weights are bit-identical to the
-// cuBLAS path's). Every version (1: mma.sync; 2, 3: wgmma, on sm_90 only),
-// rows not a multiple of the 128-row tile, every token tile (16/32/64/128)
-// with partial tiles, column slices chosen (0), none (1) and forced (3);
-// version 3 bit-identical to version 2 at forced slices (1, 3);
+// The fused Q4_0 / Q8_0 kernels (gemm_fused_q, called directly so the test
+// does not depend on kGemmFusedMaxTokens) against the float64 product, same
+// tolerance as above (their f16 weights are bit-identical to the cuBLAS
+// path's). Every kernel (MmaSm80; Wgmma, WgmmaOverlap, WgmmaStreamK on sm_90
+// only), rows not a multiple of the 128-row tile, every token tile
+// (16/32/64/128) with partial tiles, column slices chosen (0), none (1) and
+// forced (3); WgmmaOverlap bit-identical to Wgmma at forced slices (1, 3);
 // cols % 128 == 64 gives a half-full last k-tile. Auto split must be
-// bit-for-bit repeatable. Version 4 (sm_90, n > 64; versions 2 / 3 below):
+// bit-for-bit repeatable. WgmmaStreamK (n > 64; Wgmma / WgmmaOverlap below):
 // stream-K over 256-row tiles; splits 1 = one CTA a tile, 3 = 3 x tiles
 // CTAs, whose ranges cut tiles mid-way and cross tile boundaries (200 x 960
 // at 300 tokens: 24 units, 8 CTAs of 3). 256 / 300 / 512 tokens are the
@@ -582,8 +499,9 @@ TEST(GpuOps, GemmFusedQuantAgainstMatmul) {
   };
   std::vector<Shape> shapes = {{272, 512}, {1000, 1024}, {200, 960}};
   if (!small_only()) shapes.push_back({4096 + 48, 2048});
-  std::vector<int> versions = {1};
-  if (gpu::gemm_fused_has_wgmma()) versions.insert(versions.end(), {2, 3, 4, 5});
+  using K = gpu::GemmFusedKernel;
+  std::vector<K> kernels = {K::MmaSm80};
+  if (gpu::gemm_fused_has_wgmma()) kernels.insert(kernels.end(), {K::Wgmma, K::WgmmaOverlap, K::WgmmaStreamK});
   for (DType t : {DType::Q4_0, DType::Q8_0}) {
     for (const Shape& sh : shapes) {
       const HostMatrix hm = make_matrix(t, sh.rows, sh.cols, 5000 + static_cast<uint32_t>(sh.rows));
@@ -592,7 +510,7 @@ TEST(GpuOps, GemmFusedQuantAgainstMatmul) {
       ASSERT_TRUE(gpu::gemm_fused_supports(gm));
       const size_t scratch_bytes = gpu::gemm_scratch_bytes(gm);
       DevBuf scratch(scratch_bytes);  // poisoned: the tickets must be reset by the call
-      // Version 4 at forced splits 3 gets 40 MB: its 128 KB partial slots (2
+      // WgmmaStreamK at forced splits 3 gets 40 MB: its 128 KB partial slots (2
       // a CTA) would otherwise hold the small shapes to whole tiles, no cuts.
       const size_t v4_scratch_bytes = std::max(scratch_bytes, size_t(40) << 20);
       DevBuf v4_scratch(v4_scratch_bytes);
@@ -607,30 +525,31 @@ TEST(GpuOps, GemmFusedQuantAgainstMatmul) {
         const std::vector<double> ref = ref_matmul(wf, sh.rows, sh.cols, xr, n);
         auto dx = upload(xh);
         DevBuf dy(sizeof(float) * n * sh.rows);
-        std::vector<float> v2_forced[2];  // version 2's output at splits 1 and 3
-        for (int version : versions) {
+        std::vector<float> wgmma_forced[2];  // Wgmma's output at splits 1 and 3
+        for (K kernel : kernels) {
+          const char* kname = gpu::gemm_fused_kernel_name(kernel);
           std::vector<float> first;
           for (int splits : {0, 1, 3, 0}) {
             dy.poison();
-            const bool big = version == 4 && splits == 3;
+            const bool big = kernel == K::WgmmaStreamK && splits == 3;
             gpu::gemm_fused_q(gm, dx->as<uint16_t>(), dy.as<float>(), n, big ? v4_scratch.p : scratch.p,
-                              big ? v4_scratch_bytes : scratch_bytes, nullptr, splits, version);
+                              big ? v4_scratch_bytes : scratch_bytes, nullptr, splits, kernel);
             const std::vector<float> y = dy.get<float>(static_cast<size_t>(n * sh.rows));
             EXPECT_LT(rel_err(y, ref), kTol) << dtype_name(t) << " " << sh.rows << "x" << sh.cols << " n=" << n
-                                             << " splits=" << splits << " version=" << version;
+                                             << " splits=" << splits << " kernel=" << kname;
             if (splits == 0 && first.empty()) {
               first = y;
             } else if (splits == 0) {
               EXPECT_EQ(0, std::memcmp(first.data(), y.data(), y.size() * sizeof(float)))
-                  << "split-K not deterministic: " << dtype_name(t) << " n=" << n << " version=" << version;
+                  << "split-K not deterministic: " << dtype_name(t) << " n=" << n << " kernel=" << kname;
             }
-            // Version 3 issues version 2's wgmmas in the same order on the
+            // WgmmaOverlap issues Wgmma's wgmmas in the same order on the
             // same f16 operands: with the same slices, the same bits.
-            std::vector<float>& v2_y = v2_forced[splits == 3];
-            if (splits != 0 && version == 2) v2_y = y;
-            if (splits != 0 && version == 3 && !v2_y.empty()) {
-              EXPECT_EQ(0, std::memcmp(v2_y.data(), y.data(), y.size() * sizeof(float)))
-                  << "version 3 differs from version 2: " << dtype_name(t) << " " << sh.rows << "x" << sh.cols
+            std::vector<float>& wg_y = wgmma_forced[splits == 3];
+            if (splits != 0 && kernel == K::Wgmma) wg_y = y;
+            if (splits != 0 && kernel == K::WgmmaOverlap && !wg_y.empty()) {
+              EXPECT_EQ(0, std::memcmp(wg_y.data(), y.data(), y.size() * sizeof(float)))
+                  << "gemm_q_wgmma_overlap differs from gemm_q_wgmma: " << dtype_name(t) << " " << sh.rows << "x" << sh.cols
                   << " n=" << n << " splits=" << splits;
             }
           }
@@ -656,10 +575,10 @@ TEST(GpuOps, GemmFusedQuantAgainstMatmul) {
 }
 
 // Several Q4_0 / Q8_0 matrices of one type and cols, different row counts,
-// in one launch (gemm_fused_q_multi: q/k/v, gate/up). Every version and the
-// auto choice (0): each output against the float64 product (tolerance of
+// in one launch (gemm_fused_q_multi: q/k/v, gate/up). Every kernel and the
+// auto choice: each output against the float64 product (tolerance of
 // GemmFusedQuantAgainstMatmul), auto splits repeatable bit for bit; at
-// forced column slices (1, 2; version 4: 1 = whole tiles, 2 = half tiles,
+// forced column slices (1, 2; WgmmaStreamK: 1 = whole tiles, 2 = half tiles,
 // k-tiles even here) each output bit-equal to that matrix's launch alone
 // (same slices, same wgmma order, same fixup order). Outputs poisoned, with
 // a poisoned guard after each y that must stay untouched (no matrix's tile
@@ -674,8 +593,9 @@ TEST(GpuOps, GemmFusedQuantMulti) {
   };
   std::vector<Group> groups = {{{1000, 272, 200}, 1024}, {{200, 1000}, 960}};
   if (!small_only()) groups.push_back({{4096 + 48, 1024, 1024}, 2048});
-  std::vector<int> versions = {0, 1};
-  if (gpu::gemm_fused_has_wgmma()) versions.insert(versions.end(), {2, 3, 4, 5});
+  using K = gpu::GemmFusedKernel;
+  std::vector<K> kernels = {K::Auto, K::MmaSm80};
+  if (gpu::gemm_fused_has_wgmma()) kernels.insert(kernels.end(), {K::Wgmma, K::WgmmaOverlap, K::WgmmaStreamK});
   const size_t scratch_bytes = size_t(64) << 20;  // every forced slice count fits: no slice capped
   DevBuf scratch(scratch_bytes);
   for (DType t : {DType::Q4_0, DType::Q8_0}) {
@@ -720,25 +640,25 @@ TEST(GpuOps, GemmFusedQuantMulti) {
           all.resize(size_t(n) * gr.rows[i]);
           return all;
         };
-        for (int version : versions) {
+        for (K kernel : kernels) {
           std::vector<std::vector<float>> first;
           for (int splits : {0, 1, 2, 0}) {
             for (auto& b : ys) b->poison();
             gpu::gemm_fused_q_multi(outs.data(), k, dx->as<uint16_t>(), n, scratch.p, scratch_bytes, nullptr, splits,
-                                    version);
-            const bool compare_single = splits != 0 && version != 0;  // auto may pick other versions alone
+                                    kernel);
+            const bool compare_single = splits != 0 && kernel != K::Auto;  // auto may pick other kernels alone
             if (compare_single) {
               for (auto& b : ys1) b->poison();
               for (int i = 0; i < k; ++i)
                 gpu::gemm_fused_q(gms[i], dx->as<uint16_t>(), outs1[i].y, n, scratch.p, scratch_bytes, nullptr, splits,
-                                  version);
+                                  kernel);
             }
             const bool record = splits == 0 && first.empty();
             for (int i = 0; i < k; ++i) {
               const std::string what = std::string(dtype_name(t)) + " matrix " + std::to_string(i) + " of " +
                                        std::to_string(k) + " (" + std::to_string(gr.rows[i]) + "x" +
                                        std::to_string(gr.cols) + ") n=" + std::to_string(n) +
-                                       " splits=" + std::to_string(splits) + " version=" + std::to_string(version);
+                                       " splits=" + std::to_string(splits) + " kernel=" + gpu::gemm_fused_kernel_name(kernel);
               bool guard_ok = false;
               const std::vector<float> y = read(*ys[i], i, &guard_ok);
               EXPECT_TRUE(guard_ok) << "write past y: " << what;
@@ -760,7 +680,7 @@ TEST(GpuOps, GemmFusedQuantMulti) {
           }
         }
         // gemm_multi (the engine's call) against the products.
-        const bool fused = n <= gpu::gemm_fused_max_tokens() && gpu::gemm_fused_fits_device(gms[0]);
+        const bool fused = n <= gpu::kGemmFusedMaxTokens && gpu::gemm_fused_fits_device(gms[0]);
         EXPECT_EQ(fused, gpu::gemm_multi_fused(outs.data(), k, n)) << "n=" << n;
         for (auto& b : ys) b->poison();
         gpu::gemm_multi(outs.data(), k, dx->as<uint16_t>(), n, scratch.p, nullptr);
@@ -1074,7 +994,7 @@ TEST(GpuOps, RopeAndStoreKvLongPositions) {
   }
 }
 
-// ---- KV cache types (issue 7): the store and gather_kv ------------------------------
+// ---- KV cache types: the store and gather_kv ------------------------------------
 
 const KvType kGpuKvTypes[] = {KvType::F16, KvType::BF16, KvType::Q8_0, KvType::Q4_0, KvType::FP8};
 
@@ -1431,293 +1351,6 @@ TEST(GpuOps, DecodeAttentionPositionPastMaxCtxWritesNan) {
                         max_ctx, out.as<float>(), nullptr);
   const std::vector<float> o = out.get<float>(hd);
   EXPECT_TRUE(std::isnan(o[0]) && std::isnan(o[hd - 1]));
-}
-
-// ---- benchmarks (RUNLM_BENCH_GPU_OPS=1) -------------------------------------------------
-
-namespace {
-
-bool bench_enabled() {
-  const char* e = std::getenv("RUNLM_BENCH_GPU_OPS");
-  return e && std::string(e) == "1";
-}
-
-// Random GGUF bytes with finite f16 scales: benchmarks need realistic, not
-// exact, data, and quantizing 131M floats on the CPU takes too long.
-HostMatrix bench_matrix(DType t, int64_t rows, int64_t cols, uint32_t seed) {
-  if (t == DType::F32 || t == DType::F16 || t == DType::BF16) return make_matrix(t, rows, cols, seed);
-  HostMatrix m;
-  const size_t rb = dtype_row_bytes(t, cols);
-  m.bytes.resize(rb * rows);
-  std::mt19937_64 rng(seed);
-  for (size_t i = 0; i + 8 <= m.bytes.size(); i += 8) {
-    const uint64_t r = rng();
-    std::memcpy(m.bytes.data() + i, &r, 8);
-  }
-  const uint16_t d = fp32_to_fp16(0.01f);
-  const size_t bs = dtype_info(t).type_size;
-  const size_t d_off = t == DType::Q6_K ? 208 : 0;
-  for (size_t i = 0; i < m.bytes.size(); i += bs) {
-    std::memcpy(m.bytes.data() + i + d_off, &d, 2);
-    if (t == DType::Q4_K || t == DType::Q5_K) std::memcpy(m.bytes.data() + i + 2, &d, 2);
-  }
-  m.q = QMatrix{t, m.bytes.data(), rb, cols, rows};
-  return m;
-}
-
-// Copies of a matrix spanning > 200 MB, so that a bench cycling through
-// them (ms[i % size]) reads DRAM, not L2; ms[0] is the matrix itself.
-struct RotatedCopies {
-  std::vector<gpu::GpuMatrix> ms;
-  std::vector<std::unique_ptr<DevBuf>> store;
-  explicit RotatedCopies(const gpu::GpuMatrix& base) {
-    const int copies = static_cast<int>(std::max<size_t>(2, (size_t{200} << 20) / base.bytes + 1));
-    ms.assign(copies, base);
-    for (int i = 1; i < copies; ++i) {
-      store.push_back(std::make_unique<DevBuf>(base.bytes));
-      ck(cudaMemcpy(store.back()->p, base.data, base.bytes, cudaMemcpyDeviceToDevice), "clone");
-      ms[i].data = store.back()->p;
-    }
-  }
-};
-
-float time_ms(const std::function<void(int)>& fn, int iters) {
-  cudaEvent_t a, b;
-  ck(cudaEventCreate(&a), "event");
-  ck(cudaEventCreate(&b), "event");
-  for (int i = 0; i < 3; ++i) fn(i);  // warm-up
-  ck(cudaEventRecord(a), "record");
-  for (int i = 0; i < iters; ++i) fn(i);
-  ck(cudaEventRecord(b), "record");
-  ck(cudaEventSynchronize(b), "sync");
-  float ms = 0;
-  ck(cudaEventElapsedTime(&ms, a, b), "elapsed");
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return ms / iters;
-}
-
-struct BenchShape {
-  int64_t rows, cols;
-};
-const BenchShape kLlama7b[] = {{4096, 4096}, {11008, 4096}, {4096, 11008}, {32000, 4096}};
-
-}  // namespace
-
-TEST(GpuOpsBench, GemvLlama7bShapes) {
-  REQUIRE_GPU();
-  if (!bench_enabled()) GTEST_SKIP() << "set RUNLM_BENCH_GPU_OPS=1";
-  // Copy bandwidth: read + write of a 1 GiB device-to-device copy.
-  double copy_gbs = 0;
-  {
-    const size_t bytes = size_t{1} << 30;
-    DevBuf a(bytes), b(bytes);
-    const float ms = time_ms([&](int) { ck(cudaMemcpyAsync(b.p, a.p, bytes, cudaMemcpyDeviceToDevice), "copy"); }, 10);
-    copy_gbs = 2.0 * bytes / (ms * 1e6);
-    std::printf("[bench] device copy bandwidth: %.0f GB/s\n", copy_gbs);
-  }
-  std::printf("[bench] %-5s %13s %3s %9s %9s %7s\n", "type", "rows x cols", "n", "us", "GB/s", "%copy");
-  for (DType t : {DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q5_K, DType::Q6_K,
-                  DType::F32}) {
-    for (const BenchShape& s : kLlama7b) {
-      const HostMatrix hm = bench_matrix(t, s.rows, s.cols, 77);
-      gpu::GpuMatrix base = gpu::upload_matrix(hm.q);
-      const RotatedCopies rot(base);
-      const std::vector<gpu::GpuMatrix>& ms = rot.ms;
-      const int copies = static_cast<int>(ms.size());
-      const std::vector<float> x = randn(static_cast<size_t>(8 * s.cols), 5);
-      auto dx = upload(x);
-      DevBuf dy(sizeof(float) * 8 * s.rows);
-      for (int n : {1, 8}) {
-        const float t_ms =
-            time_ms([&](int i) { gpu::gemv(ms[i % copies], dx->as<float>(), dy.as<float>(), n, nullptr); }, 50);
-        const double bytes = double(base.bytes) + 4.0 * n * (s.cols + s.rows);
-        const double gbs = bytes / (t_ms * 1e6);
-        std::printf("[bench] gemv %-5s %6lldx%-6lld %3d %9.1f %9.0f %6.1f%%\n", dtype_name(t),
-                    static_cast<long long>(s.rows), static_cast<long long>(s.cols), n, t_ms * 1e3, gbs,
-                    100.0 * gbs / copy_gbs);
-        if (gpu::gemv_x8_supports(t)) {
-          // The int8-activation kernel, x quantized once outside the timing
-          // (the engine shares it between matrices).
-          DevBuf x8(gpu::x8_bytes(n, s.cols));
-          gpu::quantize_x8(dx->as<float>(), n, s.cols, x8.p, nullptr);
-          const float x8_ms = time_ms(
-              [&](int i) {
-                const gpu::GemvOut out{&ms[i % copies], dy.as<float>()};
-                gpu::gemv_x8(&out, 1, x8.p, n, nullptr);
-              },
-              50);
-          const double x8_gbs = (double(base.bytes) + double(n) * s.cols + 4.0 * n * s.rows) / (x8_ms * 1e6);
-          std::printf("[bench] gemv_x8 %-5s %6lldx%-6lld %3d %9.1f %9.0f %6.1f%%\n", dtype_name(t),
-                      static_cast<long long>(s.rows), static_cast<long long>(s.cols), n, x8_ms * 1e3, x8_gbs,
-                      100.0 * x8_gbs / copy_gbs);
-        }
-      }
-      gpu::free_matrix(base);
-    }
-  }
-}
-
-// Fused Q4_0 / Q8_0 GEMM (gemm_fused_q version 1 = mma.sync, versions 2, 3,
-// 4 and 5 = wgmma where the device has it; v4 and v5 are v3 up to 64 tokens, v2 to 16) against dequantization + cuBLAS
-// (gemm_cublas) on the Llama-2-7B shapes, in one table: us, TFLOP/s and
-// weight GB/s (the matrix's device bytes / time) for each, cuBLAS time over
-// the best fused time, and the largest relative difference of a fused
-// output from cuBLAS's (validation: < 2e-3 expected). Weights rotate over
-// > 200 MB of copies so small-n timings read DRAM, not L2.
-TEST(GpuOpsBench, GemmFusedQuantShapes) {
-  REQUIRE_GPU();
-  if (!bench_enabled()) GTEST_SKIP() << "set RUNLM_BENCH_GPU_OPS=1";
-  constexpr int kMaxTokens = 2048;
-  const bool wg = gpu::gemm_fused_has_wgmma();
-  std::printf("[bench] %-5s %13s %4s | %8s %7s %6s | %8s %7s %6s | %8s %7s %6s | %8s %7s %6s | %8s %7s %6s | %9s %7s "
-              "%6s | %7s %8s\n",
-              "type", "rows x cols", "n", "mma us", "TFLOP/s", "GB/s", "v2 us", "TFLOP/s", "GB/s", "v3 us", "TFLOP/s",
-              "GB/s", "v4 us", "TFLOP/s", "GB/s", "v5 us", "TFLOP/s", "GB/s", "cublas us", "TFLOP/s", "GB/s", "speedup",
-              "rel diff");
-  for (DType t : {DType::Q4_0, DType::Q8_0}) {
-    for (int si = 0; si < 3; ++si) {
-      const BenchShape& s = kLlama7b[si];
-      const HostMatrix hm = bench_matrix(t, s.rows, s.cols, 79);
-      gpu::GpuMatrix base = gpu::upload_matrix(hm.q);
-      const RotatedCopies rot(base);
-      const std::vector<gpu::GpuMatrix>& ms = rot.ms;
-      const int copies = static_cast<int>(ms.size());
-      const size_t scratch_bytes = gpu::gemm_scratch_bytes(base);  // what gemm() passes
-      DevBuf scratch(scratch_bytes);
-      std::vector<uint16_t> xh(size_t(kMaxTokens) * s.cols);
-      const std::vector<float> x = randn(xh.size(), 7);
-      for (size_t i = 0; i < x.size(); ++i) xh[i] = fp32_to_fp16(x[i]);
-      auto dx = upload(xh);
-      DevBuf dy_fused(sizeof(float) * kMaxTokens * s.rows), dy_cublas(sizeof(float) * kMaxTokens * s.rows);
-      for (int n : {16, 64, 128, 256, 512, 2048}) {
-        const size_t outs = static_cast<size_t>(n) * s.rows;
-        const float cublas_ms = time_ms(
-            [&](int i) {
-              gpu::gemm_cublas(ms[i % copies], dx->as<uint16_t>(), dy_cublas.as<float>(), n, scratch.p, nullptr);
-            },
-            20);
-        const std::vector<float> y_cublas = dy_cublas.get<float>(outs);
-        float fused_ms[6] = {0, 0, 0, 0, 0, 0};  // by version; 0 = not run
-        double diff = 0;
-        for (int version = 1; version <= (wg ? 5 : 1); ++version) {
-          fused_ms[version] = time_ms(
-              [&](int i) {
-                gpu::gemm_fused_q(ms[i % copies], dx->as<uint16_t>(), dy_fused.as<float>(), n, scratch.p,
-                                  scratch_bytes, nullptr, 0, version);
-              },
-              20);
-          diff = std::max(diff, rel_err(dy_fused.get<float>(outs), y_cublas));
-        }
-        const double flop = 2.0 * s.rows * s.cols * n, wbytes = double(base.bytes);
-        const float best =
-            wg ? std::min({fused_ms[1], fused_ms[2], fused_ms[3], fused_ms[4], fused_ms[5]}) : fused_ms[1];
-        auto cols3 = [&](float ms_, int w) {
-          if (ms_ <= 0) return std::printf(" | %*s %7s %6s", w, "-", "-", "-");
-          return std::printf(" | %*.1f %7.1f %6.0f", w, ms_ * 1e3, flop / (ms_ * 1e9), wbytes / (ms_ * 1e6));
-        };
-        std::printf("[bench] %-5s %6lldx%-6lld %4d", dtype_name(t), static_cast<long long>(s.rows),
-                    static_cast<long long>(s.cols), n);
-        cols3(fused_ms[1], 8);
-        cols3(fused_ms[2], 8);
-        cols3(fused_ms[3], 8);
-        cols3(fused_ms[4], 8);
-        cols3(fused_ms[5], 8);
-        cols3(cublas_ms, 9);
-        std::printf(" | %6.2fx %8.1e\n", cublas_ms / best, diff);
-      }
-      gpu::free_matrix(base);
-    }
-  }
-  // Several matrices in one launch (gemm_fused_q_multi, what the engine runs
-  // for q/k/v and gate/up) against the same matrices one launch each: us of
-  // the singles at auto (summed: the launches run back to back), of the
-  // multi launch at auto, versions 3, 4 and 5, and singles / best multi.
-  if (!wg) return;
-  std::printf("[bench] multi %-5s %15s %4s | %10s | %9s %9s %9s %9s | %7s %8s\n", "type", "matrices", "n",
-              "singles us", "auto us", "v3 us", "v4 us", "v5 us", "speedup", "rel diff");
-  for (DType t : {DType::Q4_0, DType::Q8_0}) {
-    for (const auto& [k, s] : {std::pair{3, kLlama7b[0]}, std::pair{2, kLlama7b[1]}}) {
-      const HostMatrix hm = bench_matrix(t, s.rows, s.cols, 80);
-      gpu::GpuMatrix base = gpu::upload_matrix(hm.q);
-      const RotatedCopies rot(base);
-      const std::vector<gpu::GpuMatrix>& ms = rot.ms;
-      const int copies = static_cast<int>(ms.size());
-      const size_t scratch_bytes = gpu::gemm_scratch_bytes(base);  // what gemm_multi passes
-      DevBuf scratch(scratch_bytes);
-      std::vector<uint16_t> xh(size_t(kMaxTokens) * s.cols);
-      const std::vector<float> x = randn(xh.size(), 8);
-      for (size_t i = 0; i < x.size(); ++i) xh[i] = fp32_to_fp16(x[i]);
-      auto dx = upload(xh);
-      std::vector<std::unique_ptr<DevBuf>> ys, ys1;
-      for (int j = 0; j < k; ++j) {
-        ys.push_back(std::make_unique<DevBuf>(sizeof(float) * kMaxTokens * s.rows));
-        ys1.push_back(std::make_unique<DevBuf>(sizeof(float) * kMaxTokens * s.rows));
-      }
-      for (int n : {128, 256, 512}) {
-        auto outs_of = [&](int i, std::vector<std::unique_ptr<DevBuf>>& y) {
-          std::vector<gpu::GemmOut> o;
-          for (int j = 0; j < k; ++j) o.push_back({&ms[(k * i + j) % copies], y[j]->as<float>()});
-          return o;
-        };
-        const float single_ms = time_ms(
-            [&](int i) {
-              for (const gpu::GemmOut& o : outs_of(i, ys1))
-                gpu::gemm_fused_q(*o.w, dx->as<uint16_t>(), o.y, n, scratch.p, scratch_bytes, nullptr, 0, 0);
-            },
-            20);
-        float multi_ms[4] = {0, 0, 0, 0};  // auto, v3, v4, v5
-        double diff = 0;
-        for (int vi = 0; vi < 4; ++vi) {
-          multi_ms[vi] = time_ms(
-              [&](int i) {
-                const std::vector<gpu::GemmOut> o = outs_of(i, ys);
-                gpu::gemm_fused_q_multi(o.data(), k, dx->as<uint16_t>(), n, scratch.p, scratch_bytes, nullptr, 0,
-                                        vi == 0 ? 0 : vi + 2);
-              },
-              20);
-          // Every copy holds the same matrix: the last outputs of both compare.
-          for (int j = 0; j < k; ++j) {
-            const size_t outs = static_cast<size_t>(n) * s.rows;
-            diff = std::max(diff, rel_err(ys[j]->get<float>(outs), ys1[j]->get<float>(outs)));
-          }
-        }
-        const float best = std::min({multi_ms[0], multi_ms[1], multi_ms[2], multi_ms[3]});
-        char name[32];
-        std::snprintf(name, sizeof(name), "%dx%lldx%lld", k, static_cast<long long>(s.rows),
-                      static_cast<long long>(s.cols));
-        std::printf("[bench] multi %-5s %15s %4d | %10.1f | %9.1f %9.1f %9.1f %9.1f | %6.2fx %8.1e\n", dtype_name(t),
-                    name, n, single_ms * 1e3, multi_ms[0] * 1e3, multi_ms[1] * 1e3, multi_ms[2] * 1e3,
-                    multi_ms[3] * 1e3, single_ms / best, diff);
-      }
-      gpu::free_matrix(base);
-    }
-  }
-}
-
-TEST(GpuOpsBench, GemmLlama7bShapes512Tokens) {
-  REQUIRE_GPU();
-  if (!bench_enabled()) GTEST_SKIP() << "set RUNLM_BENCH_GPU_OPS=1";
-  constexpr int kTokens = 512;
-  std::printf("[bench] %-5s %13s %4s %9s %8s\n", "type", "rows x cols", "n", "us", "TFLOP/s");
-  for (DType t : {DType::F16, DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K}) {
-    for (const BenchShape& s : kLlama7b) {
-      const HostMatrix hm = bench_matrix(t, s.rows, s.cols, 78);
-      gpu::GpuMatrix gm = gpu::upload_matrix(hm.q);
-      DevBuf scratch(gpu::gemm_scratch_bytes(gm));
-      std::vector<uint16_t> xh(size_t(kTokens) * s.cols);
-      const std::vector<float> x = randn(xh.size(), 6);
-      for (size_t i = 0; i < x.size(); ++i) xh[i] = fp32_to_fp16(x[i]);
-      auto dx = upload(xh);
-      DevBuf dy(sizeof(float) * kTokens * s.rows);
-      const float t_ms = time_ms(
-          [&](int) { gpu::gemm(gm, dx->as<uint16_t>(), dy.as<float>(), kTokens, scratch.p, nullptr); }, 20);
-      const double tflops = 2.0 * s.rows * s.cols * kTokens / (t_ms * 1e9);
-      std::printf("[bench] gemm %-5s %6lldx%-6lld %4d %9.1f %8.1f\n", dtype_name(t), static_cast<long long>(s.rows),
-                  static_cast<long long>(s.cols), kTokens, t_ms * 1e3, tflops);
-      gpu::free_matrix(gm);
-    }
-  }
 }
 
 #endif  // RUNLM_CUDA

@@ -13,7 +13,7 @@
 #include "common.h"
 #include "engine.h"
 #include "gguf.h"
-#include "llama.h"
+#include "llama_arch.h"
 #include "test_support.h"
 
 using namespace runlm;

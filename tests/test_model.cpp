@@ -2,6 +2,8 @@
 // unknown architecture, a missing tensor or a tensor of the wrong shape.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "common.h"
 #include "gguf.h"
 #include "model.h"
@@ -23,6 +25,17 @@ TEST(Model, Stories260KHyperparameters) {
   EXPECT_EQ(c.sliding_window, 0);
   EXPECT_FALSE(c.tied_embeddings);  // this file carries output.weight
   EXPECT_FLOAT_EQ(c.rms_eps, 1e-5f);
+}
+
+// Both engines take the softmax scale from ModelConfig::attn_scale.
+TEST(Model, AttentionScaleIsOneOverSqrtHeadDim) {
+  ModelConfig c;
+  for (int hd : {8, 64, 128, 256}) {
+    c.head_dim = hd;
+    EXPECT_FLOAT_EQ(c.attn_scale(), 1.0f / std::sqrt(static_cast<float>(hd))) << hd;
+  }
+  c.head_dim = 64;
+  EXPECT_FLOAT_EQ(c.attn_scale(), 0.125f);
 }
 
 TEST(Model, UnknownArchitectureIsNamed) {

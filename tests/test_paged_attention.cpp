@@ -1,13 +1,13 @@
-// Tests for paged decode attention (issue 6). Always run: the CPU reference
+// Tests for paged decode attention. Always run: the CPU reference
 // paged_decode_attention_ref against a direct dense formula (contiguous
 // caches, no paging), the reference's paging (a shuffled table gives the
 // contiguous result), and the flash-decoding state merge
 // (kernels/cuda/attn_state.h) against whole-set softmax. With CUDA and a
-// device: the GPU kernel against the reference over the grid of issue 6
+// device: the GPU kernels against the reference over a grid of
 // (batch, lengths that are not page multiples, block sizes, head dims,
 // GQA/MQA/MHA, query tokens per sequence, window, shuffled tables, split or
 // not), graph capture, NaN rows for out-of-bound lengths, and parameter
-// errors. PagedAttentionBench (RUNLM_BENCH=1) times the decode sweep.
+// errors. (runlm bench-decode times the kernels.)
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -249,7 +249,7 @@ std::vector<uint8_t> random_pool(KvType t, const KvPoolLayout& l, int n_pages, i
 // memory never written): f16 scales NaN, +-inf, 65504 and random bits, quant
 // bytes 0x7f / 0xff (e4m3 NaN; int8 127, -1) and random bytes. The
 // reference reads no key past a length; no kernel may let these rows into
-// the output (version 11 reads whole 16-slot rows of a page by TMA).
+// the output (the TMA kernel reads whole 16-slot rows of a page).
 void stale_tail_slots(const Case& c, const std::vector<int32_t>& tables, int max_blocks, KvType t,
                       const KvPoolLayout& l, std::vector<uint8_t>& pool, std::mt19937& rng) {
   const uint16_t scales[] = {0x7e00, 0x7c00, 0xfc00, 0x7bff};
@@ -276,7 +276,7 @@ void stale_tail_slots(const Case& c, const std::vector<int32_t>& tables, int max
 // component along e = (1, ..., 1) / sqrt(hd) of every head, and the K rows of
 // each sequence's fifth j (j = 0..4) one of -C_j e, so that the keys of
 // fifth j score about -D (4 - j) / 4 (+ the usual +-6 of the random parts):
-// the running max jumps by ~D / 4 four times mid-sequence (past version 12's
+// the running max jumps by ~D / 4 four times mid-sequence (past the TMA kernel's
 // lazy-max slack, kLazyMaxSlack, at D = 40) and creeps up in between.
 // The keys that carry the weight in the end (the last fifth) are as
 // large as the other tests' keys, so f16 operands cost the usual error.
@@ -495,7 +495,7 @@ void ck(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw Error(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
-// Compute capability 9.0 (the build's sm_90a code: version 11 runs there).
+// Compute capability 9.0 (the build's sm_90a code: the TMA kernel runs there).
 bool device_is_sm90() {
   int dev = 0, major = 0, minor = 0;
   ck(cudaGetDevice(&dev), "cudaGetDevice");
@@ -549,9 +549,9 @@ struct DevProblem {
                      out.as<float>());
   }
   // Poisons out with NaN (all-ones bits), runs, and returns out.
-  std::vector<float> run(int partition) {
+  std::vector<float> run(int partition, DecodeKernel kernel = DecodeKernel::Auto) {
     ck(cudaMemset(out.p, 0xff, hp.q.size() * 4), "poison");
-    paged_decode_attention(params(), ws.p, ws_bytes, nullptr, partition);
+    paged_decode_attention(params(), ws.p, ws_bytes, nullptr, partition, kernel);
     ck(cudaGetLastError(), "launch");
     ck(cudaDeviceSynchronize(), "sync");
     std::vector<float> h(hp.q.size());
@@ -604,69 +604,35 @@ std::string describe(const Case& c, int partition) {
 // errors times ||v_k - o|| / ||o||, which for random values is ~1-3 (few
 // keys: o is a mix of 1-3 rows; many keys: the errors average out like o
 // does): ~1e-3 at the worst row. Hence 3e-3 on that path only.
-// Version 10 on bf16 pools (paged_decode_f16_mma) rounds q to bf16 (2^-9
+// The f16 tensor-core kernel on bf16 pools rounds q to bf16 (2^-9
 // relative a value, 4x f16's) and keeps P to ~2^-17 (hi + lo bf16 parts).
 // The estimate of ~8e-4 for the weights was short: the test grid measured
-// rows up to 4.0e-3 (H100, session 7), all of it q's rounding (f16 pools,
+// rows up to 4.0e-3 (H100), all of it q's rounding (f16 pools,
 // same kernel, stay under 3e-3). So 6e-3 for bf16 on tensor cores: 1.5x the
 // worst measured, under the ~1e-2 that bf16 attention is held to elsewhere.
-double row_tolerance(const PagedDecodeParams& p) {
-  if (!paged_decode_uses_tensor_cores(p)) return 1e-3;
+double row_tolerance(const PagedDecodeParams& p, DecodeKernel kernel) {
+  if (!decode_kernel_uses_tensor_cores(kernel)) return 1e-3;
   return p.kv.k_type == KvType::BF16 ? 6e-3 : 3e-3;
 }
 
-// all_mma_versions: where the case runs on the tensor-core kernel, check
-// version 4, 5 (the pipelined key loop), 6 (the cp.async ring in shared
-// memory), 7 (16-byte register loads, scales in the conversion), 8 (7
-// with a register ring), 9 (7 at 3 CTAs an SM; 7 to 9 run version 4
-// for pairs with an f16 side), 11 (7's math through a TMA ring, K and V
-// both q8_0 / fp8 at hd 128, bs >= 16, even n_kv, sm_90; elsewhere what 9
-// runs) and 12 (11's math, a CTA a group of 8 KV heads: 11's cases with
-// n_kv % 8 == 0) against the same reference
-// (paged_decode_set_mma_version), then restore the one in use. At head_dim
-// 256 versions 5 to 9 run version 4: 4 and 6 there (the fallback is
-// exercised, not repeated).
-constexpr bool kAllMmaVersions = true;
+// The kernels a case runs on: every kernel with an instance for it on this
+// device (the selector's pick, the ones it picks on other devices, and the
+// SIMT kernel, which runs everything), each forced through the launch.
+std::vector<DecodeKernel> kernels_for(const DevProblem& dp) { return decode_kernels_for(dp.params()); }
 
-// Version 10's pools (K and V both f16 or both bf16, head_dim 64 and 128):
-// check_case runs them on the SIMT kernel and on each version 10 mode
-// (paged_decode_set_f16_mma 1, 2, 3), whatever RUNLM_PAGED_DECODE_F16 says.
-bool plain_mma_case(const Case& c) {
-  return c.k_type == c.v_type && (c.k_type == KvType::F16 || c.k_type == KvType::BF16) && (c.hd == 64 || c.hd == 128);
-}
-// Restores the version 10 mode in use when a test (or a failed ASSERT) leaves.
-struct F16ModeGuard {
-  int saved = paged_decode_f16_mma();
-  ~F16ModeGuard() { paged_decode_set_f16_mma(saved); }
-};
-std::vector<int> f16_modes(const Case& c) {
-  return plain_mma_case(c) ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{paged_decode_f16_mma()};
-}
-
-void check_case(const Case& c, std::vector<int> partitions = {-1}, bool all_mma_versions = false) {
+void check_case(const Case& c, std::vector<int> partitions = {-1}) {
   const HostProblem hp = make_problem(c);
   const std::vector<float> ref = reference(hp);
   DevProblem dp(hp);
-  const int in_use = paged_decode_mma_version();
-  const F16ModeGuard f16_guard;
-  for (int mode : f16_modes(c)) {
-    paged_decode_set_f16_mma(mode);
-    const double tol = row_tolerance(dp.params());
-    std::vector<int> versions = {in_use};
-    if (all_mma_versions && paged_decode_uses_tensor_cores(dp.params()) && !plain_mma_case(c))
-      versions = c.hd <= 128 ? std::vector<int>{4, 5, 6, 7, 8, 9, 11, 12} : std::vector<int>{4, 6};
-    for (int v : versions) {
-      paged_decode_set_mma_version(v);
-      for (int part : partitions) {
-        const std::vector<float> out = dp.run(part);
-        std::string where;
-        const double err = worst_row_error(out, ref, c.hd, &where);
-        EXPECT_LT(err, tol) << describe(c, part) << " (tensor-core version " << v << ", f16 mode " << mode << ") at "
-                            << where;
-      }
+  for (DecodeKernel k : kernels_for(dp)) {
+    const double tol = row_tolerance(dp.params(), k);
+    for (int part : partitions) {
+      const std::vector<float> out = dp.run(part, k);
+      std::string where;
+      const double err = worst_row_error(out, ref, c.hd, &where);
+      EXPECT_LT(err, tol) << describe(c, part) << " (kernel " << decode_kernel_name(k) << ") at " << where;
     }
   }
-  paged_decode_set_mma_version(in_use);
 }
 
 Case make_case(std::vector<int> lens, int nq, int n_heads, int n_kv, int hd, int bs, int window, uint32_t seed) {
@@ -754,16 +720,16 @@ TEST(PagedAttention, KvTypePairs) {
       Case c = make_case({1, 17, 300, 2100}, 1 + seed % 2, 32, 8, 128, 16, seed % 2 ? 0 : 300, seed);
       c.k_type = kt;
       c.v_type = vt;
-      check_case(c, {-1, 0, 256}, kAllMmaVersions);
+      check_case(c, {-1, 0, 256});
       ++seed;
     }
 }
 
 // Scores that rise in steps of ~10 (log2 units) mid-sequence, past
-// version 12's lazy-max slack (step_scores: the running max jumps, O and d
+// the TMA kernel's lazy-max slack (step_scores: the running max jumps, O and d
 // are rescaled then), and creep up by less in between (probabilities above 1
 // until the next jump), with 1 and 2 query tokens, split and not, every
-// tensor-core version, against the reference.
+// tensor-core kernel, against the reference.
 TEST(PagedAttention, RisingScoresRescaleMidSequence) {
   REQUIRE_DEVICE();
   uint32_t seed = 1150;
@@ -777,7 +743,7 @@ TEST(PagedAttention, RisingScoresRescaleMidSequence) {
       c.k_type = kt;
       c.v_type = vt;
       c.score_steps = 40.0f;
-      check_case(c, {-1, 0, 256}, kAllMmaVersions);
+      check_case(c, {-1, 0, 256});
     }
 }
 
@@ -798,15 +764,15 @@ TEST(PagedAttention, KvTypeHeadDimsRowsPages) {
         Case c = make_case({5, 33, 1000}, 1, h.n_heads, h.n_kv, hd, hd == 64 ? 8 : 32, hd == 32 ? 100 : 0, seed++);
         c.k_type = kt;
         c.v_type = vt;
-        check_case(c, {-1, 0, 256}, kAllMmaVersions);
+        check_case(c, {-1, 0, 256});
       }
 }
 
-// The tensor-core kernel (issue 7, versions 4, 5, 6): every pair it takes (K
+// The tensor-core kernels (mma_sm80, mma_quant_sm80): every pair they take (K
 // and V in f16, q8_0, q4_0, fp8, at least one quantized) at head_dim 64,
 // 128, 256, with 1, 2 and 4 query tokens a sequence over GQA 32/8 (4, 8, 16
 // rows: one or two row chunks) and MHA 8/8 (1, 2, 4 rows of 8), pages of 16,
-// 64 and 8 (a 16-key tile of version 6 then spans two pages),
+// 64 and 8 (a 16-key tile then spans two pages),
 // lengths that cross pages and 256-key partitions, window 300 on and off,
 // split auto / none / 256. Each run poisons the output with NaN first
 // (DevProblem::run), pools and q are random (never zero).
@@ -837,7 +803,7 @@ TEST(PagedAttention, TensorCorePairsHeadDimsRows) {
             DevProblem dp(hp);
             ASSERT_TRUE(paged_decode_uses_tensor_cores(dp.params())) << describe(c, -1);
           }
-          check_case(c, {-1, 0, 256}, kAllMmaVersions);
+          check_case(c, {-1, 0, 256});
         }
     }
 }
@@ -866,25 +832,20 @@ TEST(PagedAttention, PlainTensorCoreHeadDimsRowsPages) {
         {
           const HostProblem hp = make_problem(c);
           DevProblem dp(hp);
-          const F16ModeGuard f16_guard;
-          paged_decode_set_f16_mma(1);
-          EXPECT_TRUE(paged_decode_uses_tensor_cores(dp.params())) << describe(c, -1);
-          paged_decode_set_f16_mma(0);
-          EXPECT_FALSE(paged_decode_uses_tensor_cores(dp.params())) << describe(c, -1);
+          EXPECT_EQ(select_decode_kernel(dp.params()).kernel, DecodeKernel::MmaF16) << describe(c, -1);
         }
         check_case(c, {-1, 0, 256});
       }
 }
 
-// Versions 11's and 12's cases (K and V both q8_0 or fp8, hd 128, pages of
-// 16 and 64; pairs with q4_0, version 12 only, at GQA 32/8)
-// with NaN / inf / garbage in the slots past each sequence's length in its
-// last page (Case::stale_tail; lengths 1, 17, 300, 1100 and 4100 end inside
-// a page, 16-key tile and 256-key partition), every version; windows 0, 17
-// (ends inside a tile) and 300; split auto / none / 256; GQA 32/8 (4 rows a
-// CTA at 1 token, 8 at 2; version 12 runs) and 8/2 (the last KV head's
-// scale box reads past the scale row: TMA's zero fill; version 12 runs 9's
-// choice), and 6/3 (odd n_kv: versions 11 and 12 run version 9's choice).
+// The TMA kernel's cases (K and V both q8_0 or fp8, hd 128, pages of 16 and
+// 64; pairs with q4_0 at GQA 32/8) with NaN / inf / garbage in the slots
+// past each sequence's length in its last page (Case::stale_tail; lengths 1,
+// 17, 300, 1100 and 4100 end inside a page, 16-key tile and 256-key
+// partition), every kernel; windows 0, 17 (ends inside a tile) and 300;
+// split auto / none / 256; GQA 32/8 (4 rows a CTA at 1 token, 8 at 2; the
+// TMA kernel runs) and 8/2 (the last KV head's scale box reads past the
+// scale row: TMA's zero fill), and 6/3 (odd n_kv: mma_quant_sm80 runs).
 TEST(PagedAttention, TensorCoreStaleTailSlots) {
   REQUIRE_DEVICE();
   struct Heads {
@@ -898,7 +859,7 @@ TEST(PagedAttention, TensorCoreStaleTailSlots) {
       for (int bs : {16, 64})
         for (Heads h : {Heads{32, 8}, Heads{8, 2}, Heads{6, 3}}) {
           const bool q4 = kt == KvType::Q4_0 || vt == KvType::Q4_0;
-          if (q4 && h.n_kv != 8) continue;  // q4_0 pairs: version 12's case only (11 has none)
+          if (q4 && h.n_kv != 8) continue;  // q4_0 pairs: the TMA kernel's case only
           const int window = n % 3 == 0 ? 0 : n % 3 == 1 ? 17 : 300;
           const int nq = 1 + (n / 3) % 2;
           ++n;
@@ -906,21 +867,14 @@ TEST(PagedAttention, TensorCoreStaleTailSlots) {
           c.k_type = kt;
           c.v_type = vt;
           c.stale_tail = true;
-          {  // versions 11 and 12 run where they apply (an sm_90 device, n_kv even / a multiple of 8), else 9's choice
+          {  // the TMA kernel runs where it applies (an sm_90 device, n_kv a multiple of 8), else mma_quant_sm80
             const HostProblem hp = make_problem(c);
             DevProblem dp(hp);
-            const int in_use = paged_decode_mma_version();
-            if (paged_decode_uses_tensor_cores(dp.params())) {
-              paged_decode_set_mma_version(11);
-              EXPECT_EQ(paged_decode_mma_version_for(dp.params()), !q4 && h.n_kv % 2 == 0 && device_is_sm90() ? 11 : 9)
-                  << describe(c, -1);
-              paged_decode_set_mma_version(12);
-              EXPECT_EQ(paged_decode_mma_version_for(dp.params()), h.n_kv % 8 == 0 && device_is_sm90() ? 12 : 9)
-                  << describe(c, -1);
-            }
-            paged_decode_set_mma_version(in_use);
+            const DecodeKernel want =
+                h.n_kv % 8 == 0 && device_is_sm90() ? DecodeKernel::TmaSm90 : DecodeKernel::MmaQuantSm80;
+            EXPECT_EQ(select_decode_kernel(dp.params()).kernel, want) << describe(c, -1);
           }
-          check_case(c, {-1, 0, 256}, kAllMmaVersions);
+          check_case(c, {-1, 0, 256});
         }
 }
 
@@ -942,7 +896,7 @@ TEST(PagedAttention, TensorCoreWindowEdges) {
       Case c = make_case(kLens, nq, 32, 8, 128, 16, window, seed++);
       c.k_type = KvType::Q8_0;
       c.v_type = KvType::Q4_0;
-      check_case(c, {-1, 0, 256}, kAllMmaVersions);
+      check_case(c, {-1, 0, 256});
     }
 }
 
@@ -956,11 +910,9 @@ TEST(PagedAttention, ShuffledEqualsContiguous) {
   HostProblem b = make_problem(c);
   place_contents_of(b, c, a);
   DevProblem da(a), db(b);
-  const F16ModeGuard f16_guard;
-  for (int mode : f16_modes(c)) {  // the SIMT kernel and version 10
-    paged_decode_set_f16_mma(mode);
-    for (int part : {-1, 0, 256}) EXPECT_EQ(da.run(part), db.run(part)) << "partition " << part << " f16 mode " << mode;
-  }
+  for (DecodeKernel k : kernels_for(da))
+    for (int part : {-1, 0, 256})
+      EXPECT_EQ(da.run(part, k), db.run(part, k)) << "partition " << part << " kernel " << decode_kernel_name(k);
 }
 
 // A graph captured once replays for new device-side lengths within the bounds.
@@ -972,14 +924,12 @@ TEST(PagedAttention, GraphReplaysNewLengths) {
   DevProblem dp(hp);
   cudaStream_t st;
   ck(cudaStreamCreate(&st), "stream");
-  const F16ModeGuard f16_guard;
-  for (int mode : f16_modes(c)) {  // the SIMT kernel and version 10, each captured
-    paged_decode_set_f16_mma(mode);
+  for (DecodeKernel k : kernels_for(dp)) {  // each kernel, captured
     hp.c.lens = c.lens;
     upload(dp.lens, c.lens);
     cudaGraph_t graph;
     ck(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal), "begin capture");
-    paged_decode_attention(dp.params(), dp.ws.p, dp.ws_bytes, st);
+    paged_decode_attention(dp.params(), dp.ws.p, dp.ws_bytes, st, -1, k);
     ck(cudaStreamEndCapture(st, &graph), "end capture");
     cudaGraphExec_t exec;
     ck(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
@@ -993,8 +943,8 @@ TEST(PagedAttention, GraphReplaysNewLengths) {
       ck(cudaMemcpy(out.data(), dp.out.p, out.size() * 4, cudaMemcpyDeviceToHost), "download");
       const std::vector<float> ref = reference(hp);
       std::string where;
-      EXPECT_LT(worst_row_error(out, ref, c.hd, &where), row_tolerance(dp.params()))
-          << "lens " << lens[0] << "," << lens[1] << " f16 mode " << mode << " at " << where;
+      EXPECT_LT(worst_row_error(out, ref, c.hd, &where), row_tolerance(dp.params(), k))
+          << "lens " << lens[0] << "," << lens[1] << " kernel " << decode_kernel_name(k) << " at " << where;
     }
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
@@ -1010,12 +960,10 @@ TEST(PagedAttention, OutOfBoundLengthsGiveNaNRows) {
   HostProblem hp = make_problem(c);
   const std::vector<float> ref = reference(hp);
   DevProblem dp(hp);
-  const F16ModeGuard f16_guard;
-  for (int mode : f16_modes(c))  // the SIMT kernel and version 10 (f16, hd 64)
+  for (DecodeKernel k : kernels_for(dp))  // the SIMT kernel and mma_f16 (f16, hd 64)
   for (int part : {0, 256}) {
-    paged_decode_set_f16_mma(mode);
     // Elementwise: the row tolerance's share of a value (|out| <= 1 here).
-    const double tol = paged_decode_uses_tensor_cores(dp.params()) ? 3e-3 : 1e-3;
+    const double tol = decode_kernel_uses_tensor_cores(k) ? 3e-3 : 1e-3;
     for (int which : {0, 1}) {
       std::vector<int> lens = hp.c.lens;
       PagedDecodeParams p = dp.params();
@@ -1036,7 +984,7 @@ TEST(PagedAttention, OutOfBoundLengthsGiveNaNRows) {
             ASSERT_TRUE(std::isnan(out[i])) << "part " << part << " seq " << s << " elem " << i;
           else
             ASSERT_NEAR(out[i], ref[i], tol * (1 + std::fabs(ref[i]))) << "part " << part << " seq " << s
-                                                                        << " f16 mode " << mode;
+                                                                        << " kernel " << decode_kernel_name(k);
         }
     }
     upload(dp.lens, hp.c.lens);
@@ -1079,557 +1027,6 @@ TEST(PagedAttention, UnsupportedParamsThrow) {
   p.max_seq_len = 4096;  // 16 partitions of 256 need room
   p.kv.max_blocks_per_seq = 4096 / 16;
   expect_error(p, "workspace", 0, 256);
-}
-
-// ---------------------------------------------------------------- bench
-
-bool bench_enabled() {
-  const char* e = std::getenv("RUNLM_BENCH");
-  return e && std::string(e) == "1";
-}
-
-// Times one launch (median over graph replays of kIters launches that rotate
-// over `n_rot` tables, so that small problems do not run from L2).
-double time_launches(const std::vector<PagedDecodeParams>& ps, void* ws, size_t ws_bytes, int partition) {
-  constexpr int kIters = 20, kReps = 7;
-  cudaStream_t st;
-  ck(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
-  // Warm up outside the capture (occupancy query, module load).
-  paged_decode_attention(ps[0], ws, ws_bytes, st, partition);
-  ck(cudaStreamSynchronize(st), "warm-up");
-  cudaGraph_t graph;
-  ck(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal), "capture");
-  for (int i = 0; i < kIters; ++i) paged_decode_attention(ps[i % ps.size()], ws, ws_bytes, st, partition);
-  ck(cudaStreamEndCapture(st, &graph), "end capture");
-  cudaGraphExec_t exec;
-  ck(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-  cudaEvent_t a, b;
-  ck(cudaEventCreate(&a), "event");
-  ck(cudaEventCreate(&b), "event");
-  ck(cudaGraphLaunch(exec, st), "replay");
-  std::vector<float> ms;
-  for (int r = 0; r < kReps; ++r) {
-    ck(cudaEventRecord(a, st), "record");
-    ck(cudaGraphLaunch(exec, st), "replay");
-    ck(cudaEventRecord(b, st), "record");
-    ck(cudaEventSynchronize(b), "sync");
-    float t = 0;
-    ck(cudaEventElapsedTime(&t, a, b), "elapsed");
-    ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(st);
-  return ms[ms.size() / 2] / kIters * 1e-3;  // seconds per launch
-}
-
-double copy_bandwidth() {
-  const size_t bytes = size_t(1) << 30;
-  DevBuf a(bytes), b(bytes);
-  ck(cudaMemset(a.p, 1, bytes), "memset");
-  ck(cudaMemcpy(b.p, a.p, bytes, cudaMemcpyDeviceToDevice), "warm");
-  cudaEvent_t e0, e1;
-  ck(cudaEventCreate(&e0), "event");
-  ck(cudaEventCreate(&e1), "event");
-  std::vector<float> ms;
-  for (int r = 0; r < 9; ++r) {
-    ck(cudaEventRecord(e0), "record");
-    ck(cudaMemcpyAsync(b.p, a.p, bytes, cudaMemcpyDeviceToDevice), "copy");
-    ck(cudaEventRecord(e1), "record");
-    ck(cudaEventSynchronize(e1), "sync");
-    float t;
-    ck(cudaEventElapsedTime(&t, e0, e1), "elapsed");
-    ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  return 2.0 * bytes / (ms[ms.size() / 2] * 1e-3);  // read + write
-}
-
-// The benches' problem: B sequences of one decode token each over L keys in
-// pages of bs (every table [B, L / bs]), K and V of type t in the pools.
-PagedDecodeParams one_token_params(const DevBuf& q, const DevBuf& out, const DevBuf& cu, const DevBuf& lens,
-                                   const int32_t* tables, const void* k_pool, const void* v_pool, KvType t, int B,
-                                   int L, int bs, int n_heads, int n_kv, int hd) {
-  PagedDecodeParams p;
-  p.q = q.as<float>();
-  p.out = out.as<float>();
-  p.cu_q = cu.as<int32_t>();
-  p.n_seqs = B;
-  p.total_q = B;
-  p.max_q_per_seq = 1;
-  p.max_seq_len = L;
-  p.n_heads = n_heads;
-  p.scale = 1.0f / std::sqrt(float(hd));
-  p.kv.k_pool = k_pool;
-  p.kv.v_pool = v_pool;
-  p.kv.k_type = p.kv.v_type = t;
-  p.kv.block_tables = tables;
-  p.kv.max_blocks_per_seq = L / bs;
-  p.kv.seq_lens = lens.as<int32_t>();
-  p.kv.block_size = bs;
-  p.kv.n_kv_heads = n_kv;
-  p.kv.head_dim = hd;
-  return p;
-}
-
-// The CPU reference for one sequence of L keys whose pages were copied to
-// the host in order (k_pages, v_pages): p's shapes and types, q the
-// sequence's query row; returns its n_heads x head_dim output.
-std::vector<float> one_sequence_reference(const PagedDecodeParams& p, const float* q, const void* k_pages,
-                                          const void* v_pages, int L) {
-  std::vector<int32_t> table(ceil_div(L, p.kv.block_size)), one_len = {L}, one_cu = {0, 1};
-  std::iota(table.begin(), table.end(), 0);
-  std::vector<float> ref(size_t(p.n_heads) * p.kv.head_dim);
-  PagedDecodeParams rp = p;
-  rp.q = q;
-  rp.out = ref.data();
-  rp.cu_q = one_cu.data();
-  rp.n_seqs = 1;
-  rp.total_q = 1;
-  rp.kv.k_pool = k_pages;
-  rp.kv.v_pool = v_pages;
-  rp.kv.block_tables = table.data();
-  rp.kv.seq_lens = one_len.data();
-  paged_decode_attention_ref(rp);
-  return ref;
-}
-
-// Issue 7's rows: each KV type (K and V the same) at B=64 L=8192 and B=1
-// L=32768, GQA 32/8, hd 128, page 16, shuffled pages; GB/s of the bytes the
-// kernel actually reads (quants + scales of K and V), tokens/s (decode steps
-// of the whole batch per second: B / time) and the ratio to f16. Rows on the
-// tensor-core kernel are also timed with a second version in the same run
-// (RUNLM_PAGED_DECODE_MMA_CMP=v4..v9, v11 or v12, default v7: 16-byte register
-// loads, paged_decode_mma_v7.cuh): the "vN" columns (validated first, as
-// the main columns).
-// The f16 and bf16 rows' "vN" columns run version 10 (tensor cores for
-// the plain pools) in mode f16_cmp (paged_decode_set_f16_mma: 1 mma, 2 mma2,
-// 3 mma4) beside the main columns (the mode in use: mma4 on sm_90 by
-// default, RUNLM_PAGED_DECODE_F16 forces one; F16Paths sets the SIMT kernel).
-void kv_type_sweep(double copy_bw, const std::vector<KvType>& types, int f16_cmp) {
-  const int n_heads = 32, n_kv = 8, hd = 128, bs = 16;
-  struct Point {
-    int b, l;
-  };
-  const Point points[] = {{64, 8192}, {1, 32768}};
-  const int max_pages = 64 * 8192 / bs;  // one rotation of the largest point
-  std::printf("\npaged decode by KV type (GQA 32/8, hd 128, page 16, auto split; quantized: %s v%d); copy %.0f GB/s\n",
-              std::getenv("RUNLM_PAGED_DECODE") ? std::getenv("RUNLM_PAGED_DECODE") : "tensor cores",
-              paged_decode_mma_version(), copy_bw / 1e9);
-  const char* cmp_env = std::getenv("RUNLM_PAGED_DECODE_MMA_CMP");
-  const int cmp_n = cmp_env && cmp_env[0] == 'v' ? std::atoi(cmp_env + 1) : 0;
-  const int cmp = (cmp_n >= 4 && cmp_n <= 9) || cmp_n == 11 || cmp_n == 12 ? cmp_n : 7;
-  const std::string col_us = "v" + std::to_string(cmp) + " us", col_gbps = "v" + std::to_string(cmp) + " GB/s",
-                    col_vs = "v" + std::to_string(cmp) + " vs";
-  std::printf("(f16 / bf16 rows: main columns f16 mode %d, the vN columns version 10 mode %d (%s); 0 simt, 1 mma, "
-              "2 mma2, 3 mma4)\n",
-              paged_decode_f16_mma(), f16_cmp, f16_cmp == 1 ? "mma" : f16_cmp == 2 ? "mma2" : "mma4");
-  std::printf("%5s %6s %6s %10s %10s %10s %12s %8s %10s %10s %8s\n", "B", "L", "kv", "us", "MB read", "GB/s",
-              "tokens/s", "vs f16", col_us.c_str(), col_gbps.c_str(), col_vs.c_str());
-  double f16_tps[2] = {0, 0};
-  for (KvType t : types) {  // f16 first: the ratios refer to it
-    const KvPoolLayout l = kv_pool_layout(t, bs, n_kv, hd);
-    // Pool: 256 random pages (kv_encode_row of uniform values), repeated.
-    const int pool_pages = max_pages;
-    DevBuf kpool(size_t(pool_pages) * l.page), vpool(size_t(pool_pages) * l.page);
-    std::mt19937 rng(7 + int(t));
-    const int chunk_pages = 256;
-    const std::vector<uint8_t> hk = random_pool(t, l, chunk_pages, n_kv, hd, rng);
-    const std::vector<uint8_t> hv = random_pool(t, l, chunk_pages, n_kv, hd, rng);
-    for (int pg = 0; pg < pool_pages; pg += chunk_pages) {
-      const size_t n = size_t(std::min(chunk_pages, pool_pages - pg)) * l.page;
-      ck(cudaMemcpy(kpool.as<uint8_t>() + size_t(pg) * l.page, hk.data(), n, cudaMemcpyHostToDevice), "fill");
-      ck(cudaMemcpy(vpool.as<uint8_t>() + size_t(pg) * l.page, hv.data(), n, cudaMemcpyHostToDevice), "fill");
-    }
-    for (int pi = 0; pi < 2; ++pi) {
-      const Point pt = points[pi];
-      const int B = pt.b, L = pt.l, pages = L / bs;
-      const double bytes = double(B) * L * double(2 * (l.q_row + l.s_row));  // K and V read once
-      // Rotations over distinct page sets cover >= 256 MB, so a small problem
-      // (q4_0 at B=1 is 38 MB) does not run from the 50 MB L2.
-      const size_t need = size_t(B) * pages;
-      const int n_rot = int(std::max<size_t>(1, std::min<size_t>({size_t(16), size_t(max_pages) / need,
-                                                                  size_t(std::ceil(256e6 / bytes))})));
-      std::vector<int32_t> all_tables(need * n_rot), lens(B, L), cu(B + 1);
-      for (int r = 0; r < n_rot; ++r) {
-        std::iota(all_tables.begin() + r * need, all_tables.begin() + (r + 1) * need, int32_t(r * need));
-        std::shuffle(all_tables.begin() + r * need, all_tables.begin() + (r + 1) * need, rng);
-      }
-      const std::vector<int32_t> table(all_tables.begin(), all_tables.begin() + need);
-      for (int s = 0; s <= B; ++s) cu[s] = s;
-      std::vector<float> hq(size_t(B) * n_heads * hd);
-      std::uniform_real_distribution<float> u(-3.0f, 3.0f);
-      for (float& x : hq) x = u(rng);
-      DevBuf dq(hq.size() * 4), dout(hq.size() * 4), dlens(B * 4), dcu((B + 1) * 4), dtab(all_tables.size() * 4);
-      upload(dq, hq);
-      upload(dlens, lens);
-      upload(dcu, cu);
-      upload(dtab, all_tables);
-      const size_t ws_bytes = paged_decode_workspace_bytes(B, B, n_heads, hd, L);
-      DevBuf ws(ws_bytes);
-      PagedDecodeParams p =
-          one_token_params(dq, dout, dcu, dlens, dtab.as<int32_t>(), kpool.p, vpool.p, t, B, L, bs, n_heads, n_kv, hd);
-      const int in_use = paged_decode_mma_version();
-      // Validate sequence 0 against the reference on a host copy of its pages.
-      auto validate = [&] {
-        ck(cudaMemset(dout.p, 0xff, hq.size() * 4), "poison");
-        paged_decode_attention(p, ws.p, ws_bytes, nullptr);
-        ck(cudaDeviceSynchronize(), "sync");
-        std::vector<float> out(size_t(n_heads) * hd);
-        ck(cudaMemcpy(out.data(), dout.p, out.size() * 4, cudaMemcpyDeviceToHost), "download");
-        std::vector<uint8_t> pk(size_t(pages) * l.page), pv(pk.size());
-        for (int j = 0; j < pages; ++j) {
-          ck(cudaMemcpy(&pk[size_t(j) * l.page], kpool.as<uint8_t>() + size_t(table[j]) * l.page, l.page,
-                        cudaMemcpyDeviceToHost),
-             "page");
-          ck(cudaMemcpy(&pv[size_t(j) * l.page], vpool.as<uint8_t>() + size_t(table[j]) * l.page, l.page,
-                        cudaMemcpyDeviceToHost),
-             "page");
-        }
-        const std::vector<float> ref = one_sequence_reference(p, hq.data(), pk.data(), pv.data(), L);
-        std::string where;
-        EXPECT_LT(worst_row_error(out, ref, hd, &where), row_tolerance(p))
-            << "kv " << kv_type_name(t) << " B=" << B << " L=" << L << " tensor-core version "
-            << paged_decode_mma_version() << " f16 mode " << paged_decode_f16_mma();
-      };
-      validate();
-      std::vector<PagedDecodeParams> ps;
-      for (int r = 0; r < n_rot; ++r) {
-        ps.push_back(p);
-        ps.back().kv.block_tables = dtab.as<int32_t>() + size_t(r) * need;
-      }
-      const double t_s = time_launches(ps, ws.p, ws_bytes, -1);
-      const double tps = B / t_s;
-      if (t == KvType::F16) f16_tps[pi] = tps;
-      double t6 = 0;  // version cmp (0: not on the tensor-core kernel)
-      if (t == KvType::F16 || t == KvType::BF16) {
-        const F16ModeGuard f16_guard;
-        paged_decode_set_f16_mma(f16_cmp);
-        validate();
-        t6 = time_launches(ps, ws.p, ws_bytes, -1);
-        std::printf("{\"bench\":\"paged_decode_kv\",\"kv\":\"%s\",\"f16_mode\":%d,\"B\":%d,\"L\":%d,\"us\":%.2f,"
-                    "\"gbps\":%.1f,\"tokens_per_s\":%.0f,\"vs_f16\":%.3f}\n",
-                    kv_type_name(t), f16_cmp, B, L, t6 * 1e6, bytes / t6 / 1e9, B / t6, B / t6 / f16_tps[pi]);
-      } else if (paged_decode_uses_tensor_cores(p)) {
-        paged_decode_set_mma_version(cmp);
-        validate();
-        t6 = time_launches(ps, ws.p, ws_bytes, -1);
-        paged_decode_set_mma_version(in_use);
-        std::printf("{\"bench\":\"paged_decode_kv\",\"kv\":\"%s\",\"mma\":%d,\"B\":%d,\"L\":%d,\"us\":%.2f,"
-                    "\"gbps\":%.1f,\"tokens_per_s\":%.0f,\"vs_f16\":%.3f}\n",
-                    kv_type_name(t), cmp, B, L, t6 * 1e6, bytes / t6 / 1e9, B / t6, B / t6 / f16_tps[pi]);
-      }
-      std::printf("{\"bench\":\"paged_decode_kv\",\"kv\":\"%s\",\"B\":%d,\"L\":%d,\"part\":%d,\"us\":%.2f,"
-                  "\"bytes\":%.0f,\"gbps\":%.1f,\"tokens_per_s\":%.0f,\"vs_f16\":%.3f}\n",
-                  kv_type_name(t), B, L, paged_decode_auto_partition(p), t_s * 1e6, bytes, bytes / t_s / 1e9, tps,
-                  tps / f16_tps[pi]);
-      // Partition sweep at B=64 (JSON only): is auto's split right for this
-      // type's kernel, whose CTAs an SM differ from the f16 one's?
-      if (B == 64)
-        for (int part : {0, 1024, 2048, 4096}) {
-          if (part > 0 && size_t(B) * n_heads * ceil_div(L, part) * (hd + 2) * 4 > ws_bytes) continue;
-          const double tp = time_launches(ps, ws.p, ws_bytes, part);
-          std::printf("{\"bench\":\"paged_decode_kv_part\",\"kv\":\"%s\",\"B\":%d,\"L\":%d,\"part\":%d,"
-                      "\"us\":%.2f,\"gbps\":%.1f,\"vs_f16\":%.3f}\n",
-                      kv_type_name(t), B, L, part, tp * 1e6, bytes / tp / 1e9, B / tp / f16_tps[pi]);
-        }
-      std::printf("%5d %6d %6s %10.2f %10.1f %10.1f %12.0f %8.2f", B, L, kv_type_name(t), t_s * 1e6, bytes / 1e6,
-                  bytes / t_s / 1e9, tps, tps / f16_tps[pi]);
-      if (t6 > 0)
-        std::printf(" %10.2f %10.1f %8.2f\n", t6 * 1e6, bytes / t6 / 1e9, B / t6 / f16_tps[pi]);
-      else
-        std::printf(" %10s %10s %8s\n", "-", "-", "-");
-      std::fflush(stdout);
-    }
-  }
-}
-
-// Issue 6's sweep: batch x context, GQA 32/8, hd 128, f16 KV, page 16;
-// paged (shuffled pages) and contiguous (table 0, 1, 2, ...) over the same
-// pool. Effective bandwidth counts K and V once: 2 * B * L * n_kv * hd * 2.
-TEST(PagedAttentionBench, DecodeSweep) {
-  if (!bench_enabled()) GTEST_SKIP() << "set RUNLM_BENCH=1";
-  REQUIRE_DEVICE();
-  const int n_heads = 32, n_kv = 8, hd = 128, bs = 16;
-  const std::vector<int> batches = {1, 8, 64, 256}, ctxs = {512, 2048, 8192, 32768};
-  const double copy_bw = copy_bandwidth();
-  std::printf("{\"bench\":\"copy\",\"bytes\":%zu,\"gbps\":%.1f}\n", size_t(2) << 30, copy_bw / 1e9);
-
-  // One pool for the largest problem; filled with a repeated 64 MiB block of
-  // random f16 (non-zero, not NaN).
-  const size_t page_elems = size_t(bs) * n_kv * hd;
-  const size_t max_pages = size_t(256) * (32768 / bs);
-  const size_t pool_bytes = max_pages * page_elems * 2;
-  DevBuf kpool(pool_bytes), vpool(pool_bytes);
-  {
-    std::mt19937 rng(42);
-    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-    const size_t chunk = size_t(64) << 20;
-    std::vector<uint16_t> h(chunk / 2);
-    for (auto& x : h) x = fp32_to_fp16(u(rng));
-    for (DevBuf* pool : {&kpool, &vpool}) {
-      ck(cudaMemcpy(pool->p, h.data(), chunk, cudaMemcpyHostToDevice), "fill");
-      for (size_t off = chunk; off < pool_bytes; off += chunk)
-        ck(cudaMemcpy(static_cast<char*>(pool->p) + off, pool->p, std::min(chunk, pool_bytes - off),
-                      cudaMemcpyDeviceToDevice),
-           "fill");
-    }
-  }
-
-  struct Row {
-    int b, l;
-    double paged_gbps, contig_gbps;
-    int part;
-  };
-  std::vector<Row> rows;
-  struct ModeRow {
-    int b, l;
-    double gbps[4];  // paged, by version 10 mode (0: the SIMT kernel)
-  };
-  std::vector<ModeRow> mode_rows;
-  for (int B : batches)
-    for (int L : ctxs) {
-      const int pages = L / bs;
-      const size_t need = size_t(B) * pages;
-      const double kv_bytes = 2.0 * B * L * n_kv * hd * 2;
-      // Rotations: enough distinct page sets to cover 4x the L2, within the pool.
-      const int n_rot = int(std::max<size_t>(1, std::min<size_t>({size_t(20), max_pages / need,
-                                                                  size_t(std::ceil(256e6 / kv_bytes))})));
-      std::mt19937 rng(B * 100003 + L);
-      std::vector<int32_t> lens(B, L), cu(B + 1);
-      for (int s = 0; s <= B; ++s) cu[s] = s;
-      std::vector<float> hq(size_t(B) * n_heads * hd);
-      std::uniform_real_distribution<float> u(-3.0f, 3.0f);
-      for (float& x : hq) x = u(rng);
-      DevBuf dq(hq.size() * 4), dout(hq.size() * 4), dlens(B * 4), dcu((B + 1) * 4);
-      upload(dq, hq);
-      upload(dlens, lens);
-      upload(dcu, cu);
-      const size_t ws_bytes = paged_decode_workspace_bytes(B, B, n_heads, hd, L);
-      DevBuf ws(ws_bytes);
-      // Tables: [rotation][layout] -> [B, pages].
-      std::vector<std::vector<int32_t>> host_tables[2];
-      std::vector<std::unique_ptr<DevBuf>> dev_tables;
-      std::vector<PagedDecodeParams> ps[2];
-      for (int layout = 0; layout < 2; ++layout)
-        for (int r = 0; r < n_rot; ++r) {
-          std::vector<int32_t> t(need);
-          std::iota(t.begin(), t.end(), int32_t(r * need));
-          if (layout == 0) std::shuffle(t.begin(), t.end(), rng);  // paged: pages anywhere in the rotation's range
-          dev_tables.push_back(std::make_unique<DevBuf>(need * 4));
-          upload(*dev_tables.back(), t);
-          host_tables[layout].push_back(std::move(t));
-          ps[layout].push_back(one_token_params(dq, dout, dcu, dlens, dev_tables.back()->as<int32_t>(), kpool.p, vpool.p,
-                                                KvType::F16, B, L, bs, n_heads, n_kv, hd));
-        }
-      // Validate first: sequence 0 (and the last) of the paged layout against
-      // the reference, and paged == contiguous bitwise when they hold the same
-      // pages (rotation 0 of each holds the same page set, placed differently,
-      // so compare each against its own reference only where cheap). Run
-      // again for each version 10 mode at the target points (below).
-      auto validate = [&] {
-        if (L <= 8192 || B == 1) {
-          ck(cudaMemset(dout.p, 0xff, hq.size() * 4), "poison");
-          paged_decode_attention(ps[0][0], ws.p, ws_bytes, nullptr);
-          ck(cudaDeviceSynchronize(), "sync");
-          std::vector<float> out(hq.size());
-          ck(cudaMemcpy(out.data(), dout.p, out.size() * 4, cudaMemcpyDeviceToHost), "download");
-          // Host copy of the pages sequence s reads, for the reference.
-          for (int s : {0, B - 1}) {
-            if (s > 0 && (L > 2048 || B == 1)) continue;
-            std::vector<uint16_t> hk(size_t(pages) * page_elems), hv(hk.size());
-            for (int j = 0; j < pages; ++j) {
-              const size_t pg = host_tables[0][0][size_t(s) * pages + j];
-              ck(cudaMemcpy(&hk[j * page_elems], kpool.as<uint16_t>() + pg * page_elems, page_elems * 2,
-                            cudaMemcpyDeviceToHost),
-                 "page");
-              ck(cudaMemcpy(&hv[j * page_elems], vpool.as<uint16_t>() + pg * page_elems, page_elems * 2,
-                            cudaMemcpyDeviceToHost),
-                 "page");
-            }
-            const std::vector<float> ref =
-                one_sequence_reference(ps[0][0], hq.data() + size_t(s) * n_heads * hd, hk.data(), hv.data(), L);
-            std::vector<float> got(out.begin() + size_t(s) * n_heads * hd, out.begin() + size_t(s + 1) * n_heads * hd);
-            std::string where;
-            const double err = worst_row_error(got, ref, hd, &where);
-            EXPECT_LT(err, row_tolerance(ps[0][0]))
-                << "bench B=" << B << " L=" << L << " seq " << s << " f16 mode " << paged_decode_f16_mma() << " " << where;
-          }
-        }
-      };
-      validate();
-      const int auto_part = paged_decode_auto_partition(ps[0][0]);
-      double gbps[2];
-      for (int layout = 0; layout < 2; ++layout) {
-        const double t = time_launches(ps[layout], ws.p, ws_bytes, -1);
-        gbps[layout] = kv_bytes / t / 1e9;
-        std::printf("{\"bench\":\"paged_decode\",\"impl\":\"runlm\",\"layout\":\"%s\",\"B\":%d,\"L\":%d,\"part\":%d,"
-                    "\"rot\":%d,\"us\":%.2f,\"gbps\":%.1f,\"frac_copy\":%.3f}\n",
-                    layout == 0 ? "paged" : "contig", B, L, auto_part, n_rot, t * 1e6, gbps[layout],
-                    gbps[layout] * 1e9 / copy_bw);
-      }
-      rows.push_back({B, L, gbps[0], gbps[1], auto_part});
-      // Version 10 (tensor cores for the plain pools) beside the SIMT kernel
-      // at the target points: every mode on the paged layout, auto split.
-      if ((B == 1 && L == 32768) || (B == 64 && L == 8192) || (B == 8 && L == 32768) || (B == 256 && L == 8192)) {
-        const F16ModeGuard f16_guard;
-        ModeRow mr{B, L, {}};
-        for (int mode = 0; mode < 4; ++mode) {
-          paged_decode_set_f16_mma(mode);
-          validate();
-          const double t = time_launches(ps[0], ws.p, ws_bytes, -1);
-          mr.gbps[mode] = kv_bytes / t / 1e9;
-          std::printf("{\"bench\":\"paged_decode_f16\",\"f16_mode\":%d,\"B\":%d,\"L\":%d,\"part\":%d,\"us\":%.2f,"
-                      "\"gbps\":%.1f}\n",
-                      mode, B, L, paged_decode_auto_partition(ps[0][0]), t * 1e6, mr.gbps[mode]);
-        }
-        mode_rows.push_back(mr);
-      }
-      // Partition sweep at the issue's target points (is auto right?).
-      if ((B == 1 && L == 32768) || (B == 64 && L == 8192) || (B == 8 && L == 32768)) {
-        for (int part : {0, 256, 512, 1024, 2048, 4096}) {
-          if (part > 0 && size_t(B) * n_heads * ceil_div(L, part) * (hd + 2) * 4 > ws_bytes) continue;
-          const double t = time_launches(ps[0], ws.p, ws_bytes, part);
-          std::printf("{\"bench\":\"paged_decode_part\",\"B\":%d,\"L\":%d,\"part\":%d,\"us\":%.2f,\"gbps\":%.1f}\n", B,
-                      L, part, t * 1e6, kv_bytes / t / 1e9);
-        }
-      }
-      std::fflush(stdout);
-    }
-  std::printf("\npaged decode sweep (GQA 32/8, hd 128, f16 KV, page 16); copy %.0f GB/s\n", copy_bw / 1e9);
-  std::printf("%5s %6s %6s %10s %10s %8s %8s\n", "B", "L", "part", "paged", "contig", "pg/ct", "pg/copy");
-  for (const Row& r : rows)
-    std::printf("%5d %6d %6d %10.1f %10.1f %8.3f %8.3f\n", r.b, r.l, r.part, r.paged_gbps, r.contig_gbps,
-                r.paged_gbps / r.contig_gbps, r.paged_gbps * 1e9 / copy_bw);
-  std::printf("\nf16 paths, paged GB/s (simt: SIMT kernel; mma / mma2 / mma4: version 10 modes 1 / 2 / 3)\n");
-  std::printf("%5s %6s %8s %8s %8s %8s %9s\n", "B", "L", "simt", "mma", "mma2", "mma4", "best/simt");
-  for (const ModeRow& r : mode_rows)
-    std::printf("%5d %6d %8.1f %8.1f %8.1f %8.1f %9.3f\n", r.b, r.l, r.gbps[0], r.gbps[1], r.gbps[2], r.gbps[3],
-                std::max({r.gbps[1], r.gbps[2], r.gbps[3]}) / r.gbps[0]);
-}
-
-// Probe of the pool layout (NHD: a page is [token][kv head][dim], so one KV
-// head's keys of a page are 16 rows of 256 bytes (f16; q8_0 128, q4_0 64)
-// at a stride of all heads' row) against per-head contiguous pages (HND, as
-// cuDNN's contiguous [B, H, L, D] reads them): the same bytes and GQA ratio
-// as B=64 L=8192 GQA 32/8, once as is and once as B=512 sequences of one KV
-// head (4 query heads), where each page of a (sequence, head) is one piece
-// (f16 4 KB). f16, q8_0 and q4_0 pools (K and V the same type), shuffled
-// pages, two rotations. Outputs are only checked finite here (DecodeSweep
-// and KvTypes validate these kernels against the reference).
-TEST(PagedAttentionBench, HeadLayoutProbe) {
-  if (!bench_enabled()) GTEST_SKIP() << "set RUNLM_BENCH=1";
-  REQUIRE_DEVICE();
-  const int hd = 128, bs = 16, L = 8192, pages = L / bs, n_rot = 2;
-  for (const KvType t : {KvType::F16, KvType::Q8_0, KvType::Q4_0}) {
-    // Bytes of the whole problem: equal for both shapes (page bytes scale with n_kv).
-    const size_t pool_bytes = size_t(n_rot) * 64 * pages * kv_pool_layout(t, bs, 8, hd).page;
-    DevBuf kpool(pool_bytes), vpool(pool_bytes);
-    {
-      // Finite f16 values; as quantized pools their bytes are quants and
-      // scales in (-1, 1).
-      std::mt19937 rng(5);
-      std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-      std::vector<uint16_t> h(size_t(32) << 20);
-      for (auto& x : h) x = fp32_to_fp16(u(rng));
-      for (DevBuf* pool : {&kpool, &vpool})
-        for (size_t off = 0; off < pool_bytes; off += h.size() * 2)
-          ck(cudaMemcpy(static_cast<char*>(pool->p) + off, h.data(), std::min(h.size() * 2, pool_bytes - off),
-                        cudaMemcpyHostToDevice),
-             "fill");
-    }
-    struct Shape {
-      int B, n_heads, n_kv;
-    };
-    for (const Shape sh : {Shape{64, 32, 8}, Shape{512, 4, 1}}) {
-      const int B = sh.B;
-      std::mt19937 rng(B);
-      const size_t need = size_t(B) * pages;
-      std::vector<int32_t> tables(need * n_rot);
-      std::iota(tables.begin(), tables.end(), 0);
-      for (int r = 0; r < n_rot; ++r) std::shuffle(tables.begin() + r * need, tables.begin() + (r + 1) * need, rng);
-      std::vector<int32_t> lens(B, L), cu(B + 1);
-      std::iota(cu.begin(), cu.end(), 0);
-      std::vector<float> hq(size_t(B) * sh.n_heads * hd);
-      std::uniform_real_distribution<float> u(-3.0f, 3.0f);
-      for (float& x : hq) x = u(rng);
-      DevBuf dq(hq.size() * 4), dout(hq.size() * 4), dlens(B * 4), dcu((B + 1) * 4), dtab(tables.size() * 4);
-      upload(dq, hq);
-      upload(dlens, lens);
-      upload(dcu, cu);
-      upload(dtab, tables);
-      const size_t ws_bytes = paged_decode_workspace_bytes(B, B, sh.n_heads, hd, L);
-      DevBuf ws(ws_bytes);
-      std::vector<PagedDecodeParams> ps;
-      for (int r = 0; r < n_rot; ++r)
-        ps.push_back(one_token_params(dq, dout, dcu, dlens, dtab.as<int32_t>() + size_t(r) * need, kpool.p, vpool.p,
-                                      t, B, L, bs, sh.n_heads, sh.n_kv, hd));
-      ck(cudaMemset(dout.p, 0xff, hq.size() * 4), "poison");
-      paged_decode_attention(ps[0], ws.p, ws_bytes, nullptr);
-      ck(cudaDeviceSynchronize(), "sync");
-      std::vector<float> out(hq.size());
-      ck(cudaMemcpy(out.data(), dout.p, out.size() * 4, cudaMemcpyDeviceToHost), "download");
-      EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float x) { return std::isfinite(x); }))
-          << kv_type_name(t) << " B=" << B;
-      const double kv_bytes = double(pool_bytes) / n_rot * 2;  // K and V pools, one rotation
-      for (int part : {-1, 0, 4096}) {
-        if (part > 0 && size_t(B) * sh.n_heads * ceil_div(L, part) * (hd + 2) * 4 > ws_bytes) continue;
-        const double secs = time_launches(ps, ws.p, ws_bytes, part);
-        std::printf("{\"bench\":\"paged_head_layout\",\"kv\":\"%s\",\"B\":%d,\"n_heads\":%d,\"n_kv\":%d,"
-                    "\"L\":%d,\"part\":%d,\"auto_part\":%d,\"us\":%.2f,\"gbps\":%.1f}\n",
-                    kv_type_name(t), B, sh.n_heads, sh.n_kv, L, part, paged_decode_auto_partition(ps[0]), secs * 1e6,
-                    kv_bytes / secs / 1e9);
-      }
-    }
-  }
-}
-
-// Version 10's mode for the comparison columns: RUNLM_PAGED_DECODE_F16_CMP
-// = mma (default), mma2 or mma4.
-int f16_cmp_mode() {
-  const char* e = std::getenv("RUNLM_PAGED_DECODE_F16_CMP");
-  if (e && std::strcmp(e, "mma2") == 0) return 2;
-  if (e && std::strcmp(e, "mma4") == 0) return 3;
-  return 1;
-}
-
-// Issue 7's table alone (the quick A/B of the tensor-core versions: the
-// main columns run the version in use, RUNLM_PAGED_DECODE_MMA, the vN
-// columns RUNLM_PAGED_DECODE_MMA_CMP, default v7).
-TEST(PagedAttentionBench, KvTypes) {
-  if (!bench_enabled()) GTEST_SKIP() << "set RUNLM_BENCH=1";
-  REQUIRE_DEVICE();
-  const double copy_bw = copy_bandwidth();
-  std::printf("{\"bench\":\"copy\",\"bytes\":%zu,\"gbps\":%.1f}\n", size_t(2) << 30, copy_bw / 1e9);
-  // RUNLM_BENCH_KV=q8_0,q4_0 (names as -ctk takes them) keeps only those
-  // rows besides f16, the ratios' base (device runs short of time).
-  std::vector<KvType> types = {KvType::F16};
-  for (KvType t : {KvType::BF16, KvType::Q8_0, KvType::FP8, KvType::Q4_0}) {
-    const char* only = std::getenv("RUNLM_BENCH_KV");
-    if (!only || ("," + std::string(only) + ",").find("," + std::string(kv_type_name(t)) + ",") != std::string::npos)
-      types.push_back(t);
-  }
-  kv_type_sweep(copy_bw, types, f16_cmp_mode());
-}
-
-// Version 10 (tensor cores for f16/f16 and bf16/bf16 pools) in each mode
-// beside the SIMT kernel (forced in the main columns): kv_type_sweep's f16
-// and bf16 rows once per mode (B=64 L=8192 and B=1 L=32768, validated first).
-TEST(PagedAttentionBench, F16Paths) {
-  if (!bench_enabled()) GTEST_SKIP() << "set RUNLM_BENCH=1";
-  REQUIRE_DEVICE();
-  const double copy_bw = copy_bandwidth();
-  std::printf("{\"bench\":\"copy\",\"bytes\":%zu,\"gbps\":%.1f}\n", size_t(2) << 30, copy_bw / 1e9);
-  const F16ModeGuard f16_guard;
-  for (int mode : {1, 2, 3}) {
-    paged_decode_set_f16_mma(0);  // the main columns: the SIMT kernel, whatever the default
-    kv_type_sweep(copy_bw, {KvType::F16, KvType::BF16}, mode);
-  }
 }
 
 #endif  // RUNLM_CUDA

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Torch SDPA decode anchor for runlm's paged decode bench (issue 6).
+"""Torch SDPA decode anchor for runlm bench-decode.
 
 Times torch.nn.functional.scaled_dot_product_attention on contiguous KV for
 the decode sweep shapes: q [B, 32, 1, 128], k/v [B, 8, L, 128] with

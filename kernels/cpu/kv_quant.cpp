@@ -76,7 +76,7 @@ void encode_q8_0_block(const float* x, uint8_t* out, int len) {
 // the first on ties. w is 1, or for K with K smoothing the channel's weight in
 // the logits (src/k_smoothing.h). stories260K (blocks of 8): q4_0 K's KL
 // divergence falls from 0.115 to 0.075, q4_0 V's from 0.0037 to 0.0028
-// (NOTES.md, session 13). The sums run over each half of the block and
+// (docs/kv-quality.md). The sums run over each half of the block and
 // add the halves, so that the GPU's store (two lanes a candidate, one a half;
 // kernels/cuda/kv_codec.cuh) rounds them identically and the bytes match.
 // The format is GGUF's Q4_0: byte j holds elements j and j + len / 2, value

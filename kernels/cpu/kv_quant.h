@@ -8,7 +8,7 @@
 //
 // A row is n_kv_heads heads of head_dim values, and a block (one scale) never
 // spans two heads: heads differ in magnitude, and a scale shared with a larger
-// head rounds a small head's values away (issue 7: stories260K has heads of
+// head rounds a small head's values away (stories260K has heads of
 // 8). The block is 32 values (GGUF's Q8_0 / Q4_0 blocks, the GPU's layout)
 // when head_dim is a multiple of 32, else the largest of 16 and 8 that
 // divides head_dim; other head_dims take the plain types only. A block of L values is its f16 scale then its quants: L bytes

@@ -6,16 +6,15 @@
 // log-sum-exp is written for each row.
 // Q is re-read from shared memory by ldmatrix each k-step (keeps registers
 // for O and S); output goes out by direct 4-byte stores.
-// Versions (kernels/cuda/NOTES.md has the measurements): v1 16 rows a warp;
-// v2 32 rows a warp as FA2; v3 ex2.approx and one scale per row max; v4
-// (this) ldmatrix addresses from per-thread XOR offsets and P packed per
-// k16 step, which took the d128 spill from 92 to 12 bytes.
+// 32 rows a warp (d64/d128) as FA2, ex2.approx with one scale per row max,
+// ldmatrix addresses from per-thread XOR offsets and P packed per k16 step
+// (which keep d128 within the register limit), and a lazy rescale of O.
 // Paged K/V (attention.h; Fa2Mode::kPaged, a separate instantiation so the
 // contiguous kernel is unchanged): the cp.async tile loads find each key
 // row's pool slot through the sequence's block table; nothing else differs.
-// Typed pools (issue 7; Fa2Mode::kTyped, dtype f16 only): K and V each of
+// Typed pools (Fa2Mode::kTyped, dtype f16 only): K and V each of
 // f16, bf16, q8_0, fp8 or q4_0, chosen at run time (one instantiation per
-// head dim and variant, a uniform switch in the conversion step instead of
+// head dim, a uniform switch in the conversion step instead of
 // 25 type pairs of templates). The ring stages hold a tile's raw page bytes
 // (quants, then the rows' f16 scales), cp.async'd through the table as in
 // kPaged; after the stage lands, every thread decodes its chunks (kv_codec's
@@ -26,7 +25,6 @@
 // reading typed pools through gather_kv: its TMA copies raw tiles.
 #include <cfloat>
 #include <cstdlib>
-#include <string>
 #include <type_traits>
 
 #include "cuda/attn_kernels.h"
@@ -59,8 +57,8 @@ struct Fa2Args {
 
 // CTA -> (query block(s), head, sequence). Under causal masking a query
 // block's cost grows with its index (block m sees m + 1 key tiles of BM), so
-// the order decides how even the last wave is (NOTES.md, "fa2 launch order").
-//   kHead: (head, sequence) slowest, heaviest block first inside it (v4).
+// the order decides how even the last wave is (docs/kernels.md).
+//   kHead: (head, sequence) slowest, heaviest block first inside it.
 //     Keeps one head's K/V hot in L2, but every head's heavy blocks queue
 //     behind the previous head's light ones: the last head's heaviest block
 //     starts near the end and runs alone (~11% tail at 8k causal, d128).
@@ -86,62 +84,41 @@ enum class Fa2Mode { kContig, kPaged, kTyped };
 template <Fa2Mode M>
 using Fa2ArgsOf = std::conditional_t<M == Fa2Mode::kTyped, Fa2TypedArgs, Fa2Args>;
 
-// Tile shape per head dim and variant: kWarps warps of 16*kMT rows each, BN
-// keys a tile. Variant 0 (default) for d64/d128: 32 rows a warp, half the
-// shared-memory reads of K/V per FLOP of 16 rows, at the register limit
-// (measured on H100, d128 16k: 291 vs 247 TFLOP/s for 16 rows a warp).
-// Variant 1 keeps the alternative for comparison; RUNLM_FA2_VARIANT=1 picks
-// it (benchmarking only).
-template <int D, int V>
+// Tile shape per head dim: kWarps warps of 16*kMT rows each, BN keys a
+// tile. d64/d128: 32 rows a warp, half the shared-memory reads of K/V per
+// FLOP of 16 rows, at the register limit (measured on H100, d128 16k: 291
+// vs 247 TFLOP/s for 16 rows a warp).
+template <int D>
 struct Fa2Traits;
 template <>
-struct Fa2Traits<64, 0> {
+struct Fa2Traits<64> {
   static constexpr int kWarps = 4, kMT = 2, kBN = 64, kMinBlocks = 2;
 };
 template <>
-struct Fa2Traits<64, 1> {
-  static constexpr int kWarps = 8, kMT = 1, kBN = 64, kMinBlocks = 1;
-};
-template <>
-struct Fa2Traits<128, 0> {
+struct Fa2Traits<128> {
   static constexpr int kWarps = 4, kMT = 2, kBN = 64, kMinBlocks = 2;
 };
 template <>
-struct Fa2Traits<128, 1> {
+struct Fa2Traits<256> {
   static constexpr int kWarps = 8, kMT = 1, kBN = 64, kMinBlocks = 1;
 };
-template <>
-struct Fa2Traits<256, 0> {
-  static constexpr int kWarps = 8, kMT = 1, kBN = 64, kMinBlocks = 1;
-};
-template <>
-struct Fa2Traits<256, 1> {
-  static constexpr int kWarps = 8, kMT = 1, kBN = 32, kMinBlocks = 1;
-};
-// Variant 2: variant 0's tiles with v4's softmax (O rescaled every tile),
-// kept so that RUNLM_FA2_VERSION=4 can A/B the old kernel in one run.
-template <int D>
-struct Fa2Traits<D, 2> : Fa2Traits<D, 0> {};
 
-// Lazy rescale (v5; variants 0 and 1): the running max m of a row moves only
-// when a tile's max exceeds it by more than kFa2RescaleLog2 (base 2), as
-// FlashAttention-4 does. Otherwise P = 2^(s - m) may reach 2^8 (fine in
-// bf16/f16 and in the fp32 O and l, which share the stale m, so O / l and
-// the LSE m + log2 l are unchanged), and the warp skips the 4 * kMT * kDT
-// multiplies of O and the exp2 of the correction: one vote a tile. v4
-// rescaled every tile (128 FMUL a thread at d128, on the path from the
-// softmax to the first P V mma).
-template <int V>
-constexpr bool kFa2LazyRescale = V != 2;
+// Lazy rescale: the running max m of a row moves only when a tile's max
+// exceeds it by more than kFa2RescaleLog2 (base 2), as FlashAttention-4
+// does. Otherwise P = 2^(s - m) may reach 2^8 (fine in bf16/f16 and in the
+// fp32 O and l, which share the stale m, so O / l and the LSE m + log2 l are
+// unchanged), and the warp skips the 4 * kMT * kDT multiplies of O and the
+// exp2 of the correction: one vote a tile (rescaling every tile costs 128
+// FMUL a thread at d128, on the path from the softmax to the first P V mma).
 constexpr float kFa2RescaleLog2 = 8.0f;
 
-template <int D, int V>
+template <int D>
 constexpr int fa2_bm() {
-  return Fa2Traits<D, V>::kWarps * 16 * Fa2Traits<D, V>::kMT;
+  return Fa2Traits<D>::kWarps * 16 * Fa2Traits<D>::kMT;
 }
-template <int D, int V>
+template <int D>
 constexpr size_t fa2_smem_bytes() {
-  return size_t(fa2_bm<D, V>() + 4 * Fa2Traits<D, V>::kBN) * D * 2;  // Q + 2 stages of K and V
+  return size_t(fa2_bm<D>() + 4 * Fa2Traits<D>::kBN) * D * 2;  // Q + 2 stages of K and V
 }
 
 // Copies rows [0, rows) of a [R][D] tile from global (row stride in elements)
@@ -168,7 +145,7 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const T* src, int64_t st
 // for K and once for V (the second reads the same table entries from L1).
 // Interleaving K and V per row, one table read a thread per tile plus
 // shuffles, or 32-bit offsets all spilled as much or more at d128 (ptxas,
-// NOTES.md).
+// docs/kernels.md).
 template <int D, int R, int kThreads, typename T>
 __device__ __forceinline__ void load_tile_paged(uint32_t dst, const T* src, int stride, const int32_t* table,
                                                 int log2_bs, int n0, int valid) {
@@ -337,8 +314,7 @@ __device__ __forceinline__ int fa2_m_block(const Fa2Args& a, int pass, int sq) {
   return pass == 0 ? a.n_m_blocks - 1 - unit % a.n_m_blocks : -1;
 }
 
-// Softmax pieces shared by v5's lazy rescale and v4's (per half row hr of
-// an m-tile: this lane's scores s[nt][2 hr], s[nt][2 hr + 1]).
+// Softmax pieces (per half row hr of an m-tile: this lane's scores s[nt][2 hr], s[nt][2 hr + 1]).
 // The row's raw maximum over the tile: the lane's, then its 4-lane quad's.
 template <int kNT>
 __device__ __forceinline__ float tile_row_max(const float (&s)[kNT][4], int hr) {
@@ -364,13 +340,13 @@ __device__ __forceinline__ float exp_row(float (&s)[kNT][4], int hr, float scale
   return sum;
 }
 
-template <typename T, int D, int V, Fa2Mode kMode>
-__global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>::kMinBlocks)
+template <typename T, int D, Fa2Mode kMode>
+__global__ void __launch_bounds__(Fa2Traits<D>::kWarps * 32, Fa2Traits<D>::kMinBlocks)
     attn_fa2_fwd(Fa2ArgsOf<kMode> a) {
   constexpr bool kPaged = kMode != Fa2Mode::kContig, kTyped = kMode == Fa2Mode::kTyped;
   using Tr = ElemTraits<T>;
-  constexpr int kWarps = Fa2Traits<D, V>::kWarps, kMT = Fa2Traits<D, V>::kMT, BN = Fa2Traits<D, V>::kBN;
-  constexpr int BM = fa2_bm<D, V>(), kThreads = kWarps * 32;
+  constexpr int kWarps = Fa2Traits<D>::kWarps, kMT = Fa2Traits<D>::kMT, BN = Fa2Traits<D>::kBN;
+  constexpr int BM = fa2_bm<D>(), kThreads = kWarps * 32;
   constexpr int kNT = BN / 8;  // n8 tiles of S per m-tile
   constexpr int kDT = D / 8;   // n8 tiles of O per m-tile
   extern __shared__ __align__(128) uint8_t smem[];
@@ -381,15 +357,8 @@ __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>:
 
   // This CTA's head and sequence; its query block(s) come from
   // fa2_m_block per pass (Fa2Order). Heaviest blocks first in every order.
-  // v4 (variant 2, the A/B baseline) keeps its grid: (block, head, sequence).
-  constexpr bool kV4 = V == 2;
-  int h, b;
-  if constexpr (kV4) {
-    h = blockIdx.y, b = blockIdx.z;
-  } else {
-    const int hb = fa2_hb(a);
-    h = hb % a.n_heads, b = hb / a.n_heads;
-  }
+  const int hb = fa2_hb(a);
+  const int h = hb % a.n_heads, b = hb / a.n_heads;
   const int q_start = a.cu_q[b], sq = a.cu_q[b + 1] - q_start;
   const int k_start = a.cu_k[b], sk = a.cu_k[b + 1] - k_start;
   const int offset = sk - sq;  // query i sits at key position i + offset
@@ -431,18 +400,17 @@ __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>:
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   constexpr int kPasses = 1;
 #else
-  constexpr int kPasses = kPaged || kV4 ? 1 : 2;
+  constexpr int kPasses = kPaged ? 1 : 2;
 #endif
-  // v5: one barrier a K/V tile (at its top); v4 had a second at its end.
-  constexpr bool kOneBarrier = !kV4;
+  // One barrier a K/V tile (at its top).
 #pragma unroll 1
   for (int pass = 0; pass < kPasses; ++pass) {
-    // Without v4's end-of-tile barrier a warp may still read the last tile
+    // Without an end-of-tile barrier a warp may still read the last tile
     // (and Q) of the first pass: wait before the second overwrites them.
     if (pass > 0) __syncthreads();
     // Recomputed from blockIdx and the parameters each pass rather than kept
     // live across the first (registers: ptxas spilled with m_second held).
-    const int m_block = kV4 ? int(gridDim.x - 1 - blockIdx.x) : fa2_m_block<BM, kPasses == 2>(a, pass, sq);
+    const int m_block = fa2_m_block<BM, kPasses == 2>(a, pass, sq);
     const int m0 = m_block * BM;
     if (m_block < 0 || m0 >= sq) break;  // none, or past a shorter sequence's end
     const T* qg = static_cast<const T*>(a.q) + (int64_t(q_start + m0) * a.n_heads + h) * D;
@@ -481,17 +449,15 @@ __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>:
 
     for (int t = t_lo; t < t_hi; ++t) {
       const int stage = (t - t_lo) & 1;
-      if constexpr (kOneBarrier) {
-        cp_async_wait<0>();  // tile t: the only group in flight
-        // Tile t's copies (and Q) are visible to all warps, and every warp is
-        // done with tile t-1, so its stage can take tile t+1 (issued below,
-        // after the barrier: v4 issued it before and needed a second barrier
-        // at the end of each tile).
-        __syncthreads();
-      }
+      cp_async_wait<0>();  // tile t: the only group in flight
+      // Tile t's copies (and Q) are visible to all warps, and every warp is
+      // done with tile t-1, so its stage can take tile t+1 (issued below,
+      // after the barrier; issuing it before would need a second barrier at
+      // the end of each tile).
+      __syncthreads();
       if (t + 1 < t_hi) {
         // The other stage was last read in iteration t-1: the barrier above
-        // (v4: the one that ended iteration t-1) says every warp is done.
+        // says every warp is done.
         const int n1 = (t + 1) * BN;
         if constexpr (kTyped) {
           load_tile_typed<D, BN, kThreads>(sK + (stage ^ 1) * a.k_stage, kpool, a.k_type, a.lk, kvh, table,
@@ -508,19 +474,15 @@ __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>:
           load_tile<D, BN, kThreads>(sV + (stage ^ 1) * BN * D * 2, vg + int64_t(n1) * kv_stride, kv_stride, sk - n1);
         }
         cp_async_commit();
-        if constexpr (!kOneBarrier) cp_async_wait<1>();
-      } else if constexpr (!kOneBarrier) {
-        cp_async_wait<0>();
       }
-      if constexpr (!kOneBarrier) __syncthreads();  // this stage's copies (and Q) are visible to all warps
       uint32_t sKs = sK + stage * BN * D * 2, sVs = sV + stage * BN * D * 2;
       if constexpr (kTyped) {
         sKs = sK + stage * a.k_stage;
         sVs = sV + stage * a.v_stage;
         // Decode the stage's raw bytes into the f16 tiles (quantized: a.k_tile /
         // a.v_tile; bf16: in place). The tiles were last read in iteration t-1,
-        // which every warp has finished (the barrier at this tile's top; v4:
-        // the one ending t-1); the barrier below publishes them to every warp.
+        // which every warp has finished (the barrier at this tile's top);
+        // the barrier below publishes them to every warp.
         if (a.k_type != KvType::F16) {
           const uint32_t dst = kv_type_quantized(a.k_type) ? a.k_tile : sKs - sQ;
           convert_tile<D, BN, kThreads>(smem, sKs - sQ, dst, a.k_type);
@@ -581,67 +543,45 @@ __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>:
       }
 
       // Online softmax, base 2: p = 2^(s*scale_log2 - m), O and l rescaled by 2^(m_old - m).
-      if constexpr (kFa2LazyRescale<V>) {
-        // Row maxima of the tile (raw scores, scaled once: scale > 0 keeps the order).
-        float mx_new[kMT][2];
-        bool grow = false;
+      // Row maxima of the tile (raw scores, scaled once: scale > 0 keeps the order).
+      float mx_new[kMT][2];
+      bool grow = false;
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt)
+      for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-          for (int hr = 0; hr < 2; ++hr) {
-            mx_new[mt][hr] = tile_row_max(s[mt], hr) * a.scale_log2;
-            // -inf + 8 = -inf: a row's first visible key always moves m; a row
-            // with nothing visible yet (-inf) never does.
-            grow |= mx_new[mt][hr] > m_run[mt][hr] + kFa2RescaleLog2;
-          }
-        // Warp-uniform: most tiles move no row's m by 2^8 and skip the O multiply.
-        if (__any_sync(0xffffffffu, grow)) {
-#pragma unroll
-          for (int mt = 0; mt < kMT; ++mt)
-#pragma unroll
-            for (int hr = 0; hr < 2; ++hr) {
-              float corr = 1.0f;
-              if (mx_new[mt][hr] > m_run[mt][hr] + kFa2RescaleLog2) {
-                corr = fast_exp2(m_run[mt][hr] - mx_new[mt][hr]);  // 0 when m was -inf (O and l are 0 then)
-                m_run[mt][hr] = mx_new[mt][hr];
-              }
-              l_run[mt][hr] *= corr;
-#pragma unroll
-              for (int dt = 0; dt < kDT; ++dt) {
-                o[mt][dt][hr * 2] *= corr;
-                o[mt][dt][hr * 2 + 1] *= corr;
-              }
-            }
+        for (int hr = 0; hr < 2; ++hr) {
+          mx_new[mt][hr] = tile_row_max(s[mt], hr) * a.scale_log2;
+          // -inf + 8 = -inf: a row's first visible key always moves m; a row
+          // with nothing visible yet (-inf) never does.
+          grow |= mx_new[mt][hr] > m_run[mt][hr] + kFa2RescaleLog2;
         }
+      // Warp-uniform: most tiles move no row's m by 2^8 and skip the O multiply.
+      if (__any_sync(0xffffffffu, grow)) {
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
           for (int hr = 0; hr < 2; ++hr) {
-            // A row with nothing visible yet keeps m = -inf: subtract 0 instead (its p are 0).
-            const float m_use = m_run[mt][hr] == -INFINITY ? 0.0f : m_run[mt][hr];
-            l_run[mt][hr] += exp_row(s[mt], hr, a.scale_log2, m_use);
-          }
-      } else {
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-          for (int hr = 0; hr < 2; ++hr) {
-            // Raw scores first, scaled once (scale > 0 keeps the order).
-            const float mx = fmaxf(m_run[mt][hr], tile_row_max(s[mt], hr) * a.scale_log2);
-            // A row with nothing visible yet keeps max -inf: subtract 0 instead of -inf.
-            const float m_use = mx == -INFINITY ? 0.0f : mx;
-            const float corr = fast_exp2(m_run[mt][hr] - m_use);
-            m_run[mt][hr] = mx;
-            const float sum = exp_row(s[mt], hr, a.scale_log2, m_use);
-            l_run[mt][hr] = l_run[mt][hr] * corr + sum;
+            float corr = 1.0f;
+            if (mx_new[mt][hr] > m_run[mt][hr] + kFa2RescaleLog2) {
+              corr = fast_exp2(m_run[mt][hr] - mx_new[mt][hr]);  // 0 when m was -inf (O and l are 0 then)
+              m_run[mt][hr] = mx_new[mt][hr];
+            }
+            l_run[mt][hr] *= corr;
 #pragma unroll
             for (int dt = 0; dt < kDT; ++dt) {
               o[mt][dt][hr * 2] *= corr;
               o[mt][dt][hr * 2 + 1] *= corr;
             }
           }
+      }
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          // A row with nothing visible yet keeps m = -inf: subtract 0 instead (its p are 0).
+          const float m_use = m_run[mt][hr] == -INFINITY ? 0.0f : m_run[mt][hr];
+          l_run[mt][hr] += exp_row(s[mt], hr, a.scale_log2, m_use);
         }
-      }  // v4 softmax
 
       // O += P V. P is packed one k16 step at a time, so S's registers die as
       // the loop advances (packing all of P first spilled at d128). The C
@@ -667,7 +607,6 @@ __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>:
           }
         }
       }
-      if constexpr (!kOneBarrier) __syncthreads();  // all warps are done with this stage before it is refilled
     }
 
     // Epilogue: finish the row sums across the quad, normalise, store.
@@ -698,9 +637,9 @@ __global__ void __launch_bounds__(Fa2Traits<D, V>::kWarps * 32, Fa2Traits<D, V>:
 // Bytes of one ring stage of a typed operand: the swizzled f16 tile for f16
 // and bf16, else quants + scales rounded up to 128 (every stage and tile
 // starts on a 128-byte boundary, as the swizzle assumes).
-template <int D, int V>
+template <int D>
 uint32_t fa2_typed_stage_bytes(KvType t) {
-  constexpr int BN = Fa2Traits<D, V>::kBN;
+  constexpr int BN = Fa2Traits<D>::kBN;
   if (!kv_type_quantized(t)) return BN * D * 2;
   const uint32_t q = (t == KvType::Q4_0 ? D / 2 : D) + D / 16;  // quants + scales of a row
   return (BN * q + 127) / 128 * 128;
@@ -708,30 +647,17 @@ uint32_t fa2_typed_stage_bytes(KvType t) {
 
 // Shared memory of a typed launch: Q, K's ring, V's ring, then an f16 tile
 // for each quantized operand. Fills a's offsets; returns the total.
-template <int D, int V>
+template <int D>
 size_t fa2_typed_smem(Fa2TypedArgs& a) {
-  constexpr int BN = Fa2Traits<D, V>::kBN;
-  uint32_t at = fa2_bm<D, V>() * D * 2;
-  a.k_stage = fa2_typed_stage_bytes<D, V>(a.k_type);
-  a.v_stage = fa2_typed_stage_bytes<D, V>(a.v_type);
+  constexpr int BN = Fa2Traits<D>::kBN;
+  uint32_t at = fa2_bm<D>() * D * 2;
+  a.k_stage = fa2_typed_stage_bytes<D>(a.k_type);
+  a.v_stage = fa2_typed_stage_bytes<D>(a.v_type);
   a.k_ring = at, at += 2 * a.k_stage;
   a.v_ring = at, at += 2 * a.v_stage;
   a.k_tile = at, at += kv_type_quantized(a.k_type) ? BN * D * 2 : 0;
   a.v_tile = at, at += kv_type_quantized(a.v_type) ? BN * D * 2 : 0;
   return at;
-}
-
-// Kernel variant (Fa2Traits): RUNLM_FA2_VARIANT=1 the 8-warp tiles;
-// RUNLM_FA2_VERSION=4 the v4 kernel (O rescaled every tile, head order)
-// for A/B runs; otherwise variant 0 (v5). Read once, not per launch.
-int fa2_variant() {
-  static const int v = [] {
-    const char* e = std::getenv("RUNLM_FA2_VARIANT");
-    if (e && std::atoi(e) == 1) return 1;
-    const char* ver = std::getenv("RUNLM_FA2_VERSION");
-    return ver && std::atoi(ver) == 4 ? 2 : 0;
-  }();
-  return v;
 }
 
 // Whether this launch's kernel has the second pass kPair needs: contiguous
@@ -746,31 +672,21 @@ bool fa2_two_pass(const AttnParams& p) {
   return p.block_tables == nullptr && major >= 9;
 }
 
-// Fa2Order for a launch: RUNLM_FA2_ORDER=head|lpt|pair forces one (A/B
-// runs). Default: v4 (variant 2) and problems whose blocks all cost the
-// same (non-causal, one block) keep kHead; causal problems of >= 64 query
+// Fa2Order for a launch: problems whose blocks all cost the same (non-causal, one block) keep kHead; causal problems of >= 64 query
 // blocks take kLpt (fa3's measured choice at that size: the balance is
 // worth more than the L2 reuse), shorter ones kPair (balanced and
 // head-major, since there every resident CTA on its own head would read
 // its K/V from DRAM).
-int fa2_order(const AttnParams& p, int n_m_blocks, int variant) {
-  static const int forced = [] {
-    const char* e = std::getenv("RUNLM_FA2_ORDER");
-    const std::string v = e ? e : "";
-    return v == "head" ? kFa2OrderHead : v == "lpt" ? kFa2OrderLpt : v == "pair" ? kFa2OrderPair : -1;
-  }();
-  int order = forced;
-  if (order < 0) {
-    if (variant == 2 || !p.causal || n_m_blocks < 2) return kFa2OrderHead;
-    order = n_m_blocks >= 64 ? kFa2OrderLpt : kFa2OrderPair;
-  }
+int fa2_order(const AttnParams& p, int n_m_blocks) {
+  if (!p.causal || n_m_blocks < 2) return kFa2OrderHead;
+  const int order = n_m_blocks >= 64 ? kFa2OrderLpt : kFa2OrderPair;
   return order == kFa2OrderPair && !fa2_two_pass(p) ? kFa2OrderLpt : order;
 }
 
-template <typename T, int D, int V, Fa2Mode kMode>
+template <typename T, int D, Fa2Mode kMode>
 void launch_fa2(const AttnParams& p) {
-  constexpr int BM = fa2_bm<D, V>();
-  size_t smem = fa2_smem_bytes<D, V>();
+  constexpr int BM = fa2_bm<D>();
+  size_t smem = fa2_smem_bytes<D>();
   if (p.max_seqlen_q == 0) return;
   int log2_bs = 0;
   if (kMode != Fa2Mode::kContig) {
@@ -783,21 +699,17 @@ void launch_fa2(const AttnParams& p) {
   static_cast<Fa2Args&>(a) = Fa2Args{p.q,       p.k,          p.v,           p.out,         p.lse,    p.cu_seqlens_q,
                                      p.cu_seqlens_k, p.total_q, p.n_heads, p.n_kv_heads, p.window_left, p.causal,
                                      p.scale * kLog2e, p.block_tables, p.max_blocks_per_seq, log2_bs,
-                                     n_m, p.n_heads * p.batch, fa2_order(p, n_m, V)};
+                                     n_m, p.n_heads * p.batch, fa2_order(p, n_m)};
   const int64_t units = int64_t(a.order == kFa2OrderPair ? (n_m + 1) / 2 : n_m) * a.n_hb;
   RUNLM_CHECK(units < (int64_t(1) << 31), "fa2: %lld CTAs unsupported; supported: < 2^31",
               static_cast<long long>(units));
-  // v4's grid: (block, head, sequence), heaviest block first (blockIdx.x reversed).
-  const dim3 grid = V == 2 ? dim3(n_m, p.n_heads, p.batch) : dim3(unsigned(units));
-  RUNLM_CHECK(V != 2 || (p.n_heads <= 65535 && p.batch <= 65535),
-              "fa2: n_heads=%d batch=%d unsupported by RUNLM_FA2_VERSION=4; supported: <= 65535 each", p.n_heads,
-              p.batch);
+  const dim3 grid = dim3(unsigned(units));
   if constexpr (kMode == Fa2Mode::kTyped) {
     a.k_type = attn_kv_type(p, false);
     a.v_type = attn_kv_type(p, true);
     a.lk = kv_pool_layout(a.k_type, p.block_size, p.n_kv_heads, D);
     a.lv = kv_pool_layout(a.v_type, p.block_size, p.n_kv_heads, D);
-    smem = fa2_typed_smem<D, V>(a);
+    smem = fa2_typed_smem<D>(a);
     int dev = 0, max_smem = 0;
     cudaCheck(cudaGetDevice(&dev));
     cudaCheck(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
@@ -805,28 +717,19 @@ void launch_fa2(const AttnParams& p) {
                 "fa2: paged K=%s V=%s at head_dim=%d need %zu bytes of shared memory; this device has %d",
                 kv_type_name(a.k_type), kv_type_name(a.v_type), D, smem, max_smem);
   }
-  cudaCheck(cudaFuncSetAttribute(attn_fa2_fwd<T, D, V, kMode>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  attn_fa2_fwd<T, D, V, kMode>
-      <<<grid, Fa2Traits<D, V>::kWarps * 32, smem, static_cast<cudaStream_t>(p.stream)>>>(a);
+  cudaCheck(cudaFuncSetAttribute(attn_fa2_fwd<T, D, kMode>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  attn_fa2_fwd<T, D, kMode>
+      <<<grid, Fa2Traits<D>::kWarps * 32, smem, static_cast<cudaStream_t>(p.stream)>>>(a);
   cudaCheckLaunch();
-}
-
-template <typename T, int D, Fa2Mode kMode>
-void launch_fa2_variant(const AttnParams& p) {
-  switch (fa2_variant()) {
-    case 1: return launch_fa2<T, D, 1, kMode>(p);
-    case 2: return launch_fa2<T, D, 2, kMode>(p);
-    default: return launch_fa2<T, D, 0, kMode>(p);
-  }
 }
 
 template <typename T, int D>
 void launch_fa2_dim(const AttnParams& p) {
-  if (!p.block_tables) return launch_fa2_variant<T, D, Fa2Mode::kContig>(p);
-  if (!attn_kv_typed(p)) return launch_fa2_variant<T, D, Fa2Mode::kPaged>(p);
+  if (!p.block_tables) return launch_fa2<T, D, Fa2Mode::kContig>(p);
+  if (!attn_kv_typed(p)) return launch_fa2<T, D, Fa2Mode::kPaged>(p);
   // Typed pools decode to the f16 tiles the mma reads: dtype f16 only, so
   // bf16 attention needs no instantiation of its own.
-  if constexpr (std::is_same_v<T, __half>) return launch_fa2_variant<T, D, Fa2Mode::kTyped>(p);
+  if constexpr (std::is_same_v<T, __half>) return launch_fa2<T, D, Fa2Mode::kTyped>(p);
   fail("fa2: paged K/V types K=%s V=%s with dtype %s unsupported; supported: dtype f16",
        kv_type_name(attn_kv_type(p, false)), kv_type_name(attn_kv_type(p, true)), dtype_name(p.dtype));
 }

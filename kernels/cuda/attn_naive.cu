@@ -1,11 +1,11 @@
 // attn_naive: the simple GPU reference. One CTA per (query row, head): it
 // materialises that row of S = scale * q K^T in shared memory (one warp per
 // key), takes a max-subtracted softmax over it and sums P V, all in fp32.
-// Version 1, no tiling: every CTA re-reads its sequence's K and V, so it is
+// No tiling: every CTA re-reads its sequence's K and V, so it is
 // memory-bound and slow on long sequences; it exists to be obviously right.
 // Paged K/V (attention.h): each key row's address goes through the block
 // table, with a division (any block_size); only keys < seqlen_k are read.
-// Typed pools (issue 7; bf16, q8_0, q4_0, fp8 K and V with dtype f16, chosen
+// Typed pools (bf16, q8_0, q4_0, fp8 K and V with dtype f16, chosen
 // at run time): each value is decoded where it is read (kv_decode_elem with
 // its block's scale) and rounded once to f16, so the kernel sees exactly
 // gather_kv's values and matches the gather path bit for bit.

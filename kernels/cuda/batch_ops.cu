@@ -36,11 +36,11 @@ __global__ void gather_kv_kernel(const uint4* __restrict__ k_pool, const uint4* 
   }
 }
 
-// Quantized or bf16 pools (issue 7): decode to f16 on the way. One block per
+// Quantized or bf16 pools: decode to f16 on the way. One block per
 // destination row, a thread per element. This is an extra pass over the
 // prefill items' K/V (read the pool, write f16, read again in attention);
 // fa2 and naive read typed pools in place and skip it; the engine keeps it
-// for fa3, whose TMA copies raw tiles (kernels/cuda/NOTES.md).
+// for fa3, whose TMA copies raw tiles (docs/kernels.md).
 __device__ __forceinline__ void decode_row_f16(KvType t, const uint8_t* pool, const KvPoolLayout& l, int64_t slot,
                                                int kv_dim, __half* out) {
   const uint8_t* q = pool + l.quant_offset(slot);
@@ -96,7 +96,7 @@ void gather_kv(const void* k_pool, const void* v_pool, KvType k_type, KvType v_t
   RUNLM_CHECK(kv_dim % 8 == 0, "gather_kv: kv_dim=%d must be a multiple of 8", kv_dim);
   if (k_type != KvType::F16 || v_type != KvType::F16) {
     for (KvType t : {k_type, v_type})
-      RUNLM_CHECK(t == KvType::F16 || t == KvType::BF16 || kv_type_quantized(t),
+      RUNLM_CHECK(kv_type_on_gpu(t),
                   "gather_kv: KV type %s unsupported; supported: f16, bf16, q8_0, q4_0, fp8", kv_type_name(t));
     RUNLM_CHECK(kv_dim % 32 == 0, "gather_kv: kv_dim=%d must be a multiple of 32 for K=%s V=%s", kv_dim,
                 kv_type_name(k_type), kv_type_name(v_type));

@@ -1,7 +1,7 @@
-// Decode attention over the contiguous f16 KV cache (the simple kernel of
-// issue 4; the paged flash-decoding kernel replaces it later).
+// Decode attention over the contiguous f16 KV cache (the paged cache has
+// the flash-decoding kernels of paged_attention.cu).
 //
-// Version 1 (this): one block of 8 warps per (query token, head). Warp w
+// decode_attention: one block of 8 warps per (query token, head). Warp w
 // takes keys first + 4w.., four keys per step, so each lane has 4 K and 4 V
 // loads in flight before the first use; lane l holds head elements
 // l, l + 32, ... (kPerLane of them). Each warp keeps an online softmax
@@ -17,7 +17,7 @@
 // kernel lets the next (programmatic) launch start at once: the wo GEMV then
 // loads its weights while attention runs, as it did during quantize_x8.
 //
-// Version 2 (decode_attention_rope, kRope): the same kernel also does the
+// decode_attention_rope (kRope): the same kernel also does the
 // work of rope_and_store_kv, which was a launch of its own between the qkv
 // GEMV and attention (2.5 us of a 7B Q4_0 decode layer, measured on the
 // H100 by leaving it out). Query t's block rotates its own q head; the
@@ -52,7 +52,7 @@ struct NewKv {
   float q[kMaxHeadDim];
 };
 
-// kRope: q, k_new and v_new are the GEMV outputs before RoPE (see version 2
+// kRope: q, k_new and v_new are the GEMV outputs before RoPE (see decode_attention_rope
 // above); otherwise q is already rotated and the cache holds every key.
 template <int kPerLane, bool kRope>
 __global__ void __launch_bounds__(kWarps * 32)
@@ -134,8 +134,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       const int key = min(base + i, p);  // past p: a valid row, masked below
       // Rope version: a key of this step comes from s_new. The cache load is
       // still issued (of row min(key, new_first - 1), or 0: in bounds) and
-      // its value dropped, so all loads of the step go out together, as in
-      // version 1 (a branch around them serialised them: 15 us a 7B layer).
+      // its value dropped, so all loads of the step go out together, as
+      // without RoPE (a branch around them serialised them: 15 us a 7B layer).
       const int row = kRope ? max(0, min(key, new_first - 1)) : key;
 #pragma unroll
       for (int j = 0; j < kPerLane; ++j) {

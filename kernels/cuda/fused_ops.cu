@@ -1,7 +1,7 @@
 // Small fused ops of the forward pass: embedding lookup (any weight type),
 // RMSNorm (a front for norm_quant.cu's kernel), RoPE fused with the f16 KV-cache store,
 // SwiGLU, f32 -> f16 and the residual add. Each is one pass over its data;
-// all are memory-bound and simple (version 1), checked against kernels/cpu.
+// all are memory-bound and simple, checked against kernels/cpu.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -55,7 +55,7 @@ __global__ void embed_kernel(WView w, const int* __restrict__ tokens, int n, flo
 
 // Grid (token, slice): the gridDim.y blocks of a token split its q pairs,
 // K/V pairs (or K/V blocks of 32) between them, about one per thread, so the
-// loads of a token all go out at once. (Version 1 had one block per token
+// loads of a token all go out at once. (One block per token
 // looping over all heads: at one token, ~16 dependent round trips a loop,
 // 20 us per decode call under ncu.) Each block computes the sin/cos table it
 // needs (rope.cuh).
@@ -110,7 +110,7 @@ __global__ void rope_store_kernel(float* q, const float* __restrict__ k, const f
     }
     return;
   }
-  // Other types (issue 7): a warp per block of 32 values along head_dim (the
+  // Other types: a warp per block of 32 values along head_dim (the
   // quantization block; head_dim % 32 == 0 is checked on the host), each lane
   // one value, encoded as kv_encode_row does (kernels/cuda/kv_codec.cuh) into
   // the pool layout of src/paged_kv.h.
@@ -198,7 +198,7 @@ void rope_and_store_kv_slots(float* q, const float* k, const float* v, const int
   RUNLM_CHECK(head_dim % 2 == 0 && head_dim / 2 <= kMaxRopePairs,
               "rope_and_store_kv: head_dim=%d unsupported; supported: even, <= %d", head_dim, 2 * kMaxRopePairs);
   for (KvType t : {k_type, v_type}) {
-    RUNLM_CHECK(t == KvType::F16 || t == KvType::BF16 || kv_type_quantized(t),
+    RUNLM_CHECK(kv_type_on_gpu(t),
                 "rope_and_store_kv: KV type %s unsupported on the GPU; supported: f16, bf16, q8_0, q4_0, fp8",
                 kv_type_name(t));
     RUNLM_CHECK(t == KvType::F16 || head_dim % 32 == 0,

@@ -1,8 +1,7 @@
 // Prefill GEMM: y[t, r] = W[r, :] . x[t, :] on tensor cores (f16 in, fp32
 // accumulation and output).
 //
-// Version 1 (gemm_cublas; dequantization pass rewritten once, see
-// dequant_f16_kernel): quantized, f32 and bf16 weights are first dequantized to
+// Dequantization + cuBLAS (gemm_cublas; see dequant_f16_kernel): quantized, f32 and bf16 weights are first dequantized to
 // an f16 copy in the caller's scratch (rows x cols x 2 bytes, one pass over
 // W), then cublasGemmEx runs f16 x f16 -> f32 with CUBLAS_COMPUTE_32F; f16
 // weights go to cuBLAS directly. The scratch pass costs one extra read of W
@@ -10,14 +9,14 @@
 // H100): small next to the matrix product at 512 tokens, but it is what made
 // Q4_0 steps of 16-256 tokens slower than F16.
 //
-// Version 2 (gemm(), this dispatch): Q4_0 and Q8_0 with n_tokens <=
-// gemm_fused_max_tokens() (default 256, env RUNLM_GEMM_FUSED_MAX_TOKENS, 0 =
-// off) go to the fused kernels of gemm_q_mma.cu (quant tiles dequantized in
-// registers into wgmma (sm_90) or mma.sync operands, no f16 copy; cols % 64
-// == 0 and an H100-sized shared memory required, else version 1). Their
-// scratch use is split-K partials, within gemm_scratch_bytes. Measured on
-// the H100 (kernels/cuda/NOTES.md): 1.1-3.8x faster than version 1 up to 128
-// tokens, even at 256, cuBLAS ahead at 512.
+// The fused path (gemm(), this dispatch): Q4_0 and Q8_0 with n_tokens <=
+// kGemmFusedMaxTokens (256) go to the fused kernels of gemm_q_fused.cu
+// (quant tiles dequantized in registers into wgmma (sm_90) or mma.sync
+// operands, no f16 copy; cols % 64 == 0 and an H100-sized shared memory
+// required, else dequantization + cuBLAS). Their scratch use is split-K
+// partials, within gemm_scratch_bytes. Measured on the H100
+// (docs/performance.md): 1.1-3.8x faster than dequantization + cuBLAS up to
+// 128 tokens, even at 256, cuBLAS ahead at 512.
 //
 // cuBLAS handle: one per device, created on first use with a preallocated
 // workspace (cublasSetWorkspace) so cuBLAS never allocates inside a CUDA
@@ -27,7 +26,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <cstring>
 #include <mutex>
 
 #include "cuda/common.cuh"
@@ -72,7 +70,7 @@ cublasHandle_t cublas_for(cudaStream_t stream) {
 // kLanes threads per (row, unit), each decoding two of the unit's 4-value
 // groups and storing them as one 16-byte f16 store, so consecutive threads
 // write consecutive 16 bytes (a warp 512 contiguous bytes). The lanes of a
-// unit load the same 16 bytes (one L1 transaction). Version 1 had one
+// unit load the same 16 bytes (one L1 transaction). One
 // thread per unit storing 8 bytes per group at a 64-byte stride (Q4_0):
 // a quarter of each sector per store, and pp512 spent more time in this
 // pass than in the matrix products (Q4_0 pp512 34.6 ms vs F16 13.9 ms).
@@ -130,7 +128,7 @@ size_t gemm_scratch_bytes(const GpuMatrix& w) {
 void gemm(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_tokens, void* scratch, Stream stream) {
   RUNLM_CHECK(w.data != nullptr, "gemm: matrix not uploaded");
   RUNLM_CHECK(n_tokens >= 1, "gemm: n_tokens=%d", n_tokens);
-  if (n_tokens <= gemm_fused_max_tokens() && gemm_fused_supports(w) && gemm_fused_fits_device(w)) {
+  if (n_tokens <= kGemmFusedMaxTokens && gemm_fused_supports(w) && gemm_fused_fits_device(w)) {
     gemm_fused_q(w, x_f16, y, n_tokens, scratch, scratch ? gemm_scratch_bytes(w) : 0, stream);
     return;
   }
@@ -138,11 +136,7 @@ void gemm(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_tokens, voi
 }
 
 bool gemm_multi_fused(const GemmOut* outs, int n_outs, int n_tokens) {
-  static const bool enabled = [] {
-    const char* e = std::getenv("RUNLM_GEMM_MULTI");
-    return !(e && std::strcmp(e, "0") == 0);
-  }();
-  if (!enabled || n_outs < 2 || n_outs > kMaxGemmOuts || n_tokens > gemm_fused_max_tokens()) return false;
+  if (n_outs < 2 || n_outs > kMaxGemmOuts || n_tokens > kGemmFusedMaxTokens) return false;
   for (int i = 0; i < n_outs; ++i) {
     const GpuMatrix& w = *outs[i].w;
     if (!w.data || !gemm_fused_supports(w) || !gemm_fused_fits_device(w) || w.type != outs[0].w->type ||

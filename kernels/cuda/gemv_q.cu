@@ -1,7 +1,7 @@
 // Decode GEMV for every supported weight type and 1..16 tokens:
 // y[t, r] = sum_c W[r, c] x[t, c], fp32 accumulation.
 //
-// Version 1: a warp owns kRows rows; lane l decodes units l, l + 32,
+// The loop: a warp owns kRows rows; lane l decodes units l, l + 32,
 // ... of each (16-byte streaming loads, kUnroll units in flight before the
 // first use) and dots every 4-element group with all kTok tokens' x, read as
 // float4 through L1 (x is small and shared by the block's 8 warps). A decoded
@@ -13,19 +13,19 @@
 // Measured on the H100 (copy 3.0 TB/s), n=1: f16 80-99%, q8_0 58-92%, but
 // q4_0 23-32% and q4_k/q5_k 24-37% of the copy bandwidth (hypothesis then:
 // too few loads in flight while a warp decodes 32 elements per load).
-// Version 2: for n <= 4 the next step's loads are issued before the current
+// For n <= 4 the next step's loads are issued before the current
 // step is decoded (register double buffer). Measured: no change (q4_0 25-33%),
 // so latency was not the limit.
 // Diagnosis: a lane's unit covers 32 contiguous elements, so each float4 x
 // load of a warp touches 32 different 128-byte lines (q4_0; 16 for q8_0 and
 // the k-quants): 32 L1 wavefronts per load, ~8 q4_0 elements per clock per
 // SM with 2 rows per warp, which is the measured ~6.5.
-// Version 3: 4 rows per warp at n = 1 for q4_0 and q6_k, halving the
+// 4 rows per warp at n = 1 for q4_0 and q6_k, halving the
 // x wavefronts per weight (see launch_gemv for the measurements). The real fix is a layout where lane l's 16 bytes
 // hold elements interleaved with the other lanes' (x loads of a warp then
 // read 512 contiguous bytes), or x staged in shared memory with a skew.
-// Version 4 (this; quantized types at every n, f32/f16/bf16 from n = 2,
-// version 3 keeps f32/f16/bf16 at n = 1 where it already reaches 80-99%): x
+// x in shared memory (XShared: quantized types at every n, f32/f16/bf16 from
+// n = 2; f32/f16/bf16 keep XGlobal at n = 1 where it already reaches 80-99%): x
 // is staged once per block in shared memory, in column chunks of up to 48 KB
 // for all tokens, each float4 at a swizzled slot (x_swizzle) so that the 8
 // lanes of every quarter-warp read 8 different bank groups: a warp's float4
@@ -63,8 +63,8 @@ constexpr bool kPrefetchOf = kTok <= 4;
 template <DType kT, int kTok>
 constexpr int kUnrollOf = kTok <= 2 && sizeof(typename Codec<kT>::Raw) <= 20 ? 2 : 1;
 
-// Where the x of a step comes from: version 3 reads global memory through
-// L1, version 4 the swizzled shared-memory chunk.
+// Where the x of a step comes from: global memory through L1 (XGlobal), or
+// the swizzled shared-memory chunk (XShared).
 struct XGlobal {
   const float* __restrict__ x;
   int64_t cols;
@@ -149,7 +149,7 @@ __device__ __forceinline__ void dot_step(const Step<kT, kRows, kUnroll>& st, con
   }
 }
 
-// Version 3: x through L1.
+// XGlobal: x through L1.
 template <DType kT, int kTok, int kRows>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvTargets tg, const float* __restrict__ x) {
   constexpr bool kPrefetch = kPrefetchOf<kTok>;
@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvTargets tg, const fl
   reduce_store<kTok>(acc, w, row0, lane, y);
 }
 
-// Version 4: x staged in shared memory per column chunk of chunk_units
+// XShared: x staged in shared memory per column chunk of chunk_units
 // units (a multiple of the step, 32 x kUnroll units); the dynamic shared
 // memory holds kTok x chunk_units x kUnit floats.
 template <DType kT, int kTok, int kRows>
@@ -271,7 +271,7 @@ void launch_gemv(const GemvOut* outs, int n_outs, const float* x, cudaStream_t s
   const GemvTargets tg = make_targets(outs, n_outs, kWarps * kRows, "gemv");
   const unsigned blocks = static_cast<unsigned>(tg.end[n_outs - 1]);
   if constexpr (kPlain && kTok == 1) {
-    // Version 3 measured 80-99% of the copy bandwidth here.
+    // XGlobal measured 80-99% of the copy bandwidth here.
     launch_pdl(gemv_kernel<kT, kTok, kRows>, dim3(blocks), dim3(kThreads), 0, s, tg, x);
   } else {
     // 4 rows per warp: each x read from shared memory serves 4 rows (see the

@@ -22,23 +22,6 @@
 // 4096-row matrix is 512-1024 CTAs, and each lane keeps 2 steps of 2 units x
 // kRows rows of 16 bytes in flight (64-128 bytes): ~64 KB in flight per SM,
 // enough to cover DRAM latency.
-//
-// gemv_x8_swiglu: the gate/up launch also writes swiglu_x8(gate, up), the
-// int8 x of the down GEMV, saving the swiglu_x8 launch (~1 us a layer of a
-// ~60 us Llama-2-7B Q4_0 decode layer, measured by leaving it out: +8.6
-// t/s). An x8 block needs 32 gate and 32 up rows, done by 2 x 32 / (rows a
-// CTA) CTAs in any order, so each 32-row block has a ticket counter: every
-// CTA of the block takes a ticket after storing its rows, and the CTA that
-// takes the last one reads the block's 64 x n_tokens results back from L2
-// and quantizes them (the threadfence-reduction pattern; see swiglu_tail).
-// The cost is one acq_rel atomic per CTA (after its last load, while the
-// other CTAs on the SM stream) and the epilogue on 1 CTA in 16.
-// Block order of rows: gate CTAs first, then up (make_targets), so a block
-// completes while the up half runs, not earlier. Interleaving gate and up
-// blocks would spread the same epilogues over the whole launch instead of
-// its second half, but they overlap other CTAs' DRAM streaming either way,
-// and the launch ends with the last CTA's epilogue in both orders; gate
-// values waiting in L2 meanwhile are 44 KB a token. So the order is kept.
 #include <algorithm>
 #include <cstdlib>
 
@@ -56,14 +39,6 @@ namespace {
 constexpr int kQBlock = kX8Block;
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-
-// Where gemv_x8_swiglu writes silu(gate) * up (int8, x8_layout.cuh) and its
-// ticket counters, one per 32 rows; q == nullptr in a plain gemv_x8.
-struct SwigluX8 {
-  int8_t* q;
-  float2* ds;
-  unsigned* tickets;
-};
 
 // One thread per value, a warp per 32-value block (warp_quantize_x8).
 __global__ void quantize_x8_kernel(const float* __restrict__ x, int64_t n_values, int8_t* __restrict__ q,
@@ -178,49 +153,8 @@ __device__ __forceinline__ void dot_step(const Step<kT, kRows, kU>& st, const WV
   }
 }
 
-// The gate/up launch's SwiGLU (gemv_x8_swiglu): tg.y[0] is gate, tg.y[1] up,
-// both [kTok, rows], rows % 32 == 0, this CTA's kRowsCta rows of one of them
-// stored. Ordering: bar.sync orders every warp's stores before thread 0's
-// atom.acq_rel.gpu (release, cumulative over what the barrier made visible
-// to it); the CTA whose atomic returns the last ticket acquires every other
-// CTA's release, and its second bar.sync passes that to its other warps,
-// which read the values with ld.cg (L2; L1 is not coherent). The winner
-// resets the counter: nothing else touches it in this launch, and the next
-// launch (next layer, graph replay) starts after this one completes
-// (the kernels between wait for their predecessors).
-template <int kTok, int kRowsCta>
-__device__ __forceinline__ void swiglu_tail(const GemvTargets& tg, const SwigluX8& sw, int64_t row0) {
-  static_assert(kX8Block % kRowsCta == 0, "a CTA's rows must lie inside one 32-row block");
-  constexpr unsigned kTickets = 2 * kX8Block / kRowsCta;  // gate and up CTAs of one block
-  const int64_t block = row0 / kX8Block;  // row0: this warp's first row (all of the CTA's in one block)
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  __shared__ bool last;
-  __syncthreads();  // every warp's rows are stored
-  if (threadIdx.x == 0) {
-    unsigned* t = sw.tickets + block;
-    unsigned old;
-    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(t) : "memory");
-    last = old == kTickets - 1;
-    if (last) *t = 0;
-  }
-  __syncthreads();  // `last`, and the acquire, for every warp
-  if (!last) return;
-  const int64_t rows = tg.w[0].rows;
-  for (int t = warp; t < kTok; t += kWarps) {  // a warp per token: 32 values, one x8 block
-    const int64_t i = int64_t(t) * rows + block * kX8Block + lane;
-    const float g = __ldcg(tg.y[0] + i), u = __ldcg(tg.y[1] + i);
-    warp_quantize_x8(swiglu_value(g, u), sw.q + i, sw.ds + i / kX8Block);
-  }
-}
-
-// kSwiglu: gemv_x8_swiglu (gate/up with the SwiGLU epilogue), else sw unused.
-template <DType kT, int kTok, int kRows, bool kSwiglu>
-__global__ void __launch_bounds__(kThreads) gemv_x8_kernel(GemvTargets tg, X8View x, SwigluX8 sw) {
-  // The down GEMV after a fused gate/up launch takes the place of the one
-  // after swiglu_x8, which let it start early: its CTAs may launch once all
-  // of these have started, load their first weights and wait
-  // (wait_for_previous_kernel waits for this whole grid, epilogues included).
-  if constexpr (kSwiglu) allow_next_kernel();
+template <DType kT, int kTok, int kRows>
+__global__ void __launch_bounds__(kThreads) gemv_x8_kernel(GemvTargets tg, X8View x) {
   int blk = blockIdx.x;
   const int ti = target_of(tg, blk);
   const WView w = view_of(tg, ti);
@@ -241,55 +175,15 @@ __global__ void __launch_bounds__(kThreads) gemv_x8_kernel(GemvTargets tg, X8Vie
   stream_units<kT, kRows, kUnroll, kPrefetchOf<kTok>>(
       w, rows, lane, [&](const Step<kT, kRows, kUnroll>& st, int u0) { dot_step<kT, kTok>(st, w, x, u0, acc); });
   reduce_store<kTok>(acc, w, row0, lane, y);
-  // No warp returned above: gemv_x8_swiglu's rows are a multiple of 32.
-  if constexpr (kSwiglu) swiglu_tail<kTok, kWarps * kRows>(tg, sw, row0);
 }
 
-template <DType kT, int kTok, int kRows, bool kSwiglu>
-void launch_x8_rows(const GemvOut* outs, int n_outs, const X8View& x, const SwigluX8& sw, cudaStream_t s) {
-  const GemvTargets tg = make_targets(outs, n_outs, kWarps * kRows, kSwiglu ? "gemv_x8_swiglu" : "gemv_x8");
-  launch_pdl(gemv_x8_kernel<kT, kTok, kRows, kSwiglu>, dim3(static_cast<unsigned>(tg.end[n_outs - 1])),
-             dim3(kThreads), 0, s, tg, x, sw);
+template <DType kT, int kTok>
+void launch_x8(const GemvOut* outs, int n_outs, const X8View& x, cudaStream_t s) {
+  constexpr int kRows = kRowsOf<kT, kTok>;
+  const GemvTargets tg = make_targets(outs, n_outs, kWarps * kRows, "gemv_x8");
+  launch_pdl(gemv_x8_kernel<kT, kTok, kRows>, dim3(static_cast<unsigned>(tg.end[n_outs - 1])), dim3(kThreads), 0, s,
+             tg, x);
 }
-
-// Rows a warp takes at one token: RUNLM_GEMV_X8_ROWS=1|2|4 overrides
-// kRowsOf (for measuring); 0 keeps it.
-int single_token_rows() {
-  static const int rows = [] {
-    const char* e = std::getenv("RUNLM_GEMV_X8_ROWS");
-    if (!e || !*e) return 0;
-    const int v = std::atoi(e);
-    RUNLM_CHECK(v == 1 || v == 2 || v == 4, "RUNLM_GEMV_X8_ROWS must be 1, 2 or 4, got '%s'", e);
-    return v;
-  }();
-  return rows;
-}
-
-template <DType kT, int kTok, bool kSwiglu = false>
-void launch_x8(const GemvOut* outs, int n_outs, const X8View& x, cudaStream_t s, const SwigluX8& sw = {}) {
-  if constexpr (kTok == 1) {
-    switch (single_token_rows()) {
-      case 1: return launch_x8_rows<kT, 1, 1, kSwiglu>(outs, n_outs, x, sw, s);
-      case 2: return launch_x8_rows<kT, 1, 2, kSwiglu>(outs, n_outs, x, sw, s);
-      case 4: return launch_x8_rows<kT, 1, 4, kSwiglu>(outs, n_outs, x, sw, s);
-      default: break;
-    }
-  }
-  launch_x8_rows<kT, kTok, kRowsOf<kT, kTok>, kSwiglu>(outs, n_outs, x, sw, s);
-}
-
-// n (1..kGemvSwigluMaxTokens) as a compile-time N.
-#define RUNLM_SWIGLU_TOKEN_SWITCH(n, N, ...)                \
-  [&] {                                                     \
-    switch (n) {                                            \
-      case 1: { constexpr int N = 1; __VA_ARGS__; break; } \
-      case 2: { constexpr int N = 2; __VA_ARGS__; break; } \
-      case 3: { constexpr int N = 3; __VA_ARGS__; break; } \
-      case 4: { constexpr int N = 4; __VA_ARGS__; break; } \
-      default: fail("gemv_x8_swiglu: n_tokens=%d unsupported; supported: 1..4", n); \
-    }                                                       \
-  }()
-static_assert(kGemvSwigluMaxTokens == 4, "RUNLM_SWIGLU_TOKEN_SWITCH lists 1..4");
 
 }  // namespace
 
@@ -319,29 +213,6 @@ void gemv_x8(const GemvOut* outs, int n_outs, const void* x8, int n_tokens, Stre
     case DType::Q4_0: RUNLM_GEMV_TOKEN_SWITCH(n_tokens, N, launch_x8<DType::Q4_0, N>(outs, n_outs, x, s)); break;
     case DType::Q8_0: RUNLM_GEMV_TOKEN_SWITCH(n_tokens, N, launch_x8<DType::Q8_0, N>(outs, n_outs, x, s)); break;
     default: fail("gemv_x8: weight type %s unsupported; supported: q4_0, q8_0", dtype_name(type));
-  }
-}
-
-size_t gemv_x8_swiglu_tickets(int64_t rows) { return static_cast<size_t>(rows / kX8Block); }
-
-void gemv_x8_swiglu(const GemvOut* gate_up, const void* x8, int n_tokens, void* out_x8, unsigned* tickets,
-                    Stream stream) {
-  const int64_t rows = gate_up[0].w->rows;
-  RUNLM_CHECK(n_tokens >= 1 && n_tokens <= kGemvSwigluMaxTokens,
-              "gemv_x8_swiglu: n_tokens=%d unsupported; supported: 1..%d", n_tokens, kGemvSwigluMaxTokens);
-  RUNLM_CHECK(gate_up[1].w->rows == rows && rows % kX8Block == 0,
-              "gemv_x8_swiglu: gate %lld and up %lld rows; need equal multiples of 32", static_cast<long long>(rows),
-              static_cast<long long>(gate_up[1].w->rows));
-  RUNLM_CHECK(out_x8 != x8, "gemv_x8_swiglu: out_x8 must not be the x8 it reads (other CTAs still read it)");
-  RUNLM_CHECK(tickets != nullptr, "gemv_x8_swiglu: no ticket counters");
-  const DType type = gate_up[0].w->type;
-  const X8View x = x8_view(x8, n_tokens, gate_up[0].w->cols);
-  const SwigluX8 sw{x8_q(out_x8), x8_ds(out_x8, n_tokens, rows), tickets};
-  const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  switch (type) {
-    case DType::Q4_0: RUNLM_SWIGLU_TOKEN_SWITCH(n_tokens, N, launch_x8<DType::Q4_0, N, true>(gate_up, 2, x, s, sw)); break;
-    case DType::Q8_0: RUNLM_SWIGLU_TOKEN_SWITCH(n_tokens, N, launch_x8<DType::Q8_0, N, true>(gate_up, 2, x, s, sw)); break;
-    default: fail("gemv_x8_swiglu: weight type %s unsupported; supported: q4_0, q8_0", dtype_name(type));
   }
 }
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Generates wgmma_rs_f16.cuh: wgmma.mma_async wrappers for gemm_q_mma.cu's
-version 2, A from registers (four b32 of f16 pairs, the mma.m16n8k16 A layout
+"""Generates wgmma_rs_f16.cuh: wgmma.mma_async wrappers for the fused quantized
+GEMM's wgmma kernels, A from registers (four b32 of f16 pairs, the mma.m16n8k16 A layout
 per warp), B from shared memory K-major (x tiles [tokens][k], no transpose),
 f32 accumulators (N/2 registers a thread). One shape per token tile.
 Run: python3 gen_wgmma_rs_f16.py > wgmma_rs_f16.cuh

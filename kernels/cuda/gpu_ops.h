@@ -79,23 +79,12 @@ void swiglu_x8(const float* gate, const float* up, void* out_x8, int n_rows, int
 // y_i[t, r] = sum_c W_i[r, c] * x8[t, c] for each out (same type and width
 // = the quantized cols), n_tokens 1..16.
 void gemv_x8(const GemvOut* outs, int n_outs, const void* x8, int n_tokens, Stream stream);
-// gemv_x8 of gate_up[0] (gate) and gate_up[1] (up) in one launch that also
-// writes swiglu_x8(gate, up) to out_x8 (x8_bytes(n_tokens, rows); not x8),
-// bit-equal to the two calls, without the swiglu_x8 launch. Gate and up
-// have the same rows, a multiple of 32; n_tokens 1..kGemvSwigluMaxTokens.
-// tickets: gemv_x8_swiglu_tickets(rows) unsigned counters of device memory,
-// zero before the first call and left zero by each; one launch at a time
-// may use them.
-constexpr int kGemvSwigluMaxTokens = 4;
-size_t gemv_x8_swiglu_tickets(int64_t rows);
-void gemv_x8_swiglu(const GemvOut* gate_up, const void* x8, int n_tokens, void* out_x8, unsigned* tickets,
-                    Stream stream);
 
 // Prefill: y[t, r] = W[r, :] . x[t, :] for any n_tokens, x f16 [n_tokens,
 // cols], y f32 [n_tokens, rows]; tensor cores, fp32 accumulation. `scratch`
 // is device memory of at least gemm_scratch_bytes(w) (a dequantized tile
 // buffer where the implementation needs one).
-// Q4_0 / Q8_0 weights with n_tokens <= gemm_fused_max_tokens() (and cols %
+// Q4_0 / Q8_0 weights with n_tokens <= kGemmFusedMaxTokens (and cols %
 // 64 == 0) go to gemm_fused_q below, the rest to dequantization + cuBLAS.
 size_t gemm_scratch_bytes(const GpuMatrix& w);
 void gemm(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_tokens, void* scratch, Stream stream);
@@ -113,53 +102,52 @@ constexpr int kMaxGemmOuts = kMaxGemvOuts;
 bool gemm_multi_fused(const GemmOut* outs, int n_outs, int n_tokens);  // whether gemm_multi makes one launch
 void gemm_multi(const GemmOut* outs, int n_outs, const uint16_t* x_f16, int n_tokens, void* scratch, Stream stream);
 
-// ---- fused quantized GEMM (kernels/cuda/gemm_q_mma.cu) ----------------------
+// ---- fused quantized GEMM (kernels/cuda/gemm_q_fused.cu) --------------------
 //
 // gemm() for Q4_0 / Q8_0 weights without an f16 copy of W: quant tiles are
-// dequantized in registers into mma.sync operands. Needs cols % 64 == 0
+// dequantized in registers into tensor-core operands. Needs cols % 64 == 0
 // (gemm_fused_supports) and the shared memory of its largest tile
 // (gemm_fused_fits_device: ~200 KB, an H100's; an A100's 163 KB is short). scratch
 // (scratch_bytes of device memory, may be null) holds split-K partials: with
 // few row tiles the columns are split so the SMs fill; the partials are
 // summed in a fixed order (deterministic). splits > 0 forces the number of
 // column slices (tests), 0 picks it; either is capped by what scratch holds.
-// version: 1 = mma.sync (sm_80+), 2 = wgmma (sm_90 only, gemm_fused_has_wgmma),
-// 3 = wgmma with the decode overlapping the wgmmas (sm_90 only),
-// 4 = version 3's loop on 256-row tiles over a stream-K persistent grid,
-// past 64 tokens (sm_90 only; at 64 and fewer it runs what auto runs; for
-// version 4, splits > 0 means splits x tiles CTAs),
-// 5 = warp-specialized: producer warpgroups decode into an f16 A tile in
-// shared memory, past 64 tokens where cols % 256 == 0 (sm_90 only; version
-// 4 elsewhere past 64 tokens, what auto runs at 64 and fewer; not auto's
-// choice: measured no faster),
-// 0 = RUNLM_GEMM_FUSED_VERSION if set (gemm() passes 0), else on sm_90 2
-// up to 16 tokens, past 16 3, and past 64 4 where the launch has many row
-// tiles (the table and the rule: auto_version in gemm_q_mma.cu), else 1.
+//
+// The kernels (kernel = Auto: gemm_fused_kernel_for picks; tests force one):
+//   MmaSm80: mma.sync m16n8k16 (sm_80+; the only one off sm_90).
+//   Wgmma: wgmma with A from registers (sm_90a; auto up to 16 tokens).
+//   WgmmaOverlap: Wgmma with the decode of the next quant block overlapping
+//     the wgmmas (sm_90a; auto past 16 tokens).
+//   WgmmaStreamK: WgmmaOverlap's loop on 256-row tiles over a stream-K
+//     persistent grid (sm_90a; auto past 64 tokens where the launch has many
+//     row tiles). At 64 tokens and fewer it runs what Auto runs there; with
+//     it splits > 0 means splits x tiles CTAs.
+enum class GemmFusedKernel { Auto, MmaSm80, Wgmma, WgmmaOverlap, WgmmaStreamK };
+const char* gemm_fused_kernel_name(GemmFusedKernel k);
 bool gemm_fused_supports(const GpuMatrix& w);
 bool gemm_fused_fits_device(const GpuMatrix& w);
 bool gemm_fused_has_wgmma();
 void gemm_fused_q(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_tokens, void* scratch,
-                  size_t scratch_bytes, Stream stream, int splits = 0, int version = 0);
+                  size_t scratch_bytes, Stream stream, int splits = 0,
+                  GemmFusedKernel kernel = GemmFusedKernel::Auto);
 // gemm_fused_q for 1 to kMaxGemmOuts matrices of one type and cols reading
 // the same x, in one launch: their row tiles are concatenated into one grid
 // (stream-K units, or row tiles x token tiles x column slices), each output
-// written to its own y [n_tokens, rows_i]. Versions, splits and scratch as
+// written to its own y [n_tokens, rows_i]. Kernel, splits and scratch as
 // above, for the launch as a whole (auto counts the row tiles of all the
-// matrices). With the same column slices (splits > 0; for version 4 only
+// matrices). With the same column slices (splits > 0; for WgmmaStreamK only
 // where ceil(k_tiles / splits) divides k_tiles, so that every tile is cut at
 // the same columns) each y is bit-equal to gemm_fused_q's alone; at splits
 // 0 the slices follow the launch's tile count, so the bits may differ.
 void gemm_fused_q_multi(const GemmOut* outs, int n_outs, const uint16_t* x_f16, int n_tokens, void* scratch,
-                        size_t scratch_bytes, Stream stream, int splits = 0, int version = 0);
-// Largest n_tokens gemm() sends to gemm_fused_q: RUNLM_GEMM_FUSED_MAX_TOKENS
-// (read once; 0 disables the fused path), else kGemmFusedMaxTokensDefault.
-// 256, from GpuOpsBench.GemmFusedQuantShapes on the H100 (Llama-2-7B
-// shapes, version 2 against dequant + cuBLAS): 1.1-3.8x faster up to 128
-// tokens, 0.88-1.21x at 256, 0.77-0.85x at 512 (cuBLAS's higher TFLOP/s
-// repays the dequantization pass). At 256 the two paths tie end to end
-// (bench -npl 256: 10,410 against 10,384 decoded tokens/s).
-constexpr int kGemmFusedMaxTokensDefault = 256;
-int gemm_fused_max_tokens();
+                        size_t scratch_bytes, Stream stream, int splits = 0,
+                        GemmFusedKernel kernel = GemmFusedKernel::Auto);
+// Largest n_tokens gemm() sends to gemm_fused_q. 256, measured on the H100
+// (Llama-2-7B shapes, the wgmma kernel against dequant + cuBLAS): 1.1-3.8x
+// faster up to 128 tokens, 0.88-1.21x at 256, 0.77-0.85x at 512 (cuBLAS's
+// higher TFLOP/s repays the dequantization pass). At 256 the two paths tie
+// end to end (bench -npl 256: 10,410 against 10,384 decoded tokens/s).
+constexpr int kGemmFusedMaxTokens = 256;
 // gemm() for n F16 matrices of one shape over the same n_tokens, in one
 // cuBLAS batched call (q/k/v, gate/up): at decode batch sizes one matrix is
 // about one wave of tiles, n of them keep the SMs fuller. w, x, y are device
@@ -220,8 +208,8 @@ void to_f16(const float* x, uint16_t* out, int64_t n, Stream stream);
 // sits at position *pos0 + i (pos0 is a device pointer, so a captured CUDA
 // graph replays for any position) and attends to cache rows [max(0, p - window + 1)
 // (window > 0) or 0, p]. out f32 [n, n_heads, head_dim]. GQA: query head h
-// reads kv head h / (n_heads / n_kv_heads). The simple kernel of issue 4; the
-// paged flash-decoding kernel replaces it later. out_x8 (optional,
+// reads kv head h / (n_heads / n_kv_heads). The paged cache has the
+// flash-decoding kernels of paged_attention.h. out_x8 (optional,
 // x8_bytes(n, n_heads * head_dim), head_dim % 32 == 0): out quantized for
 // gemv_x8 as quantize_x8 would, in the same launch.
 void decode_attention(const float* q, const uint16_t* k_cache, const uint16_t* v_cache, int n, const int* pos0,

@@ -1,4 +1,4 @@
-// KV-cache types on the GPU (issue 7): encoding of one 32-value block by a
+// KV-cache types on the GPU: encoding of one 32-value block by a
 // warp (the K/V store), per-element decoding (gather_kv), and the register
 // policies the paged decode kernel is templated on (load a thread's share of
 // a key row, convert to fp32 right after the load). Formats and the page
@@ -149,7 +149,7 @@ __device__ __forceinline__ float kv_decode_elem(KvType t, const uint8_t* q, floa
 // ------------------------------------------------------------ decode policies (paged decode)
 
 // Read-only, streamed once: skip L1 (no reuse within an SM). (An L2::256B
-// prefetch hint was measured: no change, see NOTES.md.)
+// prefetch hint was measured: no change, see docs/kernels.md.)
 __device__ __forceinline__ uint4 ldg_stream16(const void* ptr) {
   uint4 r;
   asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"

@@ -4,14 +4,11 @@
 // loads need nothing from earlier kernels: they go out while the previous
 // kernel (RMSNorm, SwiGLU, quantization) finishes, hiding the launch gap
 // and the DRAM ramp-up of each matrix. Captured into CUDA graphs as
-// programmatic edges. Off before sm_90 and with RUNLM_PDL=0 (for
-// comparison), where it is an ordinary launch.
+// programmatic edges. Off before sm_90, where it is an ordinary launch.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <utility>
 
 #include "cuda/common.cuh"
@@ -20,8 +17,6 @@ namespace runlm::gpu {
 
 inline bool pdl_enabled() {
   static const bool on = [] {
-    const char* e = std::getenv("RUNLM_PDL");
-    if (e && std::strcmp(e, "0") == 0) return false;
     int dev = 0, major = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) return false;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;

@@ -18,7 +18,7 @@ constexpr int kThreads = 256;
 
 // One block per row, a float4 of the row per thread and step, kVec steps,
 // every value held in registers between the two phases: all loads of a row
-// go out at once. (Version 1 looped over the row with 256 threads and
+// go out at once. (A loop over the row with 256 threads would
 // re-read it; at one row, decode's case, that was a chain of ~16 dependent
 // DRAM round trips, 22 us per call measured by ncu, more than a GEMV.)
 // out_f32 may alias x or add: every value is read before any is written.

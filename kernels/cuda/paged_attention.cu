@@ -1,119 +1,43 @@
-// Paged decode attention (flash-decoding over a paged KV cache), issue 6.
-// API and contract in paged_attention.h; notes and measurements in NOTES.md
-// ("paged decode").
+// Paged decode attention (flash-decoding over a paged KV cache). API and
+// contract in paged_attention.h; measurements in docs/kernels.md ("paged decode").
 //
-// Version 1: memory bound, so the design goal is to read each K/V byte once
-// at close to copy bandwidth (measurements: NOTES.md, "paged decode").
-// - GQA-aware: one CTA per (sequence, KV head, row chunk, partition) owns all
-//   query rows (query tokens x query heads) that share the KV head, up to
-//   kMaxRows of them, so each K/V row is read once for the whole group.
-// - Thread layout: kBdx = head_dim / 8 threads cover one key's row with one
-//   16-byte load each; the CTA's 128 threads are 128 / kBdx "key lanes", and
-//   each lane takes kUnroll keys per iteration, so a thread has 2 * kUnroll
-//   16-byte loads in flight before their first use. The page indices for the
-//   next iteration are loaded while this one's K/V are in flight.
-// - Scores: partial dot products over a thread's 8 elements, summed by an xor
-//   butterfly across the kBdx lanes (every lane ends with the same sum); an
-//   online softmax (base 2: log2(e) * scale is folded into q) per row per key
-//   lane; the key lanes' states are merged by shuffles inside a warp and then
-//   through shared memory across the 4 warps (attn_state_merge).
-// - Split-K (flash-decoding): the KV range is cut into partitions of
-//   partition_size keys, page-aligned; partition_size 0 means no split (one
-//   device function serves both, as vLLM's v1/v2): the CTA then writes the
-//   normalised output; otherwise it writes its (m, d, o) state to the
-//   workspace and paged_decode_combine merges the partitions.
-// - K/V element types are policy structs (kernels/cuda/kv_codec.cuh):
-//   address + load + convert to fp32 in registers, K and V each their own.
-// Version 2 (this): the kernels of <= 4 rows capped at 128 registers for 4
-// CTAs (16 warps) per SM instead of 3 (+6% at B=64, L=8192, +7% at B=256),
-// and the automatic split prefers 1024-key partitions while they fill a
-// quarter wave (B=1, L=32k: 61 vs 73 us).
-// Version 3 (issue 7): templated on (K type, V type) among f16, bf16, q8_0,
-// q4_0, fp8 (kernel in paged_attention.cuh, instantiations in inst/). The
-// quantized pools keep the thread layout (8 values of a key row per thread,
-// so q and o stay 2 x 8 x rows registers) with narrower loads (8 bytes for
-// q8_0 / fp8, 4 for q4_0) plus one 2-byte scale load per key; the values are
-// converted right after the load and the scale is applied once per key and
-// row (on the partial dot for K, on the probability for V). With <= 2 rows
-// a thread takes 8 keys per iteration instead of 4 to keep the bytes in
-// flight up.
-// Version 4 (issue 7): pools with a quantized K or V (q8_0, q4_0, fp8; the
-// partner f16 or quantized) at head_dim 64, 128, 256 run on tensor cores
-// (paged_decode_mma.cuh: mma.sync for QK and PV, 8 rows a CTA, the K/V
-// bytes converted exactly to f16 fragments in registers, the block scales
-// on the f32 accumulators of K and on P for V); version 3 stays for
-// f16/f16, every bf16 pair and head_dim 32. RUNLM_PAGED_DECODE=simt keeps
-// version 3 for every pair (comparisons).
-// Version 5 (issue 7): version 4 with a software-pipelined key loop at
-// head_dim 64 and 128 (a warp issues the raw loads of 16-key tiles 1 and 2
-// ahead, in a register ring, before converting and multiplying a tile;
-// paged_decode_mma.cuh); head_dim 256 stays on version 4.
-// Version 6 (issue 7): the tensor-core kernel with the K/V bytes streamed
-// by 16-byte cp.async (whole rows, 512 contiguous bytes a warp copy)
-// through a per-warp 2-4 stage ring in shared memory, the fragments read
-// from there (ldmatrix for K), 16 warps an SM (paged_decode_mma_v6.cuh);
-// head_dim 64 and 128, version 4 at 256 (make_plan says so).
-// Version 7 (issue 7): version 4's loop with the K and V bytes loaded as
-// whole 16-byte chunks straight into registers (each sector requested
-// once), in a fragment order that converts in place, the block scales
-// folded into the f16 conversion (paged_decode_mma_v7.cuh); head_dim 64
-// and 128 with K and V both quantized, version 4 for the others.
-// Version 8: version 7's loads and conversions with version 5's register
-// ring of 16-key tiles (2-4 stages: tiles in flight while a tile computes).
-// Version 9: version 7 at 3 CTAs an SM (168 registers) where that does not
-// spill. RUNLM_PAGED_DECODE_MMA=v4..v9 picks the version, tests switch it
-// with paged_decode_set_mma_version. Unset (before version 12): version 9, the fastest measured
-// at B=64, L=8192 (H100, session 6: q8_0 443 us against v4's 496, fp8 461
-// against 490, q4_0 321 against 376); pairs with an f16 side and head_dim
-// 256 run version 4 (mma_version_at).
-// Version 10 (issue 6): tensor cores for the plain pools, K and V both f16
-// or both bf16, head_dim 64 and 128 (paged_decode_mma_f16.cuh: version 7's
-// 16-byte loads in fragment order, no conversion, ~7 warp instructions a
-// key against the SIMT kernel's ~88). The default since session 7's
-// measurement (default_f16_mma_mode: mma4 on sm_90+, mma before);
-// RUNLM_PAGED_DECODE_F16=mma (16 keys a warp step, 3 CTAs an SM at hd 128),
-// mma2 (32 keys, 2 CTAs) or mma4 (16 keys, 4 CTAs) forces a mode, simt the
-// SIMT kernel (version 3), which every other head_dim and the mixed
-// f16/bf16 pairs run; tests and benches switch it with
-// paged_decode_set_f16_mma. RUNLM_PAGED_DECODE=simt turns it off too.
-// Version 11 (issue 7, opt-in: RUNLM_PAGED_DECODE_MMA=v11, sm_90a): version
-// 7's math with each 16-key tile's K/V bytes brought by TMA into a per-warp
-// shared-memory ring of 3-4 stages (paged_decode_mma_v11.cuh), for K and V
-// both q8_0 or fp8 at head_dim 128, block_size >= 16, n_kv_heads even; the
-// other cases run what version 9 runs (mma_version_at). The host encodes 4
-// tensor maps a launch (make_v11_maps). RUNLM_PAGED_DECODE_V11=s4c3
-// (default: 4 stages, 3 CTAs an SM) or s3c4 (3 stages, 4 CTAs) picks the
-// configuration.
-// Version 12 (issue 7, the default since session 11, sm_90a): one CTA
-// per (sequence, group of 8 KV heads, row chunk, partition), a producer warp
-// bringing each 16-key tile of the 8 heads (whole 1 KB quant rows and the
-// scale rows of a page) into a CTA-wide TMA ring, 8 consumer warps (one a
-// head) computing it with version 11's math (paged_decode_mma_v12.cuh); K and
-// V each q8_0, fp8 or q4_0, head_dim 128, block_size >= 16, n_kv_heads a
-// multiple of 8; elsewhere what version 9 runs. RUNLM_PAGED_DECODE_V12=c1
-// or c2 forces its CTAs an SM (v12_ctas), RUNLM_PAGED_DECODE_V12_TILES=1 or
-// 2 its tiles a consumer step (v12_tiles_per_step). Measured at B=64 L=8192
-// against f16's version 10 in the same run: q8_0 1.83x, fp8 1.84x, q4_0
-// 3.08x (session 11; version 9: 1.62x, 1.64x, 2.25x); session 13's
-// defaults (1 CTA, two tiles) on a slower lease 1.82x, 1.82x, 2.81x against
-// 1.81x, 1.80x, 2.71x with session 11's; session 14's (one LOP3 a q4_0
-// nibble pair, two QK chains, the lazy softmax max) 1.84x, 1.84x, 3.17x;
-// NOTES.md "Decode v12".
+// Memory bound: the design goal is to read each K/V byte once at close to
+// copy bandwidth. Every kernel is GQA-aware (one CTA owns all query rows
+// that share a KV head, so each K/V row is read once for the group) and
+// split along the KV length (flash-decoding): the KV range is cut into
+// page-aligned partitions of partition_size keys (0: no split, the CTA
+// writes the normalised output; otherwise its (m, d, o) state goes to the
+// workspace and paged_decode_combine below merges the partitions). The
+// automatic split (make_plan) aims at about two waves of the device and
+// prefers 1024-key partitions while they fill a quarter wave.
+//
+// The kernels (select_decode_kernel picks one per launch):
+// - simt (paged_decode_simt.cuh): every K/V type pair and head_dim; kBdx =
+//   head_dim / 8 threads cover a key row with one 16-byte load each, online
+//   softmax per key lane, lanes merged by shuffles and shared memory.
+// - mma_sm80 / mma_quant_sm80 (paged_decode_mma_sm80.cuh): mma.sync for QK
+//   and PV, 8 rows a CTA, K/V bytes converted exactly to f16 fragments in
+//   registers; the quantized-load kernel reads whole 16-byte chunks with the
+//   block scales folded into the conversion (K and V both quantized at
+//   head_dim 64 and 128), the generic one takes pairs with an f16 side and
+//   head_dim 256.
+// - mma_f16 (paged_decode_mma_f16.cuh): tensor cores for f16/f16 and
+//   bf16/bf16 pools at head_dim 64 and 128.
+// - tma_sm90 (paged_decode_tma_sm90.cuh, sm_90a): a CTA a group of 8 KV
+//   heads, a producer warp filling a CTA-wide TMA ring with whole page rows,
+//   8 consumer warps; K and V each q8_0, fp8 or q4_0 at head_dim 128.
 #include <algorithm>
-#include <atomic>
 #include <cfloat>
 #include <cstdint>
 
-#include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include "cuda/paged_attention.h"
-#include "cuda/paged_decode_mma.cuh"
 #include "cuda/paged_decode_mma_f16.cuh"
-#include "cuda/paged_decode_mma_v11.cuh"
-#include "cuda/paged_decode_mma_v12.cuh"
+#include "cuda/paged_decode_mma_sm80.cuh"
+#include "cuda/paged_decode_simt.cuh"
+#include "cuda/paged_decode_tma_sm90.cuh"
 #include "cuda/tensor_map.h"
 
 namespace runlm {
@@ -212,12 +136,11 @@ int parts_bound(int n_seqs, int max_seq_len) {
   return std::max(1, std::min(by_len, by_batch));
 }
 
-bool gpu_kv_type(KvType t) { return t == KvType::F16 || t == KvType::BF16 || kv_type_quantized(t); }
 
 void check_params(const PagedDecodeParams& p) {
   const PagedKvView& kv = p.kv;
   for (KvType t : {kv.k_type, kv.v_type})
-    RUNLM_CHECK(gpu_kv_type(t), "paged_decode_attention: kv type %s (K=%s V=%s) unsupported; supported: f16, bf16, "
+    RUNLM_CHECK(kv_type_on_gpu(t), "paged_decode_attention: kv type %s (K=%s V=%s) unsupported; supported: f16, bf16, "
                 "q8_0, q4_0, fp8 for K and V independently",
                 kv_type_name(t), kv_type_name(kv.k_type), kv_type_name(kv.v_type));
   const int hd = kv.head_dim;
@@ -235,7 +158,7 @@ void check_params(const PagedDecodeParams& p) {
               "paged_decode_attention: n_heads=%d not a positive multiple of n_kv_heads=%d", p.n_heads,
               kv.n_kv_heads);
   // A page (K or V, f16 at most 2 bytes a value) stays below 2^31 bytes:
-  // version 6 computes offsets inside a page in 32 bits.
+  // the kernels compute offsets inside a page in 32 bits.
   RUNLM_CHECK(int64_t(kv.n_kv_heads) * hd * 2 * bs < (int64_t(1) << 31),
               "paged_decode_attention: n_kv_heads=%d x head_dim=%d x block_size=%d makes a page of 2 GiB or more",
               kv.n_kv_heads, hd, bs);
@@ -254,14 +177,14 @@ void check_params(const PagedDecodeParams& p) {
                 "paged_decode_attention: null device pointer in the params");
 }
 
-KernelFn pick_kernel(KvType k, KvType v, int hd, int r) {
+KernelFn pick_simt_kernel(KvType k, KvType v, int hd, int r) {
   KernelFn fn = nullptr;
   switch (k) {
-    case KvType::F16: fn = pick_kernel_kf16(v, hd, r); break;
-    case KvType::BF16: fn = pick_kernel_kbf16(v, hd, r); break;
-    case KvType::Q8_0: fn = pick_kernel_kq8_0(v, hd, r); break;
-    case KvType::Q4_0: fn = pick_kernel_kq4_0(v, hd, r); break;
-    case KvType::FP8: fn = pick_kernel_kfp8(v, hd, r); break;
+    case KvType::F16: fn = pick_simt_kernel_kf16(v, hd, r); break;
+    case KvType::BF16: fn = pick_simt_kernel_kbf16(v, hd, r); break;
+    case KvType::Q8_0: fn = pick_simt_kernel_kq8_0(v, hd, r); break;
+    case KvType::Q4_0: fn = pick_simt_kernel_kq4_0(v, hd, r); break;
+    case KvType::FP8: fn = pick_simt_kernel_kfp8(v, hd, r); break;
     default: break;
   }
   RUNLM_CHECK(fn, "paged_decode_attention: no kernel for K=%s V=%s head_dim=%d", kv_type_name(k), kv_type_name(v),
@@ -269,264 +192,143 @@ KernelFn pick_kernel(KvType k, KvType v, int hd, int r) {
   return fn;
 }
 
-// The tensor-core kernel covers K and V in {f16, q8_0, q4_0, fp8} with at
-// least one quantized, head_dim 64, 128, 256 (version 4 above).
+bool quantized(KvType t) { return kv_type_quantized(t); }
+
+// The sm_80 tensor-core kernels cover K and V in {f16, q8_0, q4_0, fp8} with
+// at least one quantized, head_dim 64, 128, 256.
 bool mma_types(KvType k, KvType v, int hd) {
-  auto in = [](KvType t) { return t == KvType::F16 || kv_type_quantized(t); };
-  return in(k) && in(v) && (kv_type_quantized(k) || kv_type_quantized(v)) && (hd == 64 || hd == 128 || hd == 256);
+  auto in = [](KvType t) { return t == KvType::F16 || quantized(t); };
+  return in(k) && in(v) && (quantized(k) || quantized(v)) && (hd == 64 || hd == 128 || hd == 256);
 }
 
-// Version 10's pools: K and V both f16 or both bf16, head_dim 64 or 128
-// (the SIMT kernel keeps 8, 16, 32, 256 and the mixed f16/bf16 pairs).
-bool plain_mma_types(KvType k, KvType v, int hd) {
+// Of those, the quantized-load kernel: K and V both quantized at head_dim 64 or 128.
+bool mma_quant_types(KvType k, KvType v, int hd) {
+  return quantized(k) && quantized(v) && (hd == 64 || hd == 128);
+}
+
+// The f16 tensor-core kernel: K and V both f16 or both bf16, head_dim 64 or
+// 128 (the SIMT kernel keeps 8, 16, 32, 256 and the mixed f16/bf16 pairs).
+bool mma_f16_types(KvType k, KvType v, int hd) {
   return k == v && (k == KvType::F16 || k == KvType::BF16) && (hd == 64 || hd == 128);
 }
 
-// The index in names of environment variable `name`'s value, `unset` when
-// it is unset or empty; any other value stops with an error listing names.
-template <size_t N>
-int env_choice(const char* name, const char* const (&names)[N], int unset) {
-  const char* e = std::getenv(name);
-  if (!e || !*e) return unset;
-  std::string list;
-  for (size_t i = 0; i < N; ++i) {
-    if (std::strcmp(e, names[i]) == 0) return static_cast<int>(i);
-    list += (i ? ", " : "") + std::string(names[i]);
-  }
-  fail("%s=%s unsupported; supported: %s", name, e, list.c_str());
-}
+// The current device's compute capability, cached per device; present is
+// false without a device (the SIMT kernel's launch then reports it).
+struct DeviceArch {
+  bool present = false;
+  int major = 0, minor = 0;
+  // The build's Hopper code is sm_90a only (TMA, mbarriers).
+  bool sm90() const { return present && major == 9 && minor == 0; }
+};
 
-bool mma_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("RUNLM_PAGED_DECODE");
-    return !(e && std::strcmp(e, "simt") == 0);
-  }();
-  return on;
-}
-
-// The tensor-core kernel's version: 0 until RUNLM_PAGED_DECODE_MMA is read.
-std::atomic<int> g_mma_version{0};
-
-int mma_version() {
-  int v = g_mma_version.load(std::memory_order_relaxed);
-  if (v == 0) {
-    const char* const names[] = {"v4", "v5", "v6", "v7", "v8", "v9", "v11", "v12"};
-    const int i = env_choice("RUNLM_PAGED_DECODE_MMA", names, -1);
-    v = i < 0 ? 12 : std::atoi(names[i] + 1);  // 12 where it applies; elsewhere version 9's choice (mma_version_at)
-    g_mma_version.store(v, std::memory_order_relaxed);
-  }
-  return v;
-}
-
-// Version 10's mode: -1 until RUNLM_PAGED_DECODE_F16 is read; 0 off (the
-// SIMT kernel), 1 mma, 2 mma2, 3 mma4 (pick_mma_plain_kernel).
-std::atomic<int> g_f16_mode{-1};
-
-// Unset: mma4 on sm_90 and newer, the fastest mode measured there or within
-// 1% of it (H100, session 7, GB/s against the SIMT kernel: B=1 L=32768 2460
-// vs 2111, B=8 L=32768 2934 vs 2885, B=64 L=8192 2942 vs 2915, B=256 L=8192
-// 3020 vs 2979; mma 2482 at B=1 but 2686 at B=8). Older GPUs take mma (mma4
-// spills 8-16 bytes for sm_80; neither is measured there).
-int default_f16_mma_mode() {
-  int dev = 0, major = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-    cudaGetLastError();  // no device: the SIMT kernel's launch reports it
-    return 0;
-  }
-  return major >= 9 ? 3 : 1;
-}
-
-int f16_mma_mode() {
-  int m = g_f16_mode.load(std::memory_order_relaxed);
-  if (m < 0) {
-    const char* const names[] = {"simt", "mma", "mma2", "mma4"};
-    m = env_choice("RUNLM_PAGED_DECODE_F16", names, -1);
-    if (m < 0) m = default_f16_mma_mode();
-    g_f16_mode.store(m, std::memory_order_relaxed);
-  }
-  return m;
-}
-
-bool use_plain_mma(const PagedDecodeParams& p) {
-  return mma_enabled() && f16_mma_mode() > 0 && plain_mma_types(p.kv.k_type, p.kv.v_type, p.kv.head_dim);
-}
-
-bool use_mma(const PagedDecodeParams& p) {
-  return (mma_enabled() && mma_types(p.kv.k_type, p.kv.v_type, p.kv.head_dim)) || use_plain_mma(p);
-}
-
-// The version that runs for these types at this head_dim: 5 to 9 exist at
-// 64 and 128 only, 7 to 9 only with K and V both quantized; elsewhere the
-// chosen version runs as version 4 (same results contract; the tests and
-// the bench report the version asked for).
-// Version 11's configuration (MmaV11Config): RUNLM_PAGED_DECODE_V11=s4c3
-// (0, the default) or s3c4 (1), read once.
-int v11_config() {
-  static const int c = [] {
-    const char* const names[] = {"s4c3", "s3c4"};
-    return env_choice("RUNLM_PAGED_DECODE_V11", names, 0);
-  }();
-  return c;
-}
-
-// Whether the current device runs sm_90a code (compute capability 9.0: the
-// build's Hopper code is sm_90a only, version 11's TMA and mbarriers need
-// it), cached per device; false without a device.
-bool device_is_sm90() {
+DeviceArch device_arch() {
   struct Entry {
     int dev;
-    bool yes;
+    DeviceArch arch;
   };
   static thread_local Entry cache[16];
   static thread_local int n_cache = 0;
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) {
     cudaGetLastError();
-    return false;
+    return {};
   }
   for (int i = 0; i < n_cache; ++i)
-    if (cache[i].dev == dev) return cache[i].yes;
-  int major = 0, minor = 0;
-  const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-                  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess;
-  if (!ok) cudaGetLastError();
-  const bool yes = ok && major == 9 && minor == 0;
-  if (n_cache < 16) cache[n_cache++] = {dev, yes};
-  return yes;
+    if (cache[i].dev == dev) return cache[i].arch;
+  DeviceArch a;
+  a.present = cudaDeviceGetAttribute(&a.major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+              cudaDeviceGetAttribute(&a.minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess;
+  if (!a.present) {
+    cudaGetLastError();
+    a = {};
+  }
+  if (n_cache < 16) cache[n_cache++] = {dev, a};
+  return a;
 }
 
-// Version 11's cases (paged_decode_mma_v11.cuh): K and V both q8_0 or fp8,
-// head_dim 128, pages of >= 16 slots (a 16-key tile is one TMA box of one
-// page), an even n_kv_heads (scale rows of n_kv x 8 bytes: TMA wants the
-// 16-byte multiples), 16-byte aligned pools, an sm_90 device.
-bool v11_applies(const PagedDecodeParams& p) {
-  const PagedKvView& kv = p.kv;
-  auto is8 = [](KvType t) { return t == KvType::Q8_0 || t == KvType::FP8; };
-  return is8(kv.k_type) && is8(kv.v_type) && kv.head_dim == 128 && kv.block_size >= 16 && kv.n_kv_heads % 2 == 0 &&
-         reinterpret_cast<uintptr_t>(kv.k_pool) % 16 == 0 && reinterpret_cast<uintptr_t>(kv.v_pool) % 16 == 0 &&
-         device_is_sm90();
-}
-
-// The CTAs an SM version 12's kernel is sized for: 1 (168 registers, the
-// whole ring budget; 9 warps put 3 in a quarter of the register file, 3 x
-// 168 x 32 <= 16384) or 2 (112 registers, half the ring). The 2-CTA kernel
-// still runs 1 an SM: 18 warps put 5 in a quarter, 5 x 112 x 32 > 16384. In
-// practice 2 means a shorter ring and a register cap: with one tile a step
-// one lease measured it faster (B=64 L=8192: q4_0 233.7 us against 247.8),
-// another within 1%; with two tiles a step (session 13) 2 spills 12-136
-// bytes and 1 none, and 1 is the faster (same run: q4_0 254.9 us against
-// 265.0, q8_0 394.2 / 403.7; NOTES "Decode v12"). Unset: 1;
-// RUNLM_PAGED_DECODE_V12=c1 or c2 forces one (read once).
-int v12_ctas() {
-  static const int ctas = [] {
-    const char* const names[] = {"c1", "c2"};
-    return 1 + env_choice("RUNLM_PAGED_DECODE_V12", names, 0);
-  }();
-  return ctas;
-}
-
-// Version 12's ring depth: RUNLM_PAGED_DECODE_V12_STAGES=2..8 forces one
-// (read once; measurements), 0 when unset (the kernel's default,
-// MmaV12Stage::S).
-int v12_stages_forced() {
-  static const int n = [] {
-    const char* e = std::getenv("RUNLM_PAGED_DECODE_V12_STAGES");
-    if (!e || !*e) return 0;
-    const int v = std::atoi(e);
-    RUNLM_CHECK(v >= 2 && v <= 8, "RUNLM_PAGED_DECODE_V12_STAGES=%s unsupported; supported: 2..8", e);
-    return v;
-  }();
-  return n;
-}
-
-// Version 12's tiles a consumer step (paged_decode_mma_v12.cuh):
-// RUNLM_PAGED_DECODE_V12_TILES=1 or 2 forces one (read once; measurements);
-// unset: 2 (both tiles' reads and QK products before either softmax).
-int v12_tiles_per_step() {
-  static const int n = [] {
-    const char* const names[] = {"1", "2"};
-    return 1 + env_choice("RUNLM_PAGED_DECODE_V12_TILES", names, 1);
-  }();
-  return n;
-}
-
-// Version 12's cases (paged_decode_mma_v12.cuh): K and V each q8_0, fp8 or
-// q4_0, head_dim 128, pages of >= 16 slots, n_kv_heads a multiple of 8 (a
-// CTA takes 8 heads), 16-byte aligned pools, an sm_90 device.
-bool v12_applies(const PagedDecodeParams& p) {
+// The TMA kernel's cases (paged_decode_tma_sm90.cuh): K and V each q8_0, fp8
+// or q4_0, head_dim 128, pages of >= 16 slots (a 16-key tile is one TMA box
+// of one page), n_kv_heads a multiple of 8 (a CTA takes 8 heads), 16-byte
+// aligned pools, an sm_90 device.
+bool tma_applies(const PagedDecodeParams& p, const DeviceArch& arch) {
   const PagedKvView& kv = p.kv;
   auto in = [](KvType t) { return t == KvType::Q8_0 || t == KvType::FP8 || t == KvType::Q4_0; };
   return in(kv.k_type) && in(kv.v_type) && kv.head_dim == 128 && kv.block_size >= 16 &&
-         kv.n_kv_heads % kV12Heads == 0 && reinterpret_cast<uintptr_t>(kv.k_pool) % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(kv.v_pool) % 16 == 0 && device_is_sm90();
+         kv.n_kv_heads % kTmaHeads == 0 && reinterpret_cast<uintptr_t>(kv.k_pool) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(kv.v_pool) % 16 == 0 && arch.sm90();
 }
 
-// The version that runs for these params: 5 to 9 exist at head_dim 64 and
-// 128 only, 7 to 9 only with K and V both quantized; elsewhere the chosen
-// version runs as version 4 (same results contract; the tests and the bench
-// report the version asked for). Version 11 runs where v11_applies, and
-// everywhere else exactly what version 9 would run.
-int mma_version_at(int version, const PagedDecodeParams& p) {
+// Whether `kernel` has an instance for these params on this device.
+bool kernel_runs(DecodeKernel kernel, const PagedDecodeParams& p, const DeviceArch& arch) {
   const KvType k = p.kv.k_type, v = p.kv.v_type;
-  if (version == 11) return v11_applies(p) ? 11 : mma_version_at(9, p);
-  if (version == 12) return v12_applies(p) ? 12 : mma_version_at(9, p);
-  if (p.kv.head_dim == 256) return 4;
-  if (version >= 7 && (k == KvType::F16 || v == KvType::F16)) return 4;
-  return version;
+  const int hd = p.kv.head_dim;
+  switch (kernel) {
+    case DecodeKernel::Simt: return true;
+    case DecodeKernel::MmaSm80: return arch.present && mma_types(k, v, hd) && !mma_quant_types(k, v, hd);
+    case DecodeKernel::MmaQuantSm80: return arch.present && mma_types(k, v, hd) && mma_quant_types(k, v, hd);
+    case DecodeKernel::MmaF16: return arch.present && mma_f16_types(k, v, hd);
+    case DecodeKernel::TmaSm90: return tma_applies(p, arch);
+    case DecodeKernel::ContiguousRope: return false;
+    case DecodeKernel::Auto: return true;
+  }
+  return false;
 }
 
-// A version 11 or 12 launch's tensor maps (MmaV11Maps) over one pool (K or
-// V), heads_a_box 1 (version 11) or 8 (version 12): quants [pages]
-// [block_size][n_kv x 128] u8 in 128-byte swizzled boxes of heads_a_box
-// heads' rows x 16 slots (q4_0, version 12 only: 64-byte rows, no swizzle),
-// scales [pages][block_size][n_kv x 4] f16 in boxes of 4 scales x 16 slots
-// of 2 heads (version 11: the head pair kvh & ~1, kvh | 1, so boxes start
-// 16-byte aligned) or 8 (version 12). The pool's page count is not in the
-// params: the page dimension is the largest that keeps the mapped range
-// under 2^48 bytes (coordinates come from valid table entries only; TMA
-// wants dims <= 2^32).
-void make_v11_maps(const void* pool, KvType type, int n_kv, int bs, int heads_a_box, const char* what,
-                   CUtensorMap* quants, CUtensorMap* scales) {
+DecodeKernelChoice select(const PagedDecodeParams& p, const DeviceArch& arch) {
+  const KvType k = p.kv.k_type, v = p.kv.v_type;
+  const int hd = p.kv.head_dim;
+  if (!arch.present) return {DecodeKernel::Simt, "no CUDA device"};
+  if (mma_f16_types(k, v, hd)) return {DecodeKernel::MmaF16, "f16/f16 or bf16/bf16 pool at head_dim 64 or 128"};
+  if (mma_types(k, v, hd)) {
+    if (tma_applies(p, arch))
+      return {DecodeKernel::TmaSm90,
+              "K and V each q8_0, fp8 or q4_0 at head_dim 128, pages >= 16, n_kv_heads a multiple of 8, sm_90"};
+    if (mma_quant_types(k, v, hd))
+      return {DecodeKernel::MmaQuantSm80, "K and V both quantized at head_dim 64 or 128"};
+    return {DecodeKernel::MmaSm80, "a quantized K or V with an f16 partner, or head_dim 256"};
+  }
+  return {DecodeKernel::Simt, "types or head_dim no tensor-core kernel covers"};
+}
+
+// The TMA kernel's tensor maps over one pool (K or V): quants [pages]
+// [block_size][n_kv x 128] u8 as 4-D {a head's row bytes, slot, head, page}
+// with the head dimension inside the slot one in memory (strides need not
+// grow), so one box = 8 heads x 16 rows lands head-major in shared memory;
+// 8-bit rows in 128-byte swizzled boxes, q4_0's 64-byte rows plain. Scales
+// [pages][block_size][n_kv x 4] f16 in boxes of 8 heads' 32 scales x 16
+// slots. The pool's page count is not in the params: the page dimension is
+// the largest that keeps the mapped range under 2^48 bytes (coordinates
+// come from valid table entries only; TMA wants dims <= 2^32).
+void make_tma_maps(const void* pool, KvType type, int n_kv, int bs, const char* what, CUtensorMap* quants,
+                   CUtensorMap* scales) {
   const int head_row = type == KvType::Q4_0 ? 64 : 128;  // a head's quant bytes of a slot (head_dim 128)
   const int64_t q_row = int64_t(n_kv) * head_row, s_row = int64_t(n_kv) * 8;
   const int64_t page = bs * (q_row + s_row);
   const int64_t pages = std::max<int64_t>(1, std::min<int64_t>(INT32_MAX, (int64_t(1) << 48) / page));
   const cuuint32_t estr[4] = {1, 1, 1, 1};
   {
-    // Version 11: 3-D {row bytes, slot, page}, a box = one head's 16 rows.
-    // Version 12: 4-D {a head's row bytes, slot, head, page} with the head
-    // dimension inside the slot one in memory (strides need not grow), so
-    // one box = 8 heads x 16 rows, landing head-major in shared memory.
-    const bool v12 = heads_a_box > 1;
-    const int rank = v12 ? 4 : 3;
-    const cuuint64_t dims3[3] = {cuuint64_t(q_row), cuuint64_t(bs), cuuint64_t(pages)};
-    const cuuint64_t strides3[2] = {cuuint64_t(q_row), cuuint64_t(page)};
-    const cuuint32_t box3[3] = {cuuint32_t(head_row), 16, 1};
-    const cuuint64_t dims4[4] = {cuuint64_t(head_row), cuuint64_t(bs), cuuint64_t(n_kv), cuuint64_t(pages)};
-    const cuuint64_t strides4[3] = {cuuint64_t(q_row), cuuint64_t(head_row), cuuint64_t(page)};
-    const cuuint32_t box4[4] = {cuuint32_t(head_row), 16, cuuint32_t(heads_a_box), 1};
-    // 8-bit rows in the 128-byte swizzle (versions 11, 12 read them so); q4_0's 64-byte rows (version 12) plain.
+    const cuuint64_t dims[4] = {cuuint64_t(head_row), cuuint64_t(bs), cuuint64_t(n_kv), cuuint64_t(pages)};
+    const cuuint64_t strides[3] = {cuuint64_t(q_row), cuuint64_t(head_row), cuuint64_t(page)};
+    const cuuint32_t box[4] = {cuuint32_t(head_row), 16, cuuint32_t(kTmaHeads), 1};
     const CUtensorMapSwizzle swz = head_row == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE;
-    const CUresult e = encode_tiled_fn()(quants, CU_TENSOR_MAP_DATA_TYPE_UINT8, rank, const_cast<void*>(pool),
-                                         v12 ? dims4 : dims3, v12 ? strides4 : strides3, v12 ? box4 : box3, estr,
-                                         CU_TENSOR_MAP_INTERLEAVE_NONE, swz,
+    const CUresult e = encode_tiled_fn()(quants, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, const_cast<void*>(pool), dims,
+                                         strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, swz,
                                          CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     RUNLM_CHECK(e == CUDA_SUCCESS,
-                "paged_decode_attention (versions 11, 12): cuTensorMapEncodeTiled(%s quants, n_kv_heads=%d block_size=%d) "
+                "paged_decode_attention (tma_sm90): cuTensorMapEncodeTiled(%s quants, n_kv_heads=%d block_size=%d) "
                 "failed: CUresult %d",
                 what, n_kv, bs, int(e));
   }
   {
     const cuuint64_t dims[3] = {cuuint64_t(n_kv) * 4, cuuint64_t(bs), cuuint64_t(pages)};
     const cuuint64_t strides[2] = {cuuint64_t(s_row), cuuint64_t(page)};
-    const cuuint32_t box[3] = {cuuint32_t(heads_a_box == 1 ? 2 : heads_a_box) * 4, 16, 1};
+    const cuuint32_t box[3] = {cuuint32_t(kTmaHeads) * 4, 16, 1};
     void* base = static_cast<uint8_t*>(const_cast<void*>(pool)) + bs * q_row;
     const CUresult e = encode_tiled_fn()(scales, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, base, dims, strides, box, estr,
                                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
                                          CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     RUNLM_CHECK(e == CUDA_SUCCESS,
-                "paged_decode_attention (versions 11, 12): cuTensorMapEncodeTiled(%s scales, n_kv_heads=%d block_size=%d) "
+                "paged_decode_attention (tma_sm90): cuTensorMapEncodeTiled(%s scales, n_kv_heads=%d block_size=%d) "
                 "failed: CUresult %d",
                 what, n_kv, bs, int(e));
   }
@@ -534,37 +336,37 @@ void make_v11_maps(const void* pool, KvType type, int n_kv, int bs, int heads_a_
 
 // The launch's 4 maps, kept per (pools, types, geometry) in a per-thread
 // cache (a pool a layer; cleared past kMapCache entries, room for every
-// layer of the models runlm runs): a batched step launches the decode once a layer
-// outside any CUDA graph, and an engine's pools do not move, so each
+// layer of the models runlm runs): a batched step launches the decode once
+// a layer outside any CUDA graph, and an engine's pools do not move, so each
 // layer's maps are encoded once instead of 4 driver calls a launch. A map
 // depends on nothing else (the page dimension comes from the geometry).
-MmaV11Maps make_v11_maps(const PagedKvView& kv, int heads_a_box) {
+DecodeTmaMaps make_tma_maps(const PagedKvView& kv) {
   struct Entry {
     const void* k_pool;
     const void* v_pool;
     KvType k_type, v_type;
-    int n_kv, bs, heads_a_box;
-    MmaV11Maps maps;
+    int n_kv, bs;
+    DecodeTmaMaps maps;
   };
   constexpr size_t kMapCache = 160;
   static thread_local std::vector<Entry> cache;  // heap: only threads that launch pay for it
   for (const Entry& e : cache)
     if (e.k_pool == kv.k_pool && e.v_pool == kv.v_pool && e.k_type == kv.k_type && e.v_type == kv.v_type &&
-        e.n_kv == kv.n_kv_heads && e.bs == kv.block_size && e.heads_a_box == heads_a_box)
+        e.n_kv == kv.n_kv_heads && e.bs == kv.block_size)
       return e.maps;
-  Entry e{kv.k_pool, kv.v_pool, kv.k_type, kv.v_type, kv.n_kv_heads, kv.block_size, heads_a_box, {}};
-  make_v11_maps(kv.k_pool, kv.k_type, kv.n_kv_heads, kv.block_size, heads_a_box, "K", &e.maps.kq, &e.maps.ks);
-  make_v11_maps(kv.v_pool, kv.v_type, kv.n_kv_heads, kv.block_size, heads_a_box, "V", &e.maps.vq, &e.maps.vs);
+  Entry e{kv.k_pool, kv.v_pool, kv.k_type, kv.v_type, kv.n_kv_heads, kv.block_size, {}};
+  make_tma_maps(kv.k_pool, kv.k_type, kv.n_kv_heads, kv.block_size, "K", &e.maps.kq, &e.maps.ks);
+  make_tma_maps(kv.v_pool, kv.v_type, kv.n_kv_heads, kv.block_size, "V", &e.maps.vq, &e.maps.vs);
   if (cache.size() >= kMapCache) cache.clear();  // pools of many engines over a thread's life: start over
   cache.push_back(e);
   return e.maps;
 }
 
-// Sets the dynamic shared memory limit of a version 6, 11 or 12 kernel once per
-// (device, kernel): not a stream operation, so legal during graph capture
-// (as the occupancy query below). max_carveout (version 11, whose 3-4 CTAs
-// an SM need 228-230 KB): the whole unified L1 / shared memory as shared.
-void ensure_smem_attr(KernelFn fn, int smem_bytes, bool max_carveout = false) {
+// Sets the dynamic shared memory limit of the TMA kernel once per (device,
+// kernel), with the whole unified L1 / shared memory as shared: not a
+// stream operation, so legal during graph capture (as the occupancy query
+// below).
+void ensure_smem_attr(KernelFn fn, int smem_bytes) {
   if (smem_bytes <= 48 * 1024) return;
   struct Entry {
     int dev;
@@ -577,23 +379,21 @@ void ensure_smem_attr(KernelFn fn, int smem_bytes, bool max_carveout = false) {
   for (int i = 0; i < n_done; ++i)
     if (done[i].dev == dev && done[i].fn == fn) return;
   cudaCheck(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
-  if (max_carveout)
-    cudaCheck(cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+  cudaCheck(cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
   if (n_done < 64) done[n_done++] = {dev, fn};
 }
 
-KernelFn pick_mma_kernel(KvType k, KvType v, int hd, int version, int* smem_bytes) {
+KernelFn pick_mma_sm80_kernel(KvType k, KvType v, int hd) {
   KernelFn fn = nullptr;
   switch (k) {
-    case KvType::F16: fn = pick_mma_kernel_kf16(v, hd, version, smem_bytes); break;
-    case KvType::Q8_0: fn = pick_mma_kernel_kq8_0(v, hd, version, smem_bytes); break;
-    case KvType::Q4_0: fn = pick_mma_kernel_kq4_0(v, hd, version, smem_bytes); break;
-    case KvType::FP8: fn = pick_mma_kernel_kfp8(v, hd, version, smem_bytes); break;
+    case KvType::F16: fn = pick_mma_sm80_kernel_kf16(v, hd); break;
+    case KvType::Q8_0: fn = pick_mma_sm80_kernel_kq8_0(v, hd); break;
+    case KvType::Q4_0: fn = pick_mma_sm80_kernel_kq4_0(v, hd); break;
+    case KvType::FP8: fn = pick_mma_sm80_kernel_kfp8(v, hd); break;
     default: break;
   }
-  RUNLM_CHECK(fn, "paged_decode_attention: no tensor-core kernel for K=%s V=%s head_dim=%d version=%d",
-              kv_type_name(k), kv_type_name(v), hd, version);
-  ensure_smem_attr(fn, *smem_bytes);
+  RUNLM_CHECK(fn, "paged_decode_attention: no tensor-core kernel for K=%s V=%s head_dim=%d", kv_type_name(k),
+              kv_type_name(v), hd);
   return fn;
 }
 
@@ -621,15 +421,15 @@ int device_concurrency(KernelFn fn, int smem_bytes, int threads) {
 }
 
 struct Plan {
-  KernelFn fn = nullptr;   // the kernel (for version 11: v11's address, for the attribute and occupancy queries)
-  KernelV11Fn v11 = nullptr;  // version 11's kernel (its own parameter list: the tensor maps)
-  KernelV12Fn v12 = nullptr;  // version 12's (the tensor maps and the ring's depth)
-  int v12_stages = 0;
+  DecodeKernel kernel = DecodeKernel::Simt;
+  KernelFn fn = nullptr;      // the kernel (for tma_sm90: its address, for the attribute and occupancy queries)
+  KernelTmaFn tma = nullptr;  // tma_sm90's kernel (its own parameter list: the tensor maps and the ring's depth)
+  int tma_stages = 0;
   int threads = kThreads;     // a CTA's
-  int heads_per_cta = 1;      // KV heads a CTA (version 12: kV12Heads; grid y = n_kv_heads / this)
+  int heads_per_cta = 1;      // KV heads a CTA (tma_sm90: kTmaHeads; grid y = n_kv_heads / this)
   int rows_per_cta = 1;
   int n_chunks = 1;
-  int smem_bytes = 0;      // dynamic shared memory (version 6)
+  int smem_bytes = 0;      // dynamic shared memory (tma_sm90)
   int partition_size = 0;  // 0 = no split
   int n_parts = 1;         // grid partitions (and workspace stride)
   size_t ws_bytes = 0;
@@ -644,47 +444,55 @@ int key_span(const PagedDecodeParams& p) {
   return static_cast<int>(std::min<int64_t>(p.max_seq_len, w));
 }
 
-Plan make_plan(const PagedDecodeParams& p, int forced_partition) {
+// The kernel that runs: `forced` (tests) when given, else the selector's.
+DecodeKernel resolve_kernel(const PagedDecodeParams& p, DecodeKernel forced) {
+  const DeviceArch arch = device_arch();
+  if (forced == DecodeKernel::Auto) return select(p, arch).kernel;
+  RUNLM_CHECK(kernel_runs(forced, p, arch),
+              "paged_decode_attention: kernel %s does not run K=%s V=%s head_dim=%d block_size=%d n_kv_heads=%d on "
+              "this device",
+              decode_kernel_name(forced), kv_type_name(p.kv.k_type), kv_type_name(p.kv.v_type), p.kv.head_dim,
+              p.kv.block_size, p.kv.n_kv_heads);
+  return forced;
+}
+
+Plan make_plan(const PagedDecodeParams& p, int forced_partition, DecodeKernel forced) {
   Plan pl;
+  pl.kernel = resolve_kernel(p, forced);
   const int group = p.n_heads / p.kv.n_kv_heads;
   const int rows = p.max_q_per_seq * group;
-  if (use_plain_mma(p)) {
-    pl.rows_per_cta = kMmaRows;
-    pl.n_chunks = ceil_div(rows, kMmaRows);
-    pl.fn = pick_mma_plain_kernel(p.kv.k_type, p.kv.head_dim, f16_mma_mode());
-    RUNLM_CHECK(pl.fn, "paged_decode_attention: no version 10 kernel for K=%s V=%s head_dim=%d mode=%d",
-                kv_type_name(p.kv.k_type), kv_type_name(p.kv.v_type), p.kv.head_dim, f16_mma_mode());
-  } else if (use_mma(p)) {
-    pl.rows_per_cta = kMmaRows;
-    pl.n_chunks = ceil_div(rows, kMmaRows);
-    const int version = mma_version_at(mma_version(), p);
-    if (version == 11) {
-      pl.v11 = pick_mma_v11_kernel(p.kv.k_type, p.kv.v_type, v11_config(), &pl.smem_bytes);
-      RUNLM_CHECK(pl.v11, "paged_decode_attention: no version 11 kernel for K=%s V=%s", kv_type_name(p.kv.k_type),
-                  kv_type_name(p.kv.v_type));
-      pl.fn = reinterpret_cast<KernelFn>(pl.v11);  // never launched through this type
-      ensure_smem_attr(pl.fn, pl.smem_bytes, true);
-    } else if (version == 12) {
+  switch (pl.kernel) {
+    case DecodeKernel::MmaF16:
+      pl.rows_per_cta = kMmaRows;
+      pl.n_chunks = ceil_div(rows, kMmaRows);
+      pl.fn = pick_mma_f16_kernel(p.kv.k_type, p.kv.head_dim, device_arch().major >= 9);
+      RUNLM_CHECK(pl.fn, "paged_decode_attention: no mma_f16 kernel for K=%s V=%s head_dim=%d",
+                  kv_type_name(p.kv.k_type), kv_type_name(p.kv.v_type), p.kv.head_dim);
+      break;
+    case DecodeKernel::TmaSm90: {
+      pl.rows_per_cta = kMmaRows;
+      pl.n_chunks = ceil_div(rows, kMmaRows);
       int stage_bytes = 0;
-      pl.v12 = pick_mma_v12_kernel(p.kv.k_type, p.kv.v_type, v12_ctas(), &pl.v12_stages, &stage_bytes);
-      RUNLM_CHECK(pl.v12, "paged_decode_attention: no version 12 kernel for K=%s V=%s", kv_type_name(p.kv.k_type),
+      pl.tma = pick_tma_sm90_kernel(p.kv.k_type, p.kv.v_type, &pl.tma_stages, &stage_bytes);
+      RUNLM_CHECK(pl.tma, "paged_decode_attention: no tma_sm90 kernel for K=%s V=%s", kv_type_name(p.kv.k_type),
                   kv_type_name(p.kv.v_type));
-      if (v12_stages_forced()) pl.v12_stages = v12_stages_forced();
-      pl.smem_bytes = pl.v12_stages * stage_bytes + 16 * pl.v12_stages + 1024;  // MmaV12Stage::smem
-      RUNLM_CHECK(pl.smem_bytes <= 227 * 1024,
-                  "paged_decode_attention (version 12): %d stages of %d bytes do not fit a CTA's shared memory",
-                  pl.v12_stages, stage_bytes);
-      pl.threads = kV12Threads;
-      pl.heads_per_cta = kV12Heads;
-      pl.fn = reinterpret_cast<KernelFn>(pl.v12);  // never launched through this type
-      ensure_smem_attr(pl.fn, pl.smem_bytes, true);
-    } else {
-      pl.fn = pick_mma_kernel(p.kv.k_type, p.kv.v_type, p.kv.head_dim, version, &pl.smem_bytes);
+      pl.smem_bytes = pl.tma_stages * stage_bytes + 16 * pl.tma_stages + 1024;  // TmaStage::smem
+      pl.threads = kTmaThreads;
+      pl.heads_per_cta = kTmaHeads;
+      pl.fn = reinterpret_cast<KernelFn>(pl.tma);  // never launched through this type
+      ensure_smem_attr(pl.fn, pl.smem_bytes);
+      break;
     }
-  } else {
-    pl.rows_per_cta = rows_per_cta(rows);
-    pl.n_chunks = ceil_div(rows, pl.rows_per_cta);
-    pl.fn = pick_kernel(p.kv.k_type, p.kv.v_type, p.kv.head_dim, pl.rows_per_cta);
+    case DecodeKernel::MmaSm80:
+    case DecodeKernel::MmaQuantSm80:
+      pl.rows_per_cta = kMmaRows;
+      pl.n_chunks = ceil_div(rows, kMmaRows);
+      pl.fn = pick_mma_sm80_kernel(p.kv.k_type, p.kv.v_type, p.kv.head_dim);
+      break;
+    default:
+      pl.rows_per_cta = rows_per_cta(rows);
+      pl.n_chunks = ceil_div(rows, pl.rows_per_cta);
+      pl.fn = pick_simt_kernel(p.kv.k_type, p.kv.v_type, p.kv.head_dim, pl.rows_per_cta);
   }
   const int span = std::max(1, key_span(p));
   const int bound = parts_bound(p.n_seqs, p.max_seq_len);
@@ -705,18 +513,17 @@ Plan make_plan(const PagedDecodeParams& p, int forced_partition) {
     const int64_t want = base > 0 ? (2 * conc + base - 1) / base : 1;
     // Unless whole (sequence, KV head) CTAs already fill their last wave to
     // >= 90%: then a split adds the partial states and the combine and
-    // balances nothing (measured at B=64 L=8192: f16 version 10 +1%, fp8 on
-    // version 7 (2 CTAs an SM, 1.94 waves) +3.5% unsplit, while q8_0 / q4_0
-    // on version 9 (3 CTAs, 1.29 waves) lose 7-10% unsplit). Lengths are
+    // balances nothing (measured at B=64 L=8192: f16 on mma_f16 +1%, fp8 on
+    // mma_quant_sm80 at 2 CTAs an SM (1.94 waves) +3.5% unsplit, while q8_0 /
+    // q4_0 at 3 CTAs (1.29 waves) lose 7-10% unsplit). Lengths are
     // not known here; with very uneven ones a split would balance them, but
     // that is the same blind spot as the wave count above.
     const int64_t waves = base > 0 ? (base + conc - 1) / conc : 1;
     const bool fills_waves = base * 10 >= waves * conc * 9;
     if (pl.heads_per_cta > 1) {
-      // Version 12 (a ring that fills once a CTA): the longest partitions
-      // that still fit one wave (B=64 L=8192, sized for 2 CTAs an SM, which
-      // run 1 an SM: 4096 keys, 128 CTAs: q8_0 392.2 us, q4_0
-      // 233.7; 2048 keys, 256 CTAs: 397.2, 239.9).
+      // tma_sm90 (a ring that fills once a CTA): the longest partitions
+      // that still fit one wave (B=64 L=8192: 4096 keys, 128 CTAs: q8_0
+      // 392.2 us, q4_0 233.7; 2048 keys, 256 CTAs: 397.2, 239.9).
       const int64_t fit = base > 0 ? conc / base : 1;
       if (fit > 1) {
         int size = std::max(kMinPartition, next_pow2((span + fit - 1) / fit));
@@ -756,36 +563,51 @@ size_t paged_decode_workspace_bytes(int n_seqs, int total_q, int n_heads, int he
   return size_t(total_q) * n_heads * bound * (size_t(head_dim) + 2) * sizeof(float);
 }
 
-int paged_decode_mma_version() { return mma_version(); }
-
-void paged_decode_set_mma_version(int version) {
-  RUNLM_CHECK((version >= 4 && version <= 9) || version == 11 || version == 12,
-              "paged_decode_set_mma_version: version=%d unsupported; supported: 4, 5, 6, 7, 8, 9, 11, 12", version);
-  g_mma_version.store(version, std::memory_order_relaxed);
+const char* decode_kernel_name(DecodeKernel k) {
+  switch (k) {
+    case DecodeKernel::Auto: return "auto";
+    case DecodeKernel::Simt: return "simt";
+    case DecodeKernel::MmaSm80: return "mma_sm80";
+    case DecodeKernel::MmaQuantSm80: return "mma_quant_sm80";
+    case DecodeKernel::MmaF16: return "mma_f16";
+    case DecodeKernel::TmaSm90: return "tma_sm90";
+    case DecodeKernel::ContiguousRope: return "contiguous_rope";
+  }
+  return "?";
 }
 
-int paged_decode_mma_version_for(const PagedDecodeParams& p) {
+bool decode_kernel_uses_tensor_cores(DecodeKernel k) {
+  return k != DecodeKernel::Simt && k != DecodeKernel::Auto && k != DecodeKernel::ContiguousRope;
+}
+
+DecodeKernelChoice select_decode_kernel(const PagedDecodeParams& p) {
   check_params(p);
-  if (use_plain_mma(p) || !use_mma(p)) return 0;
-  return mma_version_at(mma_version(), p);
+  return select(p, device_arch());
 }
 
-int paged_decode_f16_mma() { return f16_mma_mode(); }
+DecodeKernelChoice select_engine_decode_kernel(bool paged, const PagedDecodeParams& p) {
+  if (!paged)
+    return {DecodeKernel::ContiguousRope, "contiguous f16 cache: RoPE, K/V store and attention in one launch"};
+  return select_decode_kernel(p);
+}
 
-void paged_decode_set_f16_mma(int mode) {
-  RUNLM_CHECK(mode >= 0 && mode <= 3,
-              "paged_decode_set_f16_mma: mode=%d unsupported; supported: 0 (simt), 1 (mma), 2 (mma2), 3 (mma4)", mode);
-  g_f16_mode.store(mode, std::memory_order_relaxed);
+std::vector<DecodeKernel> decode_kernels_for(const PagedDecodeParams& p) {
+  check_params(p);
+  const DeviceArch arch = device_arch();
+  std::vector<DecodeKernel> out;
+  for (DecodeKernel k : {DecodeKernel::Simt, DecodeKernel::MmaSm80, DecodeKernel::MmaQuantSm80, DecodeKernel::MmaF16,
+                         DecodeKernel::TmaSm90})
+    if (kernel_runs(k, p, arch)) out.push_back(k);
+  return out;
 }
 
 bool paged_decode_uses_tensor_cores(const PagedDecodeParams& p) {
-  check_params(p);
-  return use_mma(p);
+  return decode_kernel_uses_tensor_cores(select_decode_kernel(p).kernel);
 }
 
-int paged_decode_auto_partition(const PagedDecodeParams& p) {
+int paged_decode_auto_partition(const PagedDecodeParams& p, DecodeKernel kernel) {
   check_params(p);
-  return make_plan(p, -1).partition_size;
+  return make_plan(p, -1, kernel).partition_size;
 }
 
 void paged_decode_attention(const PagedDecodeParams& p, void* workspace, size_t workspace_bytes, void* stream) {
@@ -793,10 +615,10 @@ void paged_decode_attention(const PagedDecodeParams& p, void* workspace, size_t 
 }
 
 void paged_decode_attention(const PagedDecodeParams& p, void* workspace, size_t workspace_bytes, void* stream,
-                            int partition_size) {
+                            int partition_size, DecodeKernel kernel) {
   check_params(p);
   if (p.n_seqs == 0 || p.total_q == 0) return;
-  const Plan pl = make_plan(p, partition_size);
+  const Plan pl = make_plan(p, partition_size, kernel);
   RUNLM_CHECK(pl.ws_bytes <= workspace_bytes && (pl.ws_bytes == 0 || workspace != nullptr),
               "paged_decode_attention: workspace of %zu bytes too small; this launch (partition_size=%d, %d "
               "partitions) needs %zu",
@@ -807,15 +629,11 @@ void paged_decode_attention(const PagedDecodeParams& p, void* workspace, size_t 
   float* ws_md = pl.partition_size > 0 ? ws_o + rows_total * pl.n_parts * p.kv.head_dim : nullptr;
   const dim3 grid(static_cast<unsigned>(pl.n_parts * pl.n_chunks),
                   static_cast<unsigned>(p.kv.n_kv_heads / pl.heads_per_cta), static_cast<unsigned>(p.n_seqs));
-  if (pl.v11) {
-    const MmaV11Maps maps = make_v11_maps(p.kv, 1);
-    pl.v11<<<grid, pl.threads, pl.smem_bytes, st>>>(p, maps, pl.partition_size, pl.n_chunks, ilog2(p.kv.block_size),
-                                                 ws_o, ws_md, pl.n_parts);
-  } else if (pl.v12) {
-    const MmaV11Maps maps = make_v11_maps(p.kv, kV12Heads);
-    pl.v12<<<grid, pl.threads, pl.smem_bytes, st>>>(p, maps, pl.partition_size, pl.n_chunks, ilog2(p.kv.block_size),
-                                                 pl.v12_stages, pl.v12_stages >= 3 ? v12_tiles_per_step() : 1, ws_o,
-                                                 ws_md, pl.n_parts);
+  if (pl.tma) {
+    const DecodeTmaMaps maps = make_tma_maps(p.kv);
+    pl.tma<<<grid, pl.threads, pl.smem_bytes, st>>>(p, maps, pl.partition_size, pl.n_chunks, ilog2(p.kv.block_size),
+                                                   pl.tma_stages, pl.tma_stages >= 3 ? 2 : 1, ws_o, ws_md,
+                                                   pl.n_parts);
   } else {
     pl.fn<<<grid, kThreads, pl.smem_bytes, st>>>(p, pl.partition_size, pl.n_chunks, ilog2(p.kv.block_size), ws_o,
                                                  ws_md, pl.n_parts);

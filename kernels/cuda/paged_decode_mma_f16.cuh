@@ -1,14 +1,13 @@
-// Version 10 of the paged decode: tensor cores for the plain pools (K and V
-// both f16, or both bf16), head_dim 64 and 128 (RUNLM_PAGED_DECODE_F16=mma,
-// mma2 or mma4, paged_decode_set_f16_mma; off by default: the SIMT kernel of
-// paged_attention.cuh runs these pools, and every other head_dim and the
-// mixed f16/bf16 pairs).
-// Version 7's loop and load scheme (paged_decode_mma_v7.cuh: same grid,
+// The tensor-core paged decode kernel for the plain pools (K and V both
+// f16, or both bf16), head_dim 64 and 128; the SIMT kernel
+// (paged_decode_simt.cuh) runs every other head_dim and the mixed f16/bf16
+// pairs.
+// The quantized-load kernel's loop and load scheme (paged_decode_mma_sm80.cuh: same grid,
 // SeqRange, split/combine, window, -1 pages, NaN rows, 8 rows a CTA, online
 // softmax, merge through shared memory) with nothing to convert: the loaded
 // 16-bit words are the mma operands.
 //
-// Why (NOTES.md, paged decode, "What limits it"): the SIMT kernel spends ~88
+// Why (docs/kernels.md, paged decode, "What limits it"): the SIMT kernel spends ~88
 // warp instructions a key and KV head (16 threads a key, butterfly
 // reductions, the softmax replicated over 16 lanes) and reaches 2906-2922
 // GB/s at B=64 L=8192 (0.95x cuDNN), latency / issue limited. Here a warp
@@ -52,7 +51,7 @@
 // at the 168 cap). kU = 1: a warp loads one tile, then computes it; mode
 // "mma" caps it for 3 CTAs an SM (12 warps, 96 KB in flight an SM while
 // they wait), "mma4" for 4 (16 warps, 128 KB). kU = 2 (mode "mma2"): 32
-// keys a warp step as version 7 (128 raw registers, 2 CTAs an SM, 8 warps x
+// keys a warp step as the quantized-load kernel (128 raw registers, 2 CTAs an SM, 8 warps x
 // 16 KB). hd 64 takes half of all that: kU = 2 at 4 CTAs an SM in every
 // mode. ptxas (CUDA 13.0), registers / spill bytes, f16 and bf16:
 //   sm_90a: hd 128 mma 144 / 148, mma2 210 / 210, mma4 128 / 126; hd 64
@@ -63,7 +62,7 @@
 // Instructions per warp and 16 keys (hd 128, f16), per lane:
 //   K: 8 LDG.128, 4 LDS.128 (q), 16 HMMA (8 k-steps x 2 n-tiles)    28
 //   V: 8 LDG.128, 32 PRMT (8 m-tiles x 4 registers), 8 HMMA          48
-//   softmax ~25 (version 4's: 4 EX2, max over 4 lanes, a vote), the
+//   softmax ~25 (the generic kernel's: 4 EX2, max over 4 lanes, a vote), the
 //   mask only on edge tiles; addresses and page table ~20            ~45
 // ~121 = ~7.6 per key and KV head, against ~88 for the SIMT kernel
 // (bf16: + 8 HMMA + ~6 for P's split: ~135). At B=64 L=8192 (4.19M
@@ -74,7 +73,7 @@
 
 #include <cuda_bf16.h>
 
-#include "cuda/paged_decode_mma.cuh"
+#include "cuda/paged_decode_mma_common.cuh"
 
 namespace runlm {
 namespace paged {
@@ -121,11 +120,11 @@ struct MmaPlain {
   }
 };
 
-// Version 10's placement of a plain head row (HD 16-bit values, HD / 8
+// The f16 kernel's placement of a plain head row (HD 16-bit values, HD / 8
 // chunks of 16 bytes) in the lanes.
 template <int HD>
 struct MmaPlainLayout {
-  static_assert(HD == 64 || HD == 128, "version 10: head_dim 64, 128");
+  static_assert(HD == 64 || HD == 128, "mma_f16: head_dim 64, 128");
   static constexpr int kSteps = HD / 16;       // QK k-steps = PV m-tiles
   static constexpr int kKLoads = HD / 32;      // 16-byte loads of lane t's quarter of a K row
   static constexpr int kKWords = 4 * kKLoads;  // = 2 kSteps
@@ -169,19 +168,19 @@ struct MmaPlainTileRaw {
   uint32_t vw[4][MmaPlainLayout<HD>::kVWords];
 };
 
-// grid, workspace and results as paged_decode_mma_kernel (version 4). Each
+// grid, workspace and results as paged_decode_mma_sm80_kernel. Each
 // warp walks kU 16-key tiles of every CTA step (kWarps x 16 kU keys), all
 // loads of a step issued before their first use; kMinCtas: CTAs an SM the
 // register cap allows (header comment).
 template <bool kBf16, int HD, int kU, int kMinCtas>
 __global__ void __launch_bounds__(kThreads, kMinCtas)
-    paged_decode_mma_plain_kernel(const __grid_constant__ PagedDecodeParams p, int partition_size, int n_chunks,
+    paged_decode_mma_f16_kernel(const __grid_constant__ PagedDecodeParams p, int partition_size, int n_chunks,
                                   int bs_shift, float* __restrict__ ws_o, float* __restrict__ ws_md, int ws_parts) {
   using L = MmaPlainLayout<HD>;
   using T = MmaPlain<kBf16>;
   constexpr int R = kMmaRows;
   constexpr int NS = HD / 16;  // k-steps of QK, m-tiles of PV
-  static_assert(kU == 1 || kU == 2, "version 10: 1 or 2 tiles a warp step");
+  static_assert(kU == 1 || kU == 2, "mma_f16: 1 or 2 tiles a warp step");
 
   __shared__ float s_m[kWarps][R], s_d[kWarps][R];
   __shared__ float s_o[kWarps][R][HD];
@@ -329,12 +328,11 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
   merge_warps_and_store<R, HD>(p, cta, partition_size, ws_o, ws_md, ws_parts, s_o, s_m, s_d);
 }
 
-// Version 10's kernel for a plain pool (k: F16 or BF16, V the same) at
-// head_dim hd (64, 128), mode 1 ("mma": 16 keys a warp step and 3 CTAs an
-// SM at hd 128), 2 ("mma2": 32 keys, 2 CTAs) or 3 ("mma4": 16 keys, 4
-// CTAs); hd 64 runs 32 keys at 4 CTAs in all. nullptr elsewhere
-// (inst/paged_decode_mma_plain.cu).
-KernelFn pick_mma_plain_kernel(KvType k, int head_dim, int mode);
+// The kernel for a plain pool (k: F16 or BF16, V the same) at head_dim hd
+// (64, 128): at 128, 16 keys a warp step at 4 CTAs an SM on sm_90 (the
+// fastest measured there) and 3 before (4 spills on sm_80); at 64, 32 keys
+// a warp step at 4 CTAs. nullptr elsewhere (inst/paged_decode_mma_f16.cu).
+KernelFn pick_mma_f16_kernel(KvType k, int head_dim, bool sm90);
 
 }  // namespace paged
 }  // namespace runlm

@@ -1,6 +1,6 @@
 // libFuzzer target: the GGUF reader and everything that reads a GGUF before
 // inference runs: GgufFile::from_memory, every typed metadata getter, the
-// model config (models/llama.cpp), the tokenizer built from tokenizer.ggml.*,
+// model config (models/llama_arch.cpp), the tokenizer built from tokenizer.ggml.*,
 // the weight views (Model::from_gguf), and one short forward pass of the CPU
 // engine on whatever model survives all of that. A runlm::Error is a correct
 // rejection; anything else (a sanitizer report, another exception, a huge

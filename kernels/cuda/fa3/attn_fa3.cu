@@ -7,16 +7,12 @@
 // registers overlapped with the previous tile's P V (intra-warpgroup
 // overlap), deferred normalisation, direct stores. A static persistent
 // scheduler hands out query blocks heaviest-first.
-// Versions (NOTES.md): v1 serial per warpgroup; v2 intra-warpgroup overlap
-// (+ ping-pong, measured slower and switched off); v3 per-warp barrier
-// release, stages sized to shared memory; v4 no S zeroing; v5 (this,
-// session 8) O rescaled in FA3's order, while S's GEMM runs (measured d128
-// 8k: +0.8% non-causal, +1.6% causal). RUNLM_FA3_VARIANT (d128 contiguous
-// only, see fa3_env_variant below) selects v4's order and ping-pong.
+// Per-warp barrier release, stages sized to shared memory, no S zeroing,
+// and O rescaled in FA3's order while S's GEMM runs (mainloop.cuh).
 // Paged K/V (attention.h) is a separate instantiation (kPaged): the K/V
 // tensor maps span the pool and the producer warp assembles each tile from
 // one TMA box per page run (mainloop.cuh); the contiguous kernel is unchanged.
-// Typed pools (issue 7: bf16 / q8_0 / q4_0 / fp8 K or V under f16 attention)
+// Typed pools (bf16 / q8_0 / q4_0 / fp8 K or V under f16 attention)
 // are not read here: TMA copies raw tiles straight into the wgmma layout, so
 // dequantizing would need a converting stage between producer and consumers.
 // The table refuses them (kv_types = false, attention.cpp) and the engine
@@ -26,18 +22,16 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <numeric>
-#include <string>
 
 #include "cuda/attn_kernels.h"
 #include "cuda/common.cuh"
 #include "cuda/fa3/epilogue.cuh"
 #include "cuda/fa3/kernel_traits.cuh"
 #include "cuda/fa3/mainloop.cuh"
-#include "cuda/fa3/sm90.cuh"
+#include "cuda/sm90.cuh"
 #include "cuda/fa3/softmax.cuh"
 #include "cuda/fa3/tile_scheduler.cuh"
 #include "cuda/tensor_map.h"
@@ -47,13 +41,13 @@ namespace runlm {
 namespace {
 
 using namespace fa3;
+using namespace sm90;
 
-// kRescaleOverlap, kPingPong: the opt-in variants (consumer_mma_block).
-template <typename T, int D, int BN, bool kPaged, bool kRescaleOverlap, bool kPingPong>
+template <typename T, int D, int BN, bool kPaged>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_fa3_fwd(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                  const __grid_constant__ CUtensorMap tmV, const Args a) {
-#if RUNLM_FA3_DEVICE
+#if RUNLM_SM90_DEVICE
   using L = Layout<D, BN>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
@@ -97,10 +91,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     regs_alloc<kPaged ? kConsumerRegsPaged : kConsumerRegs>();
     const int wgc = wg - 1;
-    // Ping-pong: warpgroup 0 takes the first turn; warpgroup 0 takes one
-    // extra turn at the end so both barriers end with no pending arrivals.
-    const PingPong<kPingPong> pp{wgc};
-    if (wgc == 1) pp.pass_turn();
     PipeState pipe;
     int q_iter = 0;
     for (int t = sched.get_initial_work(); sched.valid(t); t = sched.get_next_work(t)) {
@@ -113,12 +103,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       OnlineSoftmax<L::BN> sm;
       sm.init();
       if (r.t_lo < r.t_hi) {
-        consumer_mma_block<T, D, BN, kPaged, kRescaleOverlap, kPingPong>(base, a, r, wgc, q_iter, pipe, o, sm);
+        consumer_mma_block<T, D, BN, kPaged>(base, a, r, wgc, q_iter, pipe, o, sm);
         ++q_iter;
       }
       epilogue_store<T, D, L::BN>(a, r, w.head, wgc, o, sm);
     }
-    if (wgc == 0) pp.wait_turn();
   }
 #endif
 }
@@ -147,17 +136,10 @@ CUtensorMap make_tmap(const void* ptr, DType dt, int rows, int heads, int d, int
 // heaviest-first) balanced the triangles best, measured at d128 16k
 // (616 TFLOP/s against 570 with L2-sized groups and 449 with one pair a
 // group) and d256 8k-16k; shorter causal and every non-causal shape ran
-// faster in L2-sized groups (NOTES.md, "fa3 tile order").
-// RUNLM_FA3_SCHED=lpt|head forces one group of all / one pair a group.
+// faster in L2-sized groups (docs/kernels.md).
 int choose_heads_per_group(int n_heads, int n_kv_heads, int batch, int max_seqlen_k, int head_dim, bool causal,
                            int n_m_blocks) {
   const int n_hb = n_heads * batch;
-  static const std::string forced = [] {  // read once, not per launch
-    const char* e = std::getenv("RUNLM_FA3_SCHED");
-    return std::string(e ? e : "");
-  }();
-  if (forced == "lpt") return n_hb;
-  if (forced == "head") return 1;
   if (causal && n_m_blocks >= 64) return n_hb;
   constexpr double kBudget = 24.0 * (1 << 20);
   const double kv_bytes = 2.0 * 2.0 * max_seqlen_k * head_dim;  // K and V of one KV head, 2-byte elements
@@ -166,7 +148,7 @@ int choose_heads_per_group(int n_heads, int n_kv_heads, int batch, int max_seqle
   return static_cast<int>(std::min<int64_t>(n_hb, std::max<int64_t>(1, g)));
 }
 
-template <typename T, int D, int BN, bool kPaged, bool kRescaleOverlap = true, bool kPingPong = false>
+template <typename T, int D, int BN, bool kPaged>
 void launch_fa3(const AttnParams& p) {
   using L = Layout<D, BN>;
   if (p.max_seqlen_q == 0) return;
@@ -201,13 +183,9 @@ void launch_fa3(const AttnParams& p) {
   a.batch = p.batch;
   a.heads_per_group =
       choose_heads_per_group(p.n_heads, p.n_kv_heads, p.batch, p.max_seqlen_k, D, p.causal, a.n_m_blocks);
-  static const bool snake = [] {  // read once, not per launch
-    const char* e = std::getenv("RUNLM_FA3_SNAKE");
-    return !(e && std::string(e) == "0");
-  }();
   // Only where tile costs differ (causal, several query blocks): elsewhere
   // the order is a permutation of equal tiles and keeps the plain stride.
-  a.snake = snake && p.causal && a.n_m_blocks > 1;
+  a.snake = p.causal && a.n_m_blocks > 1;
   a.block_tables = p.block_tables;
   a.max_blocks_per_seq = p.max_blocks_per_seq;
   a.log2_bs = log2_bs;
@@ -219,79 +197,23 @@ void launch_fa3(const AttnParams& p) {
   cudaCheck(cudaGetDevice(&dev));
   cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   const int grid = int(tiles < sms ? tiles : sms);
-  const auto kernel = attn_fa3_fwd<T, D, BN, kPaged, kRescaleOverlap, kPingPong>;
+  const auto kernel = attn_fa3_fwd<T, D, BN, kPaged>;
   cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(L::kAlloc)));
   kernel<<<grid, kThreads, L::kAlloc, static_cast<cudaStream_t>(p.stream)>>>(tq, tk, tv, a);
   cudaCheckLaunch();
-}
-
-// RUNLM_FA3_BN=128|176 forces d128's key tile (benchmarking; default 176,
-// DefaultBN). 0 when unset.
-int fa3_bn_override() {
-  static const int bn = [] {
-    const char* e = std::getenv("RUNLM_FA3_BN");
-    if (!e || !*e) return 0;
-    const std::string s(e);
-    RUNLM_CHECK(s == "128" || s == "176", "fa3: RUNLM_FA3_BN=%s unsupported; supported: 128, 176", e);
-    return std::stoi(s);
-  }();
-  return bn;
-}
-
-// RUNLM_FA3_VARIANT selects a d128 kernel variant with BN 128 (benchmarking,
-// like RUNLM_FA3_BN; unset: the default kernel, BN 176 in FA3's order):
-// 1 = O rescaled in FA3's order, overlapping S's GEMM (the default's
-// loop), 0 = v4's order (O rescaled after P V), 2 = ping-pong between the
-// consumer warpgroups in v4's order, 3 = ping-pong in FA3's order
-// (mainloop.cuh, consumer_mma_block; ping-pong measured 2-6% slower in
-// session 8, so it stays off). Read once, at the first launch that can use
-// it; another value fails there. attn_fa3_set_variant overrides it (tests).
-// The variants are compiled for head_dim 128, contiguous K/V only (bf16
-// and f16), to keep the build short: elsewhere (head_dim 64/256, paged K/V)
-// the default kernel runs whatever the variable says. Silently, unlike
-// user-visible options, because this is a tuning switch whose every
-// variant computes the same attention.
-std::atomic<int> g_variant_override{-1};
-
-int fa3_env_variant() {
-  static const int v = [] {
-    const char* e = std::getenv("RUNLM_FA3_VARIANT");
-    if (!e || !*e) return -1;
-    const std::string s(e);
-    RUNLM_CHECK(s.size() == 1 && s[0] >= '0' && s[0] <= '3', "fa3: RUNLM_FA3_VARIANT=%s unknown; supported: 0..3",
-                e);
-    return s[0] - '0';
-  }();
-  return v;
-}
-
-int fa3_variant() {
-  const int v = g_variant_override.load(std::memory_order_relaxed);
-  return v >= 0 ? v : fa3_env_variant();  // -1: the default kernel
 }
 
 template <typename T, bool kPaged>
 void launch_fa3_paged(const AttnParams& p) {
   switch (p.head_dim) {
     case 64: return launch_fa3<T, 64, DefaultBN<64>::value, kPaged>(p);
-    case 128: {
-      if constexpr (!kPaged) {
-        switch (fa3_variant()) {
-          case 0: return launch_fa3<T, 128, 128, false, false, false>(p);
-          case 1: return launch_fa3<T, 128, 128, false, true, false>(p);
-          case 2: return launch_fa3<T, 128, 128, false, false, true>(p);
-          case 3: return launch_fa3<T, 128, 128, false, true, true>(p);
-          default: break;
-        }
-      }
+    case 128:
       // Causal problems of < 4096 keys keep 128-key tiles: there the wider
       // tile's extra masked work on the diagonal costs more than it saves
-      // (session 8: causal 512 / 1024 keys 202.9 / 311.1 TFLOP/s at 176
-      // against 228.1 / 333.1 at 128; 2048 even; 4096+ 176 wins by 3%).
-      const int bn = fa3_bn_override() ? fa3_bn_override() : (p.causal && p.max_seqlen_k < 4096 ? 128 : 176);
-      if (bn == 128) return launch_fa3<T, 128, 128, kPaged>(p);
+      // (H100: causal 512 / 1024 keys 202.9 / 311.1 TFLOP/s at 176 against
+      // 228.1 / 333.1 at 128; 2048 even; 4096+ 176 wins by 3%).
+      if (p.causal && p.max_seqlen_k < 4096) return launch_fa3<T, 128, 128, kPaged>(p);
       return launch_fa3<T, 128, DefaultBN<128>::value, kPaged>(p);
-    }
     case 256: return launch_fa3<T, 256, DefaultBN<256>::value, kPaged>(p);
     default: fail("fa3: head_dim=%d unsupported; supported: head_dim {64,128,256}", p.head_dim);
   }
@@ -306,14 +228,6 @@ void launch_fa3_typed(const AttnParams& p) {
 }
 
 }  // namespace
-
-void attn_fa3_set_variant(int variant) {
-  RUNLM_CHECK(variant >= -1 && variant <= 3, "fa3: variant %d unknown; supported: -1 (RUNLM_FA3_VARIANT), 0..3",
-              variant);
-  g_variant_override.store(variant, std::memory_order_relaxed);
-}
-
-int attn_fa3_variant() { return fa3_variant(); }
 
 void attn_fa3_launch(const AttnParams& p) {
   if (p.dtype == DType::BF16)

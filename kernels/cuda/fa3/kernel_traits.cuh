@@ -25,17 +25,10 @@ constexpr int kConsumerRegs = 240;  // ...so consumers get 240: 24*128 + 240*256
 constexpr int kProducerRegsPaged = 32;
 constexpr int kConsumerRegsPaged = 232;
 
-// Ping-pong between the consumer warpgroups (mainloop.cuh) is a kernel
-// template parameter, off in the default kernel: it measured slower than
-// intra-warpgroup overlap alone on H100 in session 1 (d128 16k: 585 vs 623
-// TFLOP/s non-causal) and again on session 8's loop (2-6% at d128 8k-16k).
-// RUNLM_FA3_VARIANT (attn_fa3.cu) turns it on for d128 contiguous K/V.
-
 // Key-tile width per head dim. d128: 176 (FA3's choice for non-causal;
-// measured in session 8 with the FA3-order rescale: +2-5% over 128 at
-// 2k-16k, causal from 4k too; 2 K/V stages fit), except causal problems
-// of < 4096 keys (launch_fa3_paged); RUNLM_FA3_BN=128|176 forces one
-// (benchmarking).
+// measured on H100 with the FA3-order rescale: +2-5% over 128 at 2k-16k,
+// causal from 4k too; 2 K/V stages fit), except causal problems of < 4096
+// keys (launch_fa3_paged).
 template <int D>
 struct DefaultBN;
 template <>

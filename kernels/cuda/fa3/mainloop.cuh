@@ -17,12 +17,14 @@
 #pragma once
 
 #include "cuda/fa3/kernel_traits.cuh"
-#include "cuda/fa3/sm90.cuh"
+#include "cuda/sm90.cuh"
 #include "cuda/fa3/softmax.cuh"
 #include "cuda/fa3/wgmma.cuh"
 
 namespace runlm {
 namespace fa3 {
+
+using namespace sm90;
 
 struct PipeState {
   int count = 0;  // K/V tiles handed through the ring so far
@@ -144,7 +146,7 @@ __device__ __forceinline__ void producer_load_block_paged(uint32_t base, const v
 }
 
 // Named barrier of the two consumer warpgroups in zero_v_tail (0 is
-// __syncthreads, 1 and 2 the ping-pong turns).
+// __syncthreads).
 constexpr int kZeroVBar = 3;
 
 // Paged K/V only, before the last tile's P V: rows [valid, BN) of that V
@@ -189,28 +191,6 @@ __device__ __forceinline__ void apply_mask(float (&s)[BN / 2], const Args& a, co
   }
 }
 
-// Ping-pong between the two consumer warpgroups (FA3 section 3.1): a
-// warpgroup issues its GEMMs only on its turn, then hands the turn over, so
-// one group's softmax runs while the other's GEMMs occupy the tensor cores.
-// Named barrier 1 + c is warpgroup c's turn: it syncs there (128 threads)
-// and the other group arrives there (128 threads). Turns alternate strictly
-// (a group passes only after its own wait, which needs the other's pass),
-// so a barrier never sees two arrivals of one group in one phase. Balance:
-// barrier 1 gets 1 (warpgroup 1's opening pass) + n1 arrivals and n0 + 1
-// syncs (warpgroup 0's closing extra wait, attn_fa3_fwd); barrier 2 gets n0
-// arrivals and n1 syncs; n0 = n1 (same blocks, same turns per block), so
-// both end with no pending arrival. kOn = false compiles to nothing.
-template <bool kOn>
-struct PingPong {
-  int wgc;
-  __device__ __forceinline__ void wait_turn() const {
-    if constexpr (kOn) named_bar_sync(1 + wgc, 2 * 128);
-  }
-  __device__ __forceinline__ void pass_turn() const {
-    if constexpr (kOn) named_bar_arrive(1 + (1 - wgc), 2 * 128);
-  }
-};
-
 // One arrival per consumer warp (the barriers count warps, not threads).
 __device__ __forceinline__ void consumer_release(uint32_t bar) {
   if ((threadIdx.x & 31) == 0) mbar_arrive(bar);
@@ -233,34 +213,23 @@ __device__ __forceinline__ void fence_regs_u32(uint32_t (&r)[N][4]) {
 // read by the asynchronous wgmma, so they are pinned (fence_regs_u32) until
 // its wait.
 //
-// Where O is rescaled (kRescaleOverlap; on by default since session 8,
-// RUNLM_FA3_VARIANT=0 or 2 turns it off at head_dim 128):
-// - off (v4): after P V_{t-1} has completed, by tile t's
-//   factor: O = corr_t * (O + P_{t-1} V_{t-1}). The 64 FMULs sit between
-//   the GEMM's wait and the next iteration's issue, on the critical path.
-// - on (FlashAttention-3's order, RescaleOBeforeGemm): by tile t-1's
-//   factor, after S_t's GEMM is issued and before P V_{t-1} is:
-//   O = corr_{t-1} * O + P_{t-1} V_{t-1}. At that point P V_{t-2} has
-//   retired (previous iteration's wait<0>) and P V_{t-1} is not issued, so
-//   no wgmma reads or writes O and the FMULs run while the tensor cores
-//   compute S_t. corr is carried to the next iteration (and to the loop's
-//   epilogue, which rescales before the last P V). The prologue's factor
-//   (exp2(-inf) = 0, never NaN) multiplies the all-zero O. Same products in
-//   real arithmetic; float rounding differs (scale-then-add vs add-then-scale).
+// O is rescaled in FlashAttention-3's order (RescaleOBeforeGemm): by tile
+// t-1's factor, after S_t's GEMM is issued and before P V_{t-1} is:
+// O = corr_{t-1} * O + P_{t-1} V_{t-1}. At that point P V_{t-2} has retired
+// (previous iteration's wait<0>) and P V_{t-1} is not issued, so no wgmma
+// reads or writes O and the FMULs run while the tensor cores compute S_t
+// (rescaling after P V_{t-1} completes would put them on the critical path
+// between the GEMM's wait and the next issue). corr is carried to the next
+// iteration (and to the loop's epilogue, which rescales before the last
+// P V). The prologue's factor (exp2(-inf) = 0, never NaN) multiplies the
+// all-zero O.
 //
-// Ping-pong (kPingPong, opt-in, RUNLM_FA3_VARIANT bit 1): see PingPong. Both
-// consumer warpgroups of a CTA take the same number of turns per block
-// (t_hi - t_lo + 1: prologue, loop, epilogue), since the tile range is per
-// block and both skip the same blocks (t_lo >= t_hi, invalid), which keeps
-// the alternation balanced through the persistent loop. A turn never waits
-// for anything that needs the other warpgroup's turn: the K_t / V_{t-1}
-// waits inside or before it are for tiles the producer issued before K_t,
-// which this warpgroup already saw land; zero_v_tail's barrier (paged) is
-// met by the other warpgroup after its previous turn, which it already has.
-template <typename T, int D, int BN, bool kPaged, bool kRescaleOverlap, bool kPingPong>
+// Ping-pong between the consumer warpgroups (FA3 section 3.1) measured
+// slower than intra-warpgroup overlap alone on H100 (d128 16k: 585 vs 623
+// TFLOP/s non-causal; 2-6% at d128 8k-16k with this loop) and is not used.
+template <typename T, int D, int BN, bool kPaged>
 __device__ __forceinline__ void consumer_mma_block(uint32_t base, const Args& a, const TileRange& r, int wgc, int q_iter,
                                                    PipeState& pipe, float (&o)[D / 2], OnlineSoftmax<BN>& sm) {
-  const PingPong<kPingPong> pp{wgc};
   using L = Layout<D, BN>;
   constexpr int BM = L::BM;
   constexpr bool kBf16 = ElemTraits<T>::kIsBf16;
@@ -333,13 +302,11 @@ __device__ __forceinline__ void consumer_mma_block(uint32_t base, const Args& a,
   int prev = pipe.slot<L::kStages>();
   uint32_t prev_ph = pipe.phase<L::kStages>();
   mbar_wait(L::k_full(base, prev), prev_ph);
-  pp.wait_turn();
   issue_qk(prev);
-  pp.pass_turn();
   wgmma_wait<0>();
   fence_regs(sacc);
   consumer_release(L::k_empty(base, prev));  // this thread's wgmma reads of K are done
-  float corr[2];                             // kRescaleOverlap: the factor of the last softmax, not yet applied
+  float corr[2];                             // the factor of the last softmax, not yet applied
   softmax_tile(r.t_lo, corr);
   pack_p();
   ++pipe.count;
@@ -348,16 +315,11 @@ __device__ __forceinline__ void consumer_mma_block(uint32_t base, const Args& a,
     const int s = pipe.slot<L::kStages>();
     const uint32_t ph = pipe.phase<L::kStages>();
     mbar_wait(L::k_full(base, s), ph);
-    if constexpr (!kRescaleOverlap) mbar_wait(L::v_full(base, prev), prev_ph);
-    pp.wait_turn();
     issue_qk(s);                           // S_t = Q K_t^T
-    if constexpr (kRescaleOverlap) {
-      fence_regs(o);                       // the FMULs come after S_t's issue (they overlap it)...
-      rescale_o(corr);                     // ...O by tile t-1's factor; no wgmma touches O now
-      mbar_wait(L::v_full(base, prev), prev_ph);
-    }
+    fence_regs(o);                         // the FMULs come after S_t's issue (they overlap it)...
+    rescale_o(corr);                       // ...O by tile t-1's factor; no wgmma touches O now
+    mbar_wait(L::v_full(base, prev), prev_ph);
     issue_pv(prev);                        // O += P_{t-1} V_{t-1} (its fence orders the FMULs first)
-    pp.pass_turn();
     wgmma_wait<1>();                       // groups retire in order: S_t is ready
     fence_regs(sacc);
     consumer_release(L::k_empty(base, s));
@@ -366,19 +328,16 @@ __device__ __forceinline__ void consumer_mma_block(uint32_t base, const Args& a,
     fence_regs(o);
     fence_regs_u32(p);                     // P was read by that GEMM until here
     consumer_release(L::v_empty(base, prev));
-    if constexpr (!kRescaleOverlap) rescale_o(corr);
     pack_p();
     prev = s;
     prev_ph = ph;
   }
 
   // Epilogue of the loop: the last tile's P V.
-  if constexpr (kRescaleOverlap) rescale_o(corr);  // P V_{t_hi-2} has retired: O to the last tile's max
+  rescale_o(corr);  // P V_{t_hi-2} has retired: O to the last tile's max
   mbar_wait(L::v_full(base, prev), prev_ph);
   if constexpr (kPaged) zero_v_tail<D, BN>(base + L::kV + prev * L::kKVBytes, r.sk - (r.t_hi - 1) * BN);
-  pp.wait_turn();
   issue_pv(prev);
-  pp.pass_turn();
   wgmma_wait<0>();
   fence_regs(o);
   fence_regs_u32(p);

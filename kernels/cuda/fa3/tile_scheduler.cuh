@@ -29,11 +29,11 @@ struct StaticTileScheduler {
   // of all pairs is plain heaviest-first (LPT) order, which balances the
   // causal triangle best but has every resident CTA on a different head,
   // so at long sequences their K/V (32 heads x 4 MB at 8k, d128) overflow
-  // the 50 MB L2 and are re-read from DRAM (NOTES.md: DRAM 51% busy for a
+  // the 50 MB L2 and are re-read from DRAM (docs/kernels.md: DRAM 51% busy for a
   // 268 MB problem). Groups sized so their K/V fit in part of L2 keep the
   // reuse and still balance inside each group (choose_heads_per_group).
   int heads_per_group;
-  bool snake;  // alternate the direction of every other round (RUNLM_FA3_SNAKE=0: off, for comparison)
+  bool snake;  // alternate the direction of every other round
 
   __device__ __forceinline__ int num_tiles() const { return n_m_blocks * n_heads * batch; }
   __device__ __forceinline__ int get_initial_work() const { return blockIdx.x; }

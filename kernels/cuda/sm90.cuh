@@ -1,20 +1,21 @@
-// Hopper (sm_90a) primitives for fa3, raw PTX: mbarriers, TMA tensor loads,
-// wgmma fences and shared-memory matrix descriptors, register reallocation.
-// Only compiled into device code for sm_90a (see RUNLM_FA3_DEVICE).
+// Hopper (sm_90a) primitives, raw PTX: mbarriers, TMA tensor loads, wgmma
+// fences and shared-memory matrix descriptors, register reallocation. Used
+// by fa3, the TMA paged decode kernel and the wgmma quantized GEMMs. Only
+// compiled into device code for sm_90a (see RUNLM_SM90_DEVICE).
 #pragma once
 
 #include <cstdint>
 
 // True in the sm_90a device pass, where wgmma/setmaxnreg exist; the sm_80
-// pass compiles fa3's kernel to an empty body.
+// pass compiles the sm_90a kernels to empty bodies.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define RUNLM_FA3_DEVICE 1
+#define RUNLM_SM90_DEVICE 1
 #else
-#define RUNLM_FA3_DEVICE 0
+#define RUNLM_SM90_DEVICE 0
 #endif
 
 namespace runlm {
-namespace fa3 {
+namespace sm90 {
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -65,7 +66,7 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* tmap, uint
       "l"(tmap), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
 }
-// 4-D tile load (paged decode version 12: [dim0 = a head's row bytes, dim1 =
+// 4-D tile load (the TMA paged decode kernel: [dim0 = a head's row bytes, dim1 =
 // slot, dim2 = KV head, dim3 = page]).
 __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void* tmap, uint32_t bar, int c0, int c1, int c2,
                                             int c3) {
@@ -75,7 +76,7 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void* tmap, uint
       "l"(tmap), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
       : "memory");
 }
-// 2-D tile load [dim0 = column, dim1 = row] (gemm_q_mma's version 5 x tiles).
+// 2-D tile load [dim0 = column, dim1 = row].
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, uint32_t bar, int c0, int c1) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::
@@ -141,5 +142,5 @@ __device__ __forceinline__ void regs_alloc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-}  // namespace fa3
+}  // namespace sm90
 }  // namespace runlm

@@ -4,6 +4,7 @@
 // Llama 1/2 differ only in shape, so all share this graph.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -39,6 +40,8 @@ struct ModelConfig {
   bool layer_uses_window(int layer) const { return swa_layers.empty() || swa_layers[size_t(layer)] != 0; }
   int q_dim() const { return n_heads * head_dim; }
   int kv_dim() const { return n_kv_heads * head_dim; }
+  // The softmax scale of attention, 1 / sqrt(head_dim): every engine's.
+  float attn_scale() const { return 1.0f / std::sqrt(static_cast<float>(head_dim)); }
 };
 
 // Reads and validates the hyperparameters; an unknown architecture or a

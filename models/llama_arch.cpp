@@ -1,4 +1,4 @@
-#include "llama.h"
+#include "llama_arch.h"
 
 #include <cmath>
 #include <cstdint>

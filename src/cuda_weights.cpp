@@ -1,0 +1,67 @@
+#ifdef RUNLM_CUDA
+
+#include "cuda_weights.h"
+
+#include <cstring>
+
+#include "ops.h"
+
+namespace runlm {
+
+namespace {
+
+// Uploads w as a rows x cols matrix, zero-padded where it is smaller. The
+// feed-forward width is padded to a multiple of 8 (the GPU layout of plain
+// float types needs it): the extra gate/up rows give silu(0) * 0 = 0 and the
+// extra down columns multiply those zeros, so the result is exact.
+gpu::GpuMatrix upload_padded(const WeightView& w, int64_t rows, int64_t cols) {
+  if (rows == w.ne1 && cols == w.ne0) return gpu::upload_matrix(qmatrix(w));
+  const size_t row_bytes = dtype_row_bytes(w.type, cols);
+  std::vector<uint8_t> buf(row_bytes * static_cast<size_t>(rows), 0);  // zero bits are 0.0 in every plain type
+  for (int64_t r = 0; r < w.ne1; ++r) std::memcpy(buf.data() + r * row_bytes, w.row(r), w.row_bytes);
+  return gpu::upload_matrix(QMatrix{w.type, buf.data(), row_bytes, cols, rows});
+}
+
+void upload_vector_into(const WeightView& v, DeviceBuffer<float>& dst) {
+  std::vector<float> host(static_cast<size_t>(v.ne0));
+  get_row(qmatrix(v), 0, host.data());
+  dst.allocate(host.size());
+  check(cudaMemcpy(dst.get(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice), "upload");
+}
+
+}  // namespace
+
+void upload_gpu_weights(const Model& model, GpuWeights& gw) {
+  const ModelConfig& cfg = model.config();
+  const ModelWeights& w = model.weights();
+  gw.hidden = padded_hidden(cfg);
+  gw.tok_embd = gpu::upload_matrix(qmatrix(w.tok_embd));
+  gw.output = cfg.tied_embeddings ? gw.tok_embd : gpu::upload_matrix(qmatrix(w.output));
+  upload_vector_into(w.output_norm, gw.output_norm);
+  gw.layers.resize(cfg.n_layers);
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    const LayerWeights& lw = w.layers[l];
+    GpuLayer& g = gw.layers[l];
+    g.wq = gpu::upload_matrix(qmatrix(lw.wq));
+    g.wk = gpu::upload_matrix(qmatrix(lw.wk));
+    g.wv = gpu::upload_matrix(qmatrix(lw.wv));
+    g.wo = gpu::upload_matrix(qmatrix(lw.wo));
+    g.w_gate = upload_padded(lw.w_gate, gw.hidden, lw.w_gate.ne0);
+    g.w_up = upload_padded(lw.w_up, gw.hidden, lw.w_up.ne0);
+    g.w_down = upload_padded(lw.w_down, lw.w_down.ne1, gw.hidden);
+    upload_vector_into(lw.attn_norm, g.attn_norm);
+    upload_vector_into(lw.ffn_norm, g.ffn_norm);
+  }
+}
+
+void free_gpu_weights(GpuWeights& w, bool tied_embeddings) {
+  for (auto& l : w.layers)
+    for (gpu::GpuMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) gpu::free_matrix(*m);
+  gpu::free_matrix(w.tok_embd);
+  if (!tied_embeddings) gpu::free_matrix(w.output);
+  w.output = gpu::GpuMatrix{};  // tied: the same allocation as tok_embd
+}
+
+}  // namespace runlm
+
+#endif  // RUNLM_CUDA

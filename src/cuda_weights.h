@@ -1,0 +1,48 @@
+// The CUDA engine's weights on the device: each matrix uploaded once in its
+// GGUF type (repacked for 16-byte loads, kernels/cuda/gpu_ops.h), the norms
+// as f32, the feed-forward width padded to a multiple of 8.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "cuda/gpu_ops.h"
+#include "cuda_device_buffer.h"
+#include "model.h"
+
+namespace runlm {
+
+// Projections of one x that run as one batched GEMM (gpu::gemm_batched):
+// where their n weight, n x and n y pointers start in the engine's pointer
+// table; n = 0 when the matrices do not qualify (then one gemm each).
+struct GemmGroup {
+  size_t at = 0;
+  int n = 0;
+  int64_t rows = 0, cols = 0;
+};
+
+struct GpuLayer {
+  gpu::GpuMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
+  DeviceBuffer<float> attn_norm, ffn_norm;
+  GemmGroup qkv, kv, gate_up;  // kv: when q's shape differs (GQA)
+};
+
+// The feed-forward width the GPU uses: a multiple of 8 (see upload_padded).
+inline int64_t padded_hidden(const ModelConfig& c) { return (c.hidden_dim + 7) / 8 * 8; }
+
+struct GpuWeights {
+  int64_t hidden = 0;  // feed-forward width on the GPU (padded_hidden)
+  gpu::GpuMatrix tok_embd, output;  // output is tok_embd for tied embeddings
+  DeviceBuffer<float> output_norm;
+  std::vector<GpuLayer> layers;
+};
+
+// The host view of a GGUF weight as the upload takes it.
+inline QMatrix qmatrix(const WeightView& w) { return QMatrix{w.type, w.data, w.row_bytes, w.ne0, w.ne1}; }
+
+// Uploads every weight of the model into gw. Throws when the device runs out
+// of memory; what was uploaded so far stays in gw, for free_gpu_weights.
+void upload_gpu_weights(const Model& model, GpuWeights& gw);
+void free_gpu_weights(GpuWeights& w, bool tied_embeddings);
+
+}  // namespace runlm
