@@ -9,15 +9,15 @@
 
 namespace runlm {
 
-ChatSession::ChatSession(Engine& engine, const Tokenizer& tokenizer, Sampler& sampler, std::string template_name,
-                         std::string system_prompt)
-    : engine_(engine), tok_(tokenizer), sampler_(sampler), template_(std::move(template_name)),
+ChatSession::ChatSession(Engine& engine, const Tokenizer& tokenizer, Sampler& sampler,
+                         const ChatTemplate& chat_template, std::string system_prompt)
+    : engine_(engine), tok_(tokenizer), sampler_(sampler), template_(chat_template),
       system_(std::move(system_prompt)) {
-  end_marker_ = chat_template_end_marker(template_);
-  // Where the end marker is one token of the vocabulary, stop on its id;
-  // otherwise the text is watched for it.
-  const int id = tok_.piece_to_id(end_marker_);
-  if (id >= 0 && id != tok_.eos()) stop_tokens_.push_back(id);
+  template_.check_system_prompt(system_);
+  // End-of-turn tokens of the vocabulary stop on their ids; their texts are
+  // also watched for in the reply (a vocabulary without them spells them).
+  end_markers_ = chat_end_markers(tok_);
+  stop_tokens_ = chat_stop_tokens(tok_);
   reset();
 }
 
@@ -29,13 +29,10 @@ void ChatSession::reset() {
 }
 
 std::vector<int> ChatSession::render_prompt() const {
-  const std::string bos_text = tok_.id_to_piece(tok_.bos());
-  const std::string eos_text = tok_.id_to_piece(tok_.eos());
-  const std::string text = chat_template_apply(template_, messages_, /*add_generation_prompt=*/true, bos_text, eos_text);
-  // Templates that write the BOS text themselves get it as a token through
-  // parse_special; the others get BOS prepended, as llama.cpp does.
-  const bool starts_with_bos = text.rfind(bos_text, 0) == 0;
-  return tok_.encode(text, /*add_bos=*/!starts_with_bos, /*parse_special=*/true);
+  const RenderedPrompt prompt = template_.apply(messages_, /*add_generation_prompt=*/true);
+  std::vector<int> tokens = tokenize_prompt(tok_, prompt);
+  if (observer_) observer_(prompt.text, tokens.size());
+  return tokens;
 }
 
 GenerationResult ChatSession::reply(const std::string& user_text, int n_predict,
@@ -63,19 +60,21 @@ GenerationResult ChatSession::reply(const std::string& user_text, int n_predict,
   size_t shown = 0;  // text already passed to on_text
   GenerationResult r = generate(engine_, sampler_, tok_, req, [&](int, const std::string& piece) {
     text += piece;
-    const size_t at = text.find(end_marker_);
+    size_t at = std::string::npos;
+    for (const std::string& m : end_markers_) at = std::min(at, text.find(m));
     if (at != std::string::npos) {
       text.resize(at);
       if (on_text && text.size() > shown) on_text(text.substr(shown));
       return false;
     }
-    // Hold back a tail that could be the start of the end marker.
+    // Hold back a tail that could be the start of an end marker.
     size_t hold = 0;
-    for (size_t k = std::min(end_marker_.size() - 1, text.size()); k > 0; --k)
-      if (text.compare(text.size() - k, k, end_marker_, 0, k) == 0) {
-        hold = k;
-        break;
-      }
+    for (const std::string& m : end_markers_)
+      for (size_t k = std::min(m.size() - 1, text.size()); k > hold; --k)
+        if (text.compare(text.size() - k, k, m, 0, k) == 0) {
+          hold = k;
+          break;
+        }
     if (on_text && text.size() - hold > shown) {
       on_text(text.substr(shown, text.size() - hold - shown));
       shown = text.size() - hold;

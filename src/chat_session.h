@@ -20,7 +20,8 @@ class Tokenizer;
 
 class ChatSession {
  public:
-  ChatSession(Engine& engine, const Tokenizer& tokenizer, Sampler& sampler, std::string template_name,
+  // Throws Error when the template refuses the system prompt.
+  ChatSession(Engine& engine, const Tokenizer& tokenizer, Sampler& sampler, const ChatTemplate& chat_template,
               std::string system_prompt);
 
   // Adds the user's message, streams the reply's text through on_text and
@@ -36,6 +37,8 @@ class ChatSession {
   void load_history(std::vector<ChatMessage> messages) { messages_ = std::move(messages); }
 
   const std::vector<ChatMessage>& messages() const { return messages_; }
+  // Called with each rendered prompt and its token count (--verbose-prompt).
+  void set_prompt_observer(std::function<void(const std::string&, size_t)> f) { observer_ = std::move(f); }
   // Tokens of the conversation whose K/V are in the engine's cache.
   const std::vector<int>& cached_tokens() const { return cached_; }
 
@@ -45,12 +48,13 @@ class ChatSession {
   Engine& engine_;
   const Tokenizer& tok_;
   Sampler& sampler_;
-  std::string template_;
+  const ChatTemplate& template_;
   std::string system_;
-  std::string end_marker_;  // text that ends an assistant turn
+  std::vector<std::string> end_markers_;  // texts that end an assistant turn
   std::vector<int> stop_tokens_;
   std::vector<ChatMessage> messages_;
   std::vector<int> cached_;
+  std::function<void(const std::string&, size_t)> observer_;
 };
 
 }  // namespace runlm

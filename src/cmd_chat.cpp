@@ -9,6 +9,7 @@
 #include <iostream>
 
 #include "chat_session.h"
+#include "chat_template_cli.h"
 #include "cli_common.h"
 #include "commands.h"
 #include "common.h"
@@ -21,22 +22,6 @@ namespace {
 std::atomic<bool> g_interrupt{false};
 extern "C" void on_sigint(int) { g_interrupt.store(true); }
 
-// --chat-template wins; otherwise the GGUF's own template must be one runlm knows.
-std::string pick_template(const cxxopts::ParseResult& args, const Model& model) {
-  if (args.count("chat-template")) {
-    const std::string name = args["chat-template"].as<std::string>();
-    const auto& names = chat_template_names();
-    if (std::find(names.begin(), names.end(), name) == names.end()) {
-      std::string list;
-      for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
-      fail("unknown chat template '%s' for --chat-template; known: %s", name.c_str(), list.c_str());
-    }
-    return name;
-  }
-  RUNLM_CHECK(!model.chat_template_source().empty(),
-              "the model has no chat template (tokenizer.chat_template); choose one with --chat-template");
-  return chat_template_detect(model.chat_template_source());
-}
 }  // namespace
 
 int cmd_chat(int argc, char** argv) {
@@ -44,11 +29,10 @@ int cmd_chat(int argc, char** argv) {
   add_model_options(opts);
   add_sampling_options(opts);
   opts.add_options("chat")
-      ("chat-template", "llama2, chatml, zephyr, mistral or gemma (default: from the model)",
-       cxxopts::value<std::string>())
       ("sys,system-prompt", "system message", cxxopts::value<std::string>()->default_value(""))
       ("n,n-predict", "maximum tokens per reply (-1 = until the end of the turn)",
        cxxopts::value<int>()->default_value("-1"));
+  add_chat_template_options(opts, "chat");
   auto args = parse_options(opts, argc, argv);
   if (args.count("help")) {
     std::printf("%s\n", opts.help().c_str());
@@ -58,10 +42,18 @@ int cmd_chat(int argc, char** argv) {
   RUNLM_CHECK(n_predict >= -1, "-n must be >= -1, got %d", n_predict);
   const SamplingParams sp = sampling_params_from(args);
   auto model = load_model_from_options(args);
-  const std::string tmpl = pick_template(args, *model);
+  const Tokenizer& tok = model->tokenizer();
+  const std::optional<ChatTemplate> tmpl =
+      chat_template_from_options(args, model->chat_template_source(), args["model"].as<std::string>(),
+                                 tok.id_to_piece(tok.bos()), tok.id_to_piece(tok.eos()));
+  RUNLM_CHECK(tmpl.has_value(), "%s", no_chat_template_message().c_str());
+  // A system prompt the template refuses is refused before the model loads
+  // onto the device or the chat starts.
+  tmpl->check_system_prompt(args["system-prompt"].as<std::string>());
   auto engine = make_engine(*model, engine_options_from(args, *model));
   Sampler sampler(sp);
-  ChatSession session(*engine, model->tokenizer(), sampler, tmpl, args["system-prompt"].as<std::string>());
+  ChatSession session(*engine, tok, sampler, *tmpl, args["system-prompt"].as<std::string>());
+  if (args.count("verbose-prompt")) session.set_prompt_observer(print_verbose_prompt);
 
   struct sigaction sa = {};
   sa.sa_handler = on_sigint;
@@ -69,8 +61,8 @@ int cmd_chat(int argc, char** argv) {
   sigaction(SIGINT, &sa, nullptr);
 
   const bool interactive = isatty(STDIN_FILENO) == 1;
-  std::fprintf(stderr, "chat: template %s, %s, %d tokens of context. /reset starts over, /exit or Ctrl-D leaves.\n",
-               tmpl.c_str(), engine->backend_name(), engine->n_ctx());
+  std::fprintf(stderr, "chat: %s, %s, %d tokens of context. /reset starts over, /exit or Ctrl-D leaves.\n",
+               tmpl->origin().c_str(), engine->backend_name(), engine->n_ctx());
   std::string line;
   for (;;) {
     if (interactive) {

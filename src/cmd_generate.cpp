@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "chat_template_cli.h"
 #include "cli_common.h"
 #include "commands.h"
 #include "common.h"
@@ -33,7 +34,8 @@ int cmd_generate(int argc, char** argv) {
       ("n,n-predict", "tokens to generate (-1 = until EOS or the context is full)",
        cxxopts::value<int>()->default_value("-1"))
       ("ignore-eos", "keep generating after EOS")
-      ("no-display-prompt", "print only the generated text");
+      ("no-display-prompt", "print only the generated text")
+      ("verbose-prompt", "print the prompt and its token count on stderr");
   auto args = parse_options(opts, argc, argv);
   if (args.count("help")) {
     std::printf("%s\n", opts.help().c_str());
@@ -53,6 +55,7 @@ int cmd_generate(int argc, char** argv) {
 
   GenerationRequest req;
   req.prompt = tok.encode(prompt, /*add_bos=*/true);
+  if (args.count("verbose-prompt")) print_verbose_prompt(prompt, req.prompt.size());
   req.n_predict = n_predict;
   req.ignore_eos = args.count("ignore-eos") > 0;
   RUNLM_CHECK(static_cast<int>(req.prompt.size()) <= engine->n_ctx(),

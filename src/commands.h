@@ -14,5 +14,6 @@ int cmd_bench_attn(int argc, char** argv);
 int cmd_perplexity(int argc, char** argv);
 int cmd_convert(int argc, char** argv);
 int cmd_quantize(int argc, char** argv);
+int cmd_template(int argc, char** argv);
 
 }  // namespace runlm

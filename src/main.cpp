@@ -26,6 +26,7 @@ constexpr Subcommand kSubcommands[] = {
     {"perplexity", runlm::cmd_perplexity, "perplexity over a text in chunks; KLD against a saved run (-m MODEL -f FILE)"},
     {"convert", runlm::cmd_convert, "llama2.c .bin or Hugging Face directory -> GGUF"},
     {"quantize", runlm::cmd_quantize, "re-encode a GGUF's weights (q8_0, q4_0, q4_k, q6_k, q4_k_m, f16...)"},
+    {"template", runlm::cmd_template, "print a conversation as the chat template renders it (-m MODEL --messages CONV.json)"},
 };
 
 void usage() {
