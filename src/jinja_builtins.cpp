@@ -732,20 +732,23 @@ Value Interpreter::filter(const std::string& name, const Value& v, CallArgs& arg
     if (!v.is_number()) error("round(): a number is required");
     const int64_t p = std::clamp<int64_t>(r.int_or(prec, 0), -300, 300);
     const std::string m = method ? py_str(*method) : "common";
-    const double scale = std::pow(10.0, static_cast<double>(p));
-    const double x = v.as_double() * scale;
-    double y;
+    if (m != "common" && m != "ceil" && m != "floor") error("method must be common, ceil or floor");
     if (m == "common") {
-      y = std::nearbyint(x);  // Python's round(): half to even
-      if (std::fabs(x - std::trunc(x)) == 0.5) y = 2 * std::round(x / 2);
-    } else if (m == "ceil") {
-      y = std::ceil(x);
-    } else if (m == "floor") {
-      y = std::floor(x);
-    } else {
-      error("method must be common, ceil or floor");
+      // Python's round(): an int stays an int; a float is rounded half to
+      // even on its exact binary value, which is what %.*f does.
+      if (v.kind != Kind::Float) return p >= 0 ? Value::integer(v.kind == Kind::Bool ? v.b : v.i) : Value::number(std::nearbyint(v.as_double() / std::pow(10.0, static_cast<double>(-p))) * std::pow(10.0, static_cast<double>(-p)));
+      if (!std::isfinite(v.f)) return v;
+      if (p < 0) {
+        const double scale = std::pow(10.0, static_cast<double>(-p));
+        return Value::number(std::nearbyint(v.f / scale) * scale);
+      }
+      char buf[512];
+      std::snprintf(buf, sizeof buf, "%.*f", static_cast<int>(std::min<int64_t>(p, 100)), v.f);
+      return Value::number(std::strtod(buf, nullptr));
     }
-    return Value::number(y / scale);
+    // jinja2: math.ceil/floor(value * 10**precision) / 10**precision.
+    const double scale = std::pow(10.0, static_cast<double>(p));
+    return Value::number((m == "ceil" ? std::ceil(v.as_double() * scale) : std::floor(v.as_double() * scale)) / scale);
   }
   if (name == "map") {
     std::vector<Value> out;

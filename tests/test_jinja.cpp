@@ -60,6 +60,46 @@ const Case kCases[] = {
     {"str_of", "{{ [1.0, 'a\\'b', \"q\\\"\", '\\n'] }}|{{ {'k': none, 1: true} }}|{{ 10 ** 20 if false else 12345678901234 }}|{{ 1e-5 }}|{{ 123456789.0 * 1000 }}|{{ 1e16 }}|{{ 2.5e-4 }}|{{ 1/3 }}", "[1.0, \"a'b\", 'q\"', '\\n']|{'k': None, 1: True}|12345678901234|1e-05|123456789000.0|1e+16|0.00025|0.3333333333333333"},
 };
 
+// Rendered with messages = [system "Be nice to everyone", user "Hi there
+// friend", assistant " ok "], add_generation_prompt, bos "<s>", eos "</s>".
+const std::pair<const char*, const char*> kConversationCases[] = {
+    {"{%- for m in messages -%}\n  {{- m.role }}: {{ m.content -}}\n{% endfor -%}", "system: Be nice to everyoneuser: Hi there friendassistant:  ok "},
+    {"  {#- c -#}  \n  {# c2 #}\nx\n    {%- if true %}\ty{% endif %}  \n{% if true -%}\n  z\n{%- endif %}", "x\ty  \nz"},
+    {"{% raw -%}  {{ a }}  {%- endraw %}|{%- raw %} b {% endraw -%} |", "{{ a }}| b |"},
+    {"{% macro outer(x) %}({{ caller(x ~ '!') }}){% endmacro %}{% call(v) outer('a') %}[{{ v }}]{% endcall %}", "([a!])"},
+    {"{{ {'b': 1, 'a': {'z': [1, {'y': none}], 'c': '\xc3""\xa9""'}}|tojson(indent=4) }}", "{\n    \"b\": 1,\n    \"a\": {\n        \"z\": [\n            1,\n            {\n                \"y\": null\n            }\n        ],\n        \"c\": \"\xc3""\xa9""\"\n    }\n}"},
+    {"{{ '\xc3""\x89""COLE \xc3""\xa9""cole \xc3""\x9f""'|lower }}|{{ 'stra\xc3""\x9f""e'|upper }}|{{ '\xc3""\xa9""lan vital'|title }}|{{ '\xc3""\xa9""bc'|capitalize }}", "\xc3""\xa9""cole \xc3""\xa9""cole \xc3""\x9f""|STRASSE|\xc3""\x89""lan Vital|\xc3""\x89""bc"},
+    {"{{ 1e100 }} {{ -0.0 }} {{ 1.5e-7 }} {{ 100.0 }} {{ 1e15 }} {{ 123456789012345678.0 }} {{ 0.000123 }} {{ 2**62 }}", "1e+100 -0.0 1.5e-07 100.0 1000000000000000.0 1.2345678901234568e+17 0.000123 4611686018427387904"},
+    {"{{ 2.675|round(2) }} {{ 0.5|round }} {{ 1.5|round }} {{ -2.5|round }} {{ 2.7|round(0, 'floor') }} {{ 2.1|round(method='ceil') }} {{ 7|round }}", "2.67 0.0 2.0 -2.0 2.0 3.0 7"},
+    {"{{ 3.9|int }} {{ -3.9|int }} {{ '  12  '|int }} {{ '0x1A'|int(0, 16) }} {{ '1e3'|int }} {{ true|int }} {{ '3.5'|float }} {{ 'a'|float }}", "3 -3 12 26 1000 1 3.5 0.0"},
+    {"{{ [{'n': 'b', 'v': 2}, {'n': 'a', 'v': 1}]|sort(attribute='n')|map(attribute='v')|list }} {{ [3, 1, 2]|sort(reverse=true) }}", "[1, 2] [3, 2, 1]"},
+    {"{% for m in messages if m.role != 'system' %}{{ loop.index }}/{{ loop.length }}{{ m.role[0] }}{% else %}none{% endfor %}", "1/2u2/2a"},
+    {"{{ messages[0].content.split(' ')|join(',') }}|{{ messages|map(attribute='role')|join(' ') }}|{{ messages|selectattr('role', 'in', ['user'])|list|length }}", "Be,nice,to,everyone|system user assistant|1"},
+    {"{% set x = messages[-1] %}{{ x.role }}{{ x['content']|length }}{{ messages[1:]|length }}{{ (messages|last).role }}", "assistant42assistant"},
+    {"{{ 'a' if messages|length > 1 else 'b' }}{{ messages[0]['role'] == 'system' and 'sys' or 'nosys' }}", "asys"},
+    {"{%- set ns = namespace(found=false) -%}{%- for m in messages -%}{%- if m.role == 'user' and not ns.found -%}{%- set ns.found = true -%}first user: {{ m.content }}{%- endif -%}{%- endfor -%}", "first user: Hi there friend"},
+    {"{{ '%5.2f|%-4d|%x'|format(3.14159, 7, 255) }}", " 3.14|7   |ff"},
+    {"{{ 'a,b'.split(',', maxsplit=1) }} {{ 'x'.join(['1', '2']) }} {{ 'Hello'.replace('l', 'L') }} {{ 'abc'.upper().lower() }} {{ 'a b'.title() }} {{ '  '.isspace() }} {{ '12'.isdigit() }}", "['a', 'b'] 1x2 HeLLo abc A B True True"},
+    {"{{ {'a': 1}.items()|list }} {{ {'a': 1}|list }} {{ {'a': 1}.keys()|first }} {{ dict(a=1, b=2) }} {{ dict(a=1)['a'] }}", "[('a', 1)] ['a'] a {'a': 1, 'b': 2} 1"},
+    {"{{ [1, 2, 3]|select('odd')|list }} {{ [1, 2, 3]|reject('equalto', 2)|list }} {{ ['a', 'B']|map('upper')|list }} {{ [[1], [2, 3]]|map('length')|list }}", "[1, 3] [1, 3] ['A', 'B'] [1, 2]"},
+    {"{{ 'abc'|center(9) }}|{{ 'ab'|center(9) }}|{{ 'a b  c'|wordcount }}|{{ [1, 2]|sum(start=10) }}|{{ 'x'|attr('upper') is callable }}", "   abc   |    ab   |3|13|True"},
+    {"{{ none|string }}{{ none|default('d') }}{{ none is none }}{{ none|tojson }}{{ true|tojson }}{{ 1.0|tojson }}{{ 'x'|tojson }}", "NoneNoneTruenulltrue1.0\"x\""},
+    {"{{ messages[0].content[::-1] }}|{{ messages[0].content[2:100] }}|{{ messages[0].content[-3:] }}", "enoyreve ot ecin eB| nice to everyone|one"},
+    {"{% set a = [1, 2] + [3] %}{{ a }}{% set b = (1, 2) + (3,) %}{{ b }}{{ a|length }}{{ a[1:] }}{{ 'x' ~ a }}", "[1, 2, 3](1, 2, 3)3[2, 3]x[1, 2, 3]"},
+    {"{% if messages %}has{% endif %}{% if not [] %}empty{% endif %}{% if {} %}no{% elif 0.0 %}no{% else %}else{% endif %}", "hasemptyelse"},
+    {"{{ 10 % 3 }} {{ -10 % 3 }} {{ 10 % -3 }} {{ 7.5 % 2 }} {{ -7.5 // 2 }} {{ 2 ** 0.5 }} {{ 10 / 4 }} {{ 9 // 2.0 }}", "1 2 -2 1.5 -4.0 1.4142135623730951 2.5 4.0"},
+    {"{{ 'The \"q\" and \\'s\\'' }} {{ \"tab\\there\" }} {{ 'uni \\u4e16 \\U0001F30D' }}", "The \"q\" and 's' tab\there uni \xe4""\xb8""\x96"" \xf0""\x9f""\x8c""\x8d"""},
+    {"{% set t %}\n  a\n  {% if true %}\n  b\n  {% endif %}\n{% endset %}[{{ t }}]", "[  a\n  b\n]"},
+    {"{{ messages|tojson }}", "[{\"role\": \"system\", \"content\": \"Be nice to everyone\"}, {\"role\": \"user\", \"content\": \"Hi there friend\"}, {\"role\": \"assistant\", \"content\": \" ok \"}]"},
+    {"{{ messages[0] }}", "{'role': 'system', 'content': 'Be nice to everyone'}"},
+    {"{% for k, v in messages[0]|dictsort %}{{ k }}={{ v }};{% endfor %}{% for k in messages[0] %}{{ k }}{% endfor %}", "content=Be nice to everyone;role=system;rolecontent"},
+    {"{%- if messages[0].role == 'system' -%}\n    {%- set sys = messages[0].content -%}\n    {%- set messages = messages[1:] -%}\n{%- endif -%}\n{{ sys }}|{{ messages|length }}", "Be nice to everyone|2"},
+    {"{{ '{{' }} {{ '}}' }} {{ '{%' }} {{ '%}' }} {{ '{#' }}", "{{ }} {% %} {#"},
+    {"{{ [1,2,3]|first }}{{ []|first }}{{ 'abc'|last }}{{ [1,[2,3]]|last|last }}{{ range(5)|list|last }}", "1c34"},
+    {"{{ 'a' < 'b' < 'c' }}{{ 1 == 1 == 1 }}{{ 1 != 2 != 1 }}{{ (1, 2) < (1, 3) }}{{ [1] < [1, 0] }}", "TrueTrueTrueTrueTrue"},
+    {"{{ 'abc' is string and 'abc' is not number }}{{ 3 is divisibleby(3) }}{{ 'x' is in 'xyz' }}{{ 'X' is upper }}{{ [] is sequence }}{{ {} is iterable }}", "TrueTrueTrueTrueTrueTrue"},
+};
+
 }  // namespace
 
 TEST(Jinja, RendersLikeJinja2) {
@@ -72,6 +112,29 @@ TEST(Jinja, RendersLikeJinja2) {
       continue;
     }
     EXPECT_EQ(got, c.expected) << c.name;
+  }
+}
+
+TEST(Jinja, RendersConversationsLikeJinja2) {
+  auto msg = [](const char* role, const char* content) {
+    return Value::make_dict({{Value::string("role"), Value::string(role)}, {Value::string("content"), Value::string(content)}});
+  };
+  const std::vector<std::pair<std::string, Value>> vars = {
+      {"messages", Value::make_list({msg("system", "Be nice to everyone"), msg("user", "Hi there friend"),
+                                     msg("assistant", " ok ")})},
+      {"add_generation_prompt", Value::boolean(true)},
+      {"bos_token", Value::string("<s>")},
+      {"eos_token", Value::string("</s>")},
+  };
+  for (const auto& [source, expected] : kConversationCases) {
+    std::string got;
+    try {
+      got = render(source, vars);
+    } catch (const Error& e) {
+      ADD_FAILURE() << source << ": " << e.what();
+      continue;
+    }
+    EXPECT_EQ(got, expected) << source;
   }
 }
 
