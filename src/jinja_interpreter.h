@@ -57,9 +57,13 @@ class Interpreter {
   // empty; anything else is an error.
   std::vector<Value> iterate(const Value& v);
   const RenderOptions& options() const { return opt_; }
-  // Namespaces can hold themselves; run() empties every one it made so that
-  // such cycles do not outlive the render.
+  // Namespaces can hold themselves or chains of each other; run() keeps
+  // every one it made and empties them all at the end, so that no cycle
+  // outlives the render and no chain is destroyed recursively.
   void track_namespace(const Value& ns) { namespaces_.push_back(ns.ns); }
+  // Counts bytes the template builds (strings, list and dict slots), live or
+  // not: a bound on the memory it can hold.
+  void charge_alloc(uint64_t bytes);
 
   // Builtins (jinja_builtins.cpp).
   Value filter(const std::string& name, const Value& v, CallArgs& args);
@@ -74,7 +78,9 @@ class Interpreter {
 
   Flow exec(const Body& body, Output* out);
   Flow exec_stmt(const Stmt& s, Output* out);
+  Flow exec_node(const Stmt& s, Output* out);
   Value eval(const Expr& e);
+  Value eval_node(const Expr& e);
   Value eval_binary(const Expr& e);
   Value binary_op(const std::string& op, const Value& a, const Value& b);
   Value eval_call(const Expr& e);
@@ -90,7 +96,8 @@ class Interpreter {
 
   const RenderOptions& opt_;
   std::shared_ptr<Frame> frame_;
-  std::vector<std::weak_ptr<DictData>> namespaces_;
+  std::vector<std::shared_ptr<DictData>> namespaces_;
+  uint64_t allocated_ = 0;
   uint64_t steps_ = 0;
   int depth_ = 0;
   int macro_depth_ = 0;

@@ -46,10 +46,18 @@ void Interpreter::charge(uint64_t n) {
                  static_cast<unsigned long long>(opt_.limits.max_steps)));
 }
 
+void Interpreter::charge_alloc(uint64_t bytes) {
+  allocated_ += bytes;
+  if (allocated_ > opt_.limits.max_alloc_bytes)
+    error(strfmt("the template built more than %llu MiB of strings and lists",
+                 static_cast<unsigned long long>(opt_.limits.max_alloc_bytes >> 20)));
+}
+
 Value Interpreter::make_string(std::string s, std::shared_ptr<const Spans> spans) {
   if (s.size() > opt_.limits.max_output_bytes)
     error(strfmt("a string of %zu bytes is larger than the limit of %zu", s.size(), opt_.limits.max_output_bytes));
   charge(s.size() / 64);
+  charge_alloc(s.size());
   Value v = Value::string(std::move(s));
   if (spans && !spans->empty()) v.spans = std::move(spans);
   return v;
@@ -78,6 +86,7 @@ Value Interpreter::make_list(std::vector<Value> items, bool tuple) {
   if (items.size() > opt_.limits.max_list_items)
     error(strfmt("a list of %zu items is longer than the limit of %zu", items.size(), opt_.limits.max_list_items));
   charge(items.size() / 64);
+  charge_alloc(items.size() * sizeof(Value));
   return Value::make_list(std::move(items), tuple);
 }
 
@@ -110,8 +119,8 @@ Rendered Interpreter::run(const Body& body, const std::vector<std::pair<std::str
     Interpreter* in;
     ~Cleanup() {
       in->frame_.reset();
-      for (auto& w : in->namespaces_)
-        if (auto ns = w.lock()) ns->items.clear();
+      for (auto& ns : in->namespaces_) ns->items.clear();
+      in->namespaces_.clear();
     }
   } cleanup{this};
   Output out;
@@ -163,8 +172,12 @@ std::vector<Value> Interpreter::iterate(const Value& v) {
       return keys;
     }
     case Kind::String: {
+      const std::vector<uint32_t> cps = utf8_decode(v.str());
+      if (cps.size() > opt_.limits.max_list_items)
+        error(strfmt("a list of %zu characters is longer than the limit of %zu", cps.size(), opt_.limits.max_list_items));
+      charge_alloc(cps.size() * (sizeof(Value) + 32));
       std::vector<Value> chars;
-      for (uint32_t c : utf8_decode(v.str())) {
+      for (uint32_t c : cps) {
         std::string s;
         utf8_append(&s, c);
         chars.push_back(Value::string(std::move(s)));
@@ -178,6 +191,14 @@ std::vector<Value> Interpreter::iterate(const Value& v) {
 
 Interpreter::Flow Interpreter::exec_stmt(const Stmt& s, Output* out) {
   PosGuard pg(this, s.line, s.col);
+  try {
+    return exec_node(s, out);
+  } catch (const ValueTooDeep&) {
+    error(strfmt("lists and dicts nest too deeply (more than %d levels)", kMaxValueDepth));
+  }
+}
+
+Interpreter::Flow Interpreter::exec_node(const Stmt& s, Output* out) {
   switch (s.type) {
     case StmtType::Text: append(out, s.text); return Flow::Normal;
     case StmtType::Output: append(out, eval(*s.expr)); return Flow::Normal;
@@ -668,6 +689,14 @@ Value Interpreter::eval_binary(const Expr& e) {
 
 Value Interpreter::eval(const Expr& e) {
   PosGuard pg(this, e.line, e.col);
+  try {
+    return eval_node(e);
+  } catch (const ValueTooDeep&) {
+    error(strfmt("lists and dicts nest too deeply (more than %d levels)", kMaxValueDepth));
+  }
+}
+
+Value Interpreter::eval_node(const Expr& e) {
   switch (e.type) {
     case ExprType::Literal: return e.value;
     case ExprType::Name: return lookup(e.name);
@@ -685,6 +714,7 @@ Value Interpreter::eval(const Expr& e) {
         if (key.kind == Kind::Dict) error("unhashable type: 'dict'");
         items.emplace_back(std::move(key), eval(*e.args[k + 1]));
       }
+      charge_alloc(items.size() * 2 * sizeof(Value));
       return Value::make_dict(std::move(items));
     }
     case ExprType::GetAttr: return getattr(eval(*e.a), e.name);

@@ -24,6 +24,7 @@ struct Stmt;
 struct RenderLimits {
   size_t max_output_bytes = 16u << 20;  // also the largest string value
   size_t max_list_items = 1u << 20;
+  uint64_t max_alloc_bytes = 1ull << 30;  // built over the whole render
   uint64_t max_steps = 20'000'000;      // evaluation steps, plus one per 64 bytes built
   int max_depth = 1000;                 // nested evaluation (expressions, blocks, macro calls)
   int max_macro_depth = 100;

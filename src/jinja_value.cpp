@@ -46,10 +46,22 @@ Value Value::literal_string(std::string x) {
   if (!v.s->empty()) v.spans = std::make_shared<const Spans>(Spans{{0, v.s->size()}});
   return v;
 }
+namespace {
+// Nesting depth a container adds to; namespaces do not count (they are
+// emptied after each render, which breaks their chains and cycles).
+int depth_of(const Value& v) {
+  if (v.kind == Kind::List) return v.list->depth;
+  if (v.kind == Kind::Dict) return v.dict->depth;
+  return 0;
+}
+}  // namespace
+
 Value Value::make_list(std::vector<Value> items, bool tuple) {
   Value v;
   v.kind = Kind::List;
   auto d = std::make_shared<ListData>();
+  for (const Value& x : items) d->depth = std::max(d->depth, depth_of(x) + 1);
+  if (d->depth > kMaxValueDepth) throw ValueTooDeep{};
   d->items = std::move(items);
   d->tuple = tuple;
   v.list = std::move(d);
@@ -59,6 +71,8 @@ Value Value::make_dict(std::vector<std::pair<Value, Value>> items) {
   Value v;
   v.kind = Kind::Dict;
   auto d = std::make_shared<DictData>();
+  for (const auto& kv : items) d->depth = std::max({d->depth, depth_of(kv.first) + 1, depth_of(kv.second) + 1});
+  if (d->depth > kMaxValueDepth) throw ValueTooDeep{};
   // A repeated key keeps its first position and its last value, as in Python.
   for (auto& kv : items) {
     auto it = std::find_if(d->items.begin(), d->items.end(), [&](const auto& e) { return py_equal(e.first, kv.first); });

@@ -26,15 +26,25 @@ using Spans = std::vector<Span>;
 
 enum class Kind { Undefined, None, Bool, Int, Float, String, List, Dict, Namespace, Callable };
 
+// Lists and dicts nest at most this deep: str(), == and the destructors
+// recurse on them (Python's own str() gives up near 1000 levels).
+constexpr int kMaxValueDepth = 500;
+
 struct ListData {
   std::vector<Value> items;
   bool tuple = false;  // prints as (a, b)
+  int depth = 1;       // 1 + the deepest item's
 };
 
 // Insertion-ordered, like a Python dict; keys are compared with ==.
 struct DictData {
   std::vector<std::pair<Value, Value>> items;
+  int depth = 1;
 };
+
+// Thrown by make_list/make_dict past kMaxValueDepth; the interpreter turns
+// it into an error at the template's position.
+struct ValueTooDeep {};
 
 // A callable: a builtin global, a bound method, a macro or caller().
 struct Callable {

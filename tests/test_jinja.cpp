@@ -231,6 +231,12 @@ TEST(Jinja, LimitsStopHostileTemplates) {
       {"{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
        "larger than the limit"},
       {"{{ 'x' * 100000000000 }}", "larger than the limit"},
+      // Lists nested without end (str() and == recurse on them).
+      {"{% set h = namespace(x=[]) %}{% for i in range(100000) %}{% set h.x = [h.x] %}{% endfor %}{{ h.x }}",
+       "nest too deeply"},
+      {"{% set h = namespace(x={}) %}{% for i in range(100000) %}{% set h.x = dict(a=h.x) %}{% endfor %}", "nest too deeply"},
+      // Quadratic copying: bounded by work and by what may be built.
+      {"{% set h = namespace(l=[]) %}{% for i in range(100000) %}{% set h.l = h.l + [i] %}{% endfor %}", "more than"},
       {"{{ [1] * 100000000000 }}", "list of more than"},
       // Deep nesting in the source.
       {"{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}", "too deeply"},
@@ -250,6 +256,16 @@ TEST(Jinja, LimitsStopHostileTemplates) {
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_LT(s, 20.0);
-  // A namespace holding itself is fine (and freed: the ASan build checks).
+  // A namespace holding itself is fine (and freed: the ASan build checks),
+  // and so is a long chain of them (not destroyed recursively).
   EXPECT_EQ(render("{% set ns = namespace() %}{% set ns.self = ns %}{{ ns.self.self is defined }}"), "True");
+  EXPECT_EQ(render("{% set h = namespace(n=none) %}{% for i in range(100000) %}{% set h.n = namespace(p=h.n) %}"
+                   "{% endfor %}{{ h.n.p.p is defined }}"),
+            "True");
+  // What a template may build over a render is bounded.
+  RenderOptions small;
+  small.limits.max_alloc_bytes = 1 << 20;
+  EXPECT_NE(error_of([&] { render("{% for i in range(100) %}{{ 'x' * 100000 }}{% endfor %}", {}, small); })
+                .find("more than 1 MiB"),
+            std::string::npos);
 }
