@@ -131,11 +131,18 @@ int cmd_batch(int argc, char** argv) {
   eo.kv_bytes = kv_mem_mib << 20;
   auto engine = make_engine(*model, eo);
 
-  // Plain prompts need no template: a model without one fails only its
-  // "messages" requests.
-  const std::optional<ChatTemplate> chat_template =
-      chat_template_from_options(args, model->chat_template_source(), args["model"].as<std::string>(),
-                                 tok.id_to_piece(tok.bos()), tok.id_to_piece(tok.eos()));
+  // Plain prompts need no template: a model without one, or with one that
+  // does not parse, fails only its "messages" requests. A template chosen
+  // by flag must be right.
+  std::optional<ChatTemplate> chat_template;
+  std::string template_error = no_chat_template_message();
+  try {
+    chat_template = chat_template_from_options(args, model->chat_template_source(), args["model"].as<std::string>(),
+                                               tok.id_to_piece(tok.bos()), tok.id_to_piece(tok.eos()));
+  } catch (const Error& e) {
+    if (args.count("chat-template") || args.count("chat-template-file")) throw;
+    template_error = e.what();
+  }
   const bool verbose_prompt = args.count("verbose-prompt") > 0;
 
   SchedulerOptions so;
@@ -157,8 +164,7 @@ int cmd_batch(int argc, char** argv) {
     if (error.empty()) {
       try {
         if (e.is_chat()) {
-          RUNLM_CHECK(chat_template.has_value(), "\"messages\" needs a chat template: %s",
-                      no_chat_template_message().c_str());
+          RUNLM_CHECK(chat_template.has_value(), "\"messages\" needs a chat template: %s", template_error.c_str());
           const RenderedPrompt prompt = chat_template->apply(e.messages, /*add_generation_prompt=*/true);
           r.prompt = tokenize_prompt(tok, prompt);
           for (const std::string& m : chat_end_markers(tok)) r.stop.push_back(m);

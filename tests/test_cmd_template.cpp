@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "gguf.h"
 #include "test_support.h"
 
 using namespace runlm::test;
@@ -85,4 +86,41 @@ TEST(CmdTemplate, ErrorsAreClearAndNonZero) {
     EXPECT_EQ(r.out, "") << c.args;
     EXPECT_NE(r.err.find(c.what), std::string::npos) << c.args << " -> " << r.err;
   }
+}
+
+TEST(CmdTemplate, TheModelsOwnTemplateIsTheDefault) {
+  RUNLM_REQUIRE_ASSET(shared_model("stories260K.gguf"));
+  TempPath gguf(".gguf"), p(".json");
+  rewritten_stories260k(gguf, [](runlm::GgufWriter& w) {
+    w.set_string("tokenizer.chat_template",
+                 "{{ bos_token }}{% for m in messages %}[{{ m.role|upper }}] {{ m.content }}{{ eos_token }}{% endfor %}"
+                 "{% if add_generation_prompt %}[ASSISTANT]{% endif %}");
+  });
+  const std::string conv = write_conversation(p, nlohmann::json::array({{{"role", "user"}, {"content", "Hi"}}}));
+  const CommandResult r = run_command(runlm_binary() + " template -m " + gguf.str() + " --messages " + conv);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "<s>[USER] Hi</s>[ASSISTANT]");
+  // A flag overrides it.
+  const CommandResult named =
+      run_command(runlm_binary() + " template -m " + gguf.str() + " --chat-template chatml --messages " + conv);
+  EXPECT_EQ(named.out, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+}
+
+TEST(CmdTemplate, BatchWithABrokenModelTemplateFailsOnlyMessagesRequests) {
+  RUNLM_REQUIRE_ASSET(shared_model("stories260K.gguf"));
+  TempPath gguf(".gguf"), in(".jsonl"), out(".jsonl");
+  rewritten_stories260k(gguf, [](runlm::GgufWriter& w) { w.set_string("tokenizer.chat_template", "{% if %}"); });
+  std::ofstream(in.str()) << R"({"prompt": "Once upon a time", "n_predict": 4})" << "\n"
+                          << R"({"messages": [{"role": "user", "content": "Hi"}], "n_predict": 4})" << "\n";
+  const CommandResult r = run_command(runlm_binary() + " batch -m " + gguf.str() + " -f " + in.str() + " -o " +
+                                      out.str() + " --temp 0 -t 2");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream f(out.str());
+  std::string line1, line2;
+  std::getline(f, line1);
+  std::getline(f, line2);
+  EXPECT_TRUE(nlohmann::json::parse(line1).contains("text")) << line1;
+  const auto rec = nlohmann::json::parse(line2);
+  ASSERT_TRUE(rec.contains("error")) << line2;
+  EXPECT_NE(rec["error"].get<std::string>().find("line 1, column"), std::string::npos) << line2;
 }
