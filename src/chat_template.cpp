@@ -89,6 +89,8 @@ void ChatTemplate::check_system_prompt(const std::string& system_prompt) const {
   try {
     apply({{"system", system_prompt}, {"user", "Hello"}}, true);
   } catch (const Error& e) {
+    // Blame the system prompt only when the same turn renders without it.
+    apply({{"user", "Hello"}}, true);
     fail("the chat template does not take this system prompt (-sys): %s", e.what());
   }
 }

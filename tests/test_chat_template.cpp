@@ -176,4 +176,10 @@ TEST(ChatTemplate, SystemPromptProbe) {
   EXPECT_NO_THROW(gemma.check_system_prompt(""));
   const ChatTemplate chatml(builtin_chat_template("chatml"), "chatml", "<s>", "<|im_end|>");
   EXPECT_NO_THROW(chatml.check_system_prompt("Be brief."));
+  // A template that fails on any conversation says so, not that the system
+  // prompt is at fault.
+  const ChatTemplate broken("{{ functions.x }}", "broken", "", "");
+  const std::string b = error_of([&] { broken.check_system_prompt("Be brief."); });
+  EXPECT_NE(b.find("'functions' is undefined"), std::string::npos) << b;
+  EXPECT_EQ(b.find("-sys"), std::string::npos) << b;
 }
