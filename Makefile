@@ -47,7 +47,7 @@ test-asan:
 
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS ?= fuzz_gguf fuzz_safetensors fuzz_hf_config fuzz_tokenizer fuzz_bpe_tokenizer fuzz_chat_template fuzz_batch_input
+FUZZ_TARGETS ?= fuzz_gguf fuzz_safetensors fuzz_hf_config fuzz_tokenizer fuzz_bpe_tokenizer fuzz_chat_template fuzz_batch_input fuzz_jinja
 
 deps-fuzz:
 	apt-get install -y --no-install-recommends clang libclang-rt-14-dev python3

@@ -10,15 +10,15 @@
 
 namespace runlm {
 
-ChatSession::ChatSession(Engine& engine, const Tokenizer& tokenizer, Sampler& sampler, std::string template_name,
-                         std::string system_prompt)
-    : engine_(engine), tok_(tokenizer), sampler_(sampler), template_(std::move(template_name)),
+ChatSession::ChatSession(Engine& engine, const Tokenizer& tokenizer, Sampler& sampler,
+                         const ChatTemplate& chat_template, std::string system_prompt)
+    : engine_(engine), tok_(tokenizer), sampler_(sampler), template_(chat_template),
       system_(std::move(system_prompt)) {
-  end_marker_ = chat_template_end_marker(template_);
-  // Where the end marker is one token of the vocabulary, stop on its id;
-  // otherwise the text is watched for it.
-  const int id = tok_.piece_to_id(end_marker_);
-  if (id >= 0 && !tok_.is_eog(id)) stop_tokens_.push_back(id);
+  template_.check_system_prompt(system_);
+  // End-of-turn tokens of the vocabulary stop on their ids; their texts are
+  // also watched for in the reply (a vocabulary without them spells them).
+  end_markers_ = chat_end_markers(tok_);
+  stop_tokens_ = chat_stop_tokens(tok_);
   reset();
 }
 
@@ -30,13 +30,10 @@ void ChatSession::reset() {
 }
 
 std::vector<int> ChatSession::render_prompt() const {
-  const std::string bos_text = tok_.bos() >= 0 ? tok_.id_to_piece(tok_.bos()) : "";
-  const std::string eos_text = tok_.eos() >= 0 ? tok_.id_to_piece(tok_.eos()) : "";
-  const std::string text = chat_template_apply(template_, messages_, /*add_generation_prompt=*/true, bos_text, eos_text);
-  // Templates that write the BOS text themselves get it as a token through
-  // parse_special; the others get BOS prepended, as llama.cpp does.
-  const bool starts_with_bos = !bos_text.empty() && text.rfind(bos_text, 0) == 0;
-  return tok_.encode(text, /*add_bos=*/tok_.add_bos() && !starts_with_bos, /*parse_special=*/true);
+  const RenderedPrompt prompt = template_.apply(messages_, /*add_generation_prompt=*/true);
+  std::vector<int> tokens = tokenize_prompt(tok_, prompt);
+  if (observer_) observer_(prompt.text, tokens.size());
+  return tokens;
 }
 
 std::vector<int> ChatSession::fit_context(int reserve) {
@@ -83,10 +80,10 @@ GenerationResult ChatSession::reply(const std::string& user_text, int n_predict,
          engine_.n_ctx());
   }
 
-  // The end marker and --stop strings end the reply before them; -r strings
+  // The end markers and --stop strings end the reply before them; -r strings
   // after them. A tail that could start one is held back until it cannot.
   std::vector<std::string> stop_before = stop_;
-  stop_before.push_back(end_marker_);
+  stop_before.insert(stop_before.end(), end_markers_.begin(), end_markers_.end());
   StopStringFilter filter(stop_before, reverse_prompts_);
   std::string text;
   GenerationResult r = generate(engine_, sampler_, tok_, req, [&](int, const std::string& piece) {

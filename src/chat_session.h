@@ -23,7 +23,8 @@ class Tokenizer;
 
 class ChatSession {
  public:
-  ChatSession(Engine& engine, const Tokenizer& tokenizer, Sampler& sampler, std::string template_name,
+  // Throws Error when the template refuses the system prompt.
+  ChatSession(Engine& engine, const Tokenizer& tokenizer, Sampler& sampler, const ChatTemplate& chat_template,
               std::string system_prompt);
 
   // Adds the user's message, streams the reply's text through on_text and
@@ -34,6 +35,11 @@ class ChatSession {
                          const std::atomic<bool>* interrupt = nullptr);
   // Forgets the conversation (the system prompt stays).
   void reset();
+  // Replaces the conversation with earlier messages (a saved chat); the next
+  // reply evaluates whatever of it is not in the cache.
+  void load_history(std::vector<ChatMessage> messages) { messages_ = std::move(messages); }
+
+  const std::vector<ChatMessage>& messages() const { return messages_; }
   // --stop strings end a reply before them; -r (reverse prompt) strings end
   // it after them, returning control to the user as llama-cli does.
   void set_stop_strings(std::vector<std::string> stop, std::vector<std::string> reverse_prompts) {
@@ -42,11 +48,8 @@ class ChatSession {
   }
   // Earlier messages dropped to make room for the last reply (0 if none).
   int dropped_messages() const { return dropped_; }
-  // Replaces the conversation with earlier messages (a saved chat); the next
-  // reply evaluates whatever of it is not in the cache.
-  void load_history(std::vector<ChatMessage> messages) { messages_ = std::move(messages); }
-
-  const std::vector<ChatMessage>& messages() const { return messages_; }
+  // Called with each rendered prompt and its token count (--verbose-prompt).
+  void set_prompt_observer(std::function<void(const std::string&, size_t)> f) { observer_ = std::move(f); }
   // Tokens of the conversation whose K/V are in the engine's cache.
   const std::vector<int>& cached_tokens() const { return cached_; }
 
@@ -60,14 +63,15 @@ class ChatSession {
   Engine& engine_;
   const Tokenizer& tok_;
   Sampler& sampler_;
-  std::string template_;
+  const ChatTemplate& template_;
   std::string system_;
-  std::string end_marker_;  // text that ends an assistant turn
+  std::vector<std::string> end_markers_;  // texts that end an assistant turn
   std::vector<int> stop_tokens_;
   std::vector<ChatMessage> messages_;
   std::vector<int> cached_;
   std::vector<std::string> stop_, reverse_prompts_;
   int dropped_ = 0;
+  std::function<void(const std::string&, size_t)> observer_;
 };
 
 }  // namespace runlm

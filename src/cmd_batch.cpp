@@ -20,6 +20,7 @@
 #include "batch_input.h"
 #include "batch_record.h"
 #include "chat_template.h"
+#include "chat_template_cli.h"
 #include "cli_common.h"
 #include "commands.h"
 #include "common.h"
@@ -110,12 +111,11 @@ int cmd_batch(int argc, char** argv) {
        cxxopts::value<int>()->default_value("128"))
       ("ignore-eos", "keep generating after EOS")
       ("no-parse-special", "encode special-token texts in plain prompts (<|im_start|>, </s>...) as plain text")
-      ("chat-template", "template for JSONL \"messages\" requests (default: from the model)",
-       cxxopts::value<std::string>())
       ("allow-extra-fields", "ignore unknown fields of JSONL requests (default: a request naming one is an error)")
       ("swa-full", "with a sliding window, keep every page (default: pages that leave the window are freed)")
       ("kv-mem", "KV cache size in MiB (default: parallel x context, within 90% of free GPU memory or 8 GiB on the CPU)",
        cxxopts::value<int64_t>()->default_value("0"));
+  add_chat_template_options(opts, "batch");
   auto args = parse_options(opts, argc, argv);
   if (args.count("help")) {
     std::printf("%s\n", help_text(opts).c_str());
@@ -143,15 +143,20 @@ int cmd_batch(int argc, char** argv) {
   eo.kv_bytes = kv_mem_mib << 20;
   auto engine = make_engine(*model, eo);
 
-  std::string chat_template;
-  if (args.count("chat-template")) chat_template = args["chat-template"].as<std::string>();
-  else if (!model->chat_template_source().empty()) {
-    try {
-      chat_template = chat_template_detect(model->chat_template_source());
-    } catch (const Error&) {
-      // Requests with "messages" will report it; plain prompts do not need one.
-    }
+  // Plain prompts need no template: a model without one, or with one that
+  // does not parse, fails only its "messages" requests. A template chosen
+  // by flag must be right.
+  std::optional<ChatTemplate> chat_template;
+  std::string template_error = no_chat_template_message();
+  try {
+    chat_template = chat_template_from_options(args, model->chat_template_source(), args["model"].as<std::string>(),
+                                               tok.bos() >= 0 ? tok.id_to_piece(tok.bos()) : "",
+                                               tok.eos() >= 0 ? tok.id_to_piece(tok.eos()) : "");
+  } catch (const Error& e) {
+    if (args.count("chat-template") || args.count("chat-template-file")) throw;
+    template_error = e.what();
   }
+  const bool verbose_prompt = args.count("verbose-prompt") > 0;
 
   SchedulerOptions so;
   so.max_parallel = parallel;
@@ -172,15 +177,14 @@ int cmd_batch(int argc, char** argv) {
     if (error.empty()) {
       try {
         if (e.is_chat()) {
-          RUNLM_CHECK(!chat_template.empty(), "\"messages\" needs a chat template: the model has none runlm knows; use --chat-template");
-          const std::string bos_text = tok.bos() >= 0 ? tok.id_to_piece(tok.bos()) : "";
-          const std::string eos_text = tok.eos() >= 0 ? tok.id_to_piece(tok.eos()) : "";
-          const std::string text = chat_template_apply(chat_template, e.messages, true, bos_text, eos_text);
-          const bool starts_with_bos = !bos_text.empty() && text.rfind(bos_text, 0) == 0;
-          r.prompt = tok.encode(text, tok.add_bos() && !starts_with_bos, true);
-          r.stop.push_back(chat_template_end_marker(chat_template));
+          RUNLM_CHECK(chat_template.has_value(), "\"messages\" needs a chat template: %s", template_error.c_str());
+          const RenderedPrompt prompt = chat_template->apply(e.messages, /*add_generation_prompt=*/true);
+          r.prompt = tokenize_prompt(tok, prompt);
+          for (const std::string& m : chat_end_markers(tok)) r.stop.push_back(m);
+          if (verbose_prompt) print_verbose_prompt(prompt.text, r.prompt.size());
         } else {
           r.prompt = tok.encode(e.prompt, tok.add_bos(), parse_special);
+          if (verbose_prompt) print_verbose_prompt(e.prompt, r.prompt.size());
         }
         r.n_predict = e.n_predict.value_or(n_predict);
         r.sampling = defaults;

@@ -11,6 +11,7 @@
 #include <iostream>
 
 #include "chat_session.h"
+#include "chat_template_cli.h"
 #include "cli_common.h"
 #include "commands.h"
 #include "common.h"
@@ -39,22 +40,6 @@ constexpr const char* kCommandsHelp =
     "commands: /help this list | /reset forget the conversation (the system prompt stays) | /exit leave "
     "(or Ctrl-D; Ctrl-C at the prompt) | Ctrl-C during a reply stops it\n";
 
-// --chat-template wins; otherwise the GGUF's own template must be one runlm knows.
-std::string pick_template(const cxxopts::ParseResult& args, const Model& model) {
-  if (args.count("chat-template")) {
-    const std::string name = args["chat-template"].as<std::string>();
-    const auto& names = chat_template_names();
-    if (std::find(names.begin(), names.end(), name) == names.end()) {
-      std::string list;
-      for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
-      fail("unknown chat template '%s' for --chat-template; known: %s", name.c_str(), list.c_str());
-    }
-    return name;
-  }
-  RUNLM_CHECK(!model.chat_template_source().empty(),
-              "the model has no chat template (tokenizer.chat_template); choose one with --chat-template");
-  return chat_template_detect(model.chat_template_source());
-}
 }  // namespace
 
 int cmd_chat(int argc, char** argv) {
@@ -62,8 +47,6 @@ int cmd_chat(int argc, char** argv) {
   add_model_options(opts);
   add_sampling_options(opts);
   opts.add_options("chat")
-      ("chat-template", "llama2, chatml, zephyr, mistral or gemma (default: from the model)",
-       cxxopts::value<std::string>())
       ("system-prompt", "system message", cxxopts::value<std::string>()->default_value(""))
       ("n,n-predict", "maximum tokens per reply (-1 = until the end of the turn or a full context)",
        cxxopts::value<int>()->default_value("1024"))
@@ -72,6 +55,7 @@ int cmd_chat(int argc, char** argv) {
       ("stop", "end the reply before this text (repeatable)", cxxopts::value<std::string>())
       ("e,escape", "process escapes (\\n \\t \\xHH...) in the system prompt and the -r/--stop strings")
       ("conversation", "accepted: chat is always a conversation");
+  add_chat_template_options(opts, "chat");
   auto args = parse_options(opts, argc, argv);
   if (args.count("help")) {
     std::printf("%s\n", help_text(opts).c_str());
@@ -81,29 +65,25 @@ int cmd_chat(int argc, char** argv) {
   RUNLM_CHECK(n_predict >= -1, "-n must be >= -1, got %d", n_predict);
   const SamplingParams sp = sampling_params_from(args);
   auto model = load_model_from_options(args);
-  const std::string tmpl = pick_template(args, *model);
+  const Tokenizer& tok = model->tokenizer();
+  const std::optional<ChatTemplate> tmpl = chat_template_from_options(
+      args, model->chat_template_source(), args["model"].as<std::string>(),
+      tok.bos() >= 0 ? tok.id_to_piece(tok.bos()) : "", tok.eos() >= 0 ? tok.id_to_piece(tok.eos()) : "");
+  RUNLM_CHECK(tmpl.has_value(), "%s", no_chat_template_message().c_str());
   const bool escapes = args.count("escape") > 0;
   auto unescape = [&](std::string t) { return escapes ? process_escapes(t) : t; };
   const std::string system_prompt = unescape(args["system-prompt"].as<std::string>());
   std::vector<std::string> stop = option_values(args, "stop"), reverse = option_values(args, "reverse-prompt");
   for (auto& x : stop) x = unescape(x);
   for (auto& x : reverse) x = unescape(x);
-  if (!system_prompt.empty()) {
-    // A template that has no system role refuses it: say so now, before the
-    // chat starts, not on every turn. The check renders a conversation
-    // through the same template code the turns use.
-    const Tokenizer& tok = model->tokenizer();
-    try {
-      chat_template_apply(tmpl, {{"system", system_prompt}, {"user", "hi"}}, true, tok.id_to_piece(tok.bos()),
-                          tok.id_to_piece(tok.eos()));
-    } catch (const Error& e) {
-      fail("the chat template %s does not take a system prompt (-sys): %s", tmpl.c_str(), e.what());
-    }
-  }
+  // A system prompt the template refuses is refused before the model loads
+  // onto the device or the chat starts, not on every turn.
+  tmpl->check_system_prompt(system_prompt);
   auto engine = make_engine(*model, engine_options_from(args, *model));
   Sampler sampler(sp);
-  ChatSession session(*engine, model->tokenizer(), sampler, tmpl, system_prompt);
+  ChatSession session(*engine, tok, sampler, *tmpl, system_prompt);
   session.set_stop_strings(stop, reverse);
+  if (args.count("verbose-prompt")) session.set_prompt_observer(print_verbose_prompt);
 
   struct sigaction sa = {};
   sa.sa_handler = on_sigint;
@@ -112,9 +92,9 @@ int cmd_chat(int argc, char** argv) {
 
   LineReader reader(isatty(STDIN_FILENO) == 1);
   std::fprintf(stderr,
-               "chat: template %s, %s, %d tokens of context, replies of at most %s tokens. /help lists the "
+               "chat: %s, %s, %d tokens of context, replies of at most %s tokens. /help lists the "
                "commands.\n",
-               tmpl.c_str(), engine->backend_name(), engine->n_ctx(),
+               tmpl->origin().c_str(), engine->backend_name(), engine->n_ctx(),
                n_predict < 0 ? "context" : std::to_string(n_predict).c_str());
   std::string line;
   while (reader.read("> ", &line)) {

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "chat_template_cli.h"
 #include "cli_common.h"
 #include "commands.h"
 #include "common.h"
@@ -46,7 +47,8 @@ int cmd_generate(int argc, char** argv) {
        cxxopts::value<std::string>())
       ("stop", "stop before this text, which is not printed (repeatable)", cxxopts::value<std::string>())
       ("e,escape", "process escapes in the prompt and stop strings: \\n \\r \\t \\\\ \\\" \\' \\xHH")
-      ("no-conversation", "accepted: generate is always a plain completion (chat is 'runlm chat')");
+      ("no-conversation", "accepted: generate is always a plain completion (chat is 'runlm chat')")
+      ("verbose-prompt", "print the prompt and its token count on stderr");
   auto args = parse_options(opts, argc, argv);
   if (args.count("help")) {
     std::printf("%s\n", help_text(opts).c_str());
@@ -75,6 +77,7 @@ int cmd_generate(int argc, char** argv) {
   // in the prompt parsed unless --no-parse-special.
   req.prompt = tok.encode(prompt, tok.add_bos(), /*parse_special=*/args.count("no-parse-special") == 0);
   RUNLM_CHECK(!req.prompt.empty(), "the prompt is empty and the vocabulary adds no BOS: give a prompt with -p or -f");
+  if (args.count("verbose-prompt")) print_verbose_prompt(prompt, req.prompt.size());
   req.n_predict = n_predict;
   req.ignore_eos = args.count("ignore-eos") > 0;
   RUNLM_CHECK(static_cast<int>(req.prompt.size()) <= engine->n_ctx(),

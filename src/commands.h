@@ -17,5 +17,6 @@ int cmd_convert(int argc, char** argv);
 int cmd_quantize(int argc, char** argv);
 int cmd_info(int argc, char** argv);
 int cmd_tokenize(int argc, char** argv);
+int cmd_template(int argc, char** argv);
 
 }  // namespace runlm

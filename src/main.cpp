@@ -30,6 +30,7 @@ constexpr Subcommand kSubcommands[] = {
     {"quantize", runlm::cmd_quantize, "re-encode a GGUF's weights (q8_0, q4_0, q4_k, q6_k, q4_k_m, f16...)"},
     {"info", runlm::cmd_info, "describe a GGUF model: architecture, shapes, tensor types, vocabulary (-m MODEL)"},
     {"tokenize", runlm::cmd_tokenize, "print the tokens of a text, llama-tokenize style (-m MODEL -p TEXT [--ids])"},
+    {"template", runlm::cmd_template, "print a conversation as the chat template renders it (-m MODEL --messages CONV.json)"},
 };
 
 void usage() {

@@ -1,6 +1,7 @@
-// Chat template tests: every known template over every conversation in
+// Chat template tests: every built-in template (src/chat_templates/NAME.jinja,
+// rendered by the Jinja interpreter) over every conversation in
 // tests/data/chat_templates/cases.json must render byte for byte what jinja2
-// renders from the model's official Jinja template (goldens written by
+// renders from the same source (goldens written by
 // tools/render_chat_goldens.py), or raise where the template raises.
 #include <gtest/gtest.h>
 
@@ -37,6 +38,11 @@ nlohmann::json load_cases() {
   return nlohmann::json::parse(text);
 }
 
+std::string apply(const std::string& name, const std::vector<ChatMessage>& messages, bool gen,
+                  const std::string& bos = "<s>", const std::string& eos = "</s>") {
+  return ChatTemplate(builtin_chat_template(name), "built-in chat template " + name, bos, eos).apply(messages, gen).text;
+}
+
 std::vector<ChatMessage> messages_of(const nlohmann::json& c) {
   std::vector<ChatMessage> m;
   for (const auto& e : c.at("messages")) m.push_back({e.at("role").get<std::string>(), e.at("content").get<std::string>()});
@@ -59,7 +65,7 @@ TEST(ChatTemplate, MatchesJinjaGoldens) {
       std::string golden, error;
       if (read_file(stem + ".txt", &golden)) {
         std::string got;
-        EXPECT_NO_THROW(got = chat_template_apply(name, messages, gen, bos, eos)) << name << "." << case_name;
+        EXPECT_NO_THROW(got = apply(name, messages, gen, bos, eos)) << name << "." << case_name;
         EXPECT_EQ(got, golden) << name << "." << case_name;
         ++rendered;
       } else if (read_file(stem + ".error", &error)) {
@@ -67,7 +73,7 @@ TEST(ChatTemplate, MatchesJinjaGoldens) {
         const std::string cls = error.substr(0, error.find('\n'));
         std::string message = error.substr(cls.size() + 1);
         if (!message.empty() && message.back() == '\n') message.pop_back();
-        const std::string msg = error_of([&] { chat_template_apply(name, messages, gen, bos, eos); });
+        const std::string msg = error_of([&] { apply(name, messages, gen, bos, eos); });
         EXPECT_NE(msg, "<no error>") << name << "." << case_name << " should raise " << cls << ": " << message;
         if (cls == "TemplateError") {  // raise_exception(): the template's own words
           EXPECT_NE(msg.find(message), std::string::npos) << name << "." << case_name << ": " << msg;
@@ -87,59 +93,93 @@ TEST(ChatTemplate, KnownShapes) {
   // Spot checks written from the model cards, independent of the goldens.
   const std::vector<ChatMessage> conv = {
       {"system", "SYS"}, {"user", "U1"}, {"assistant", "A1"}, {"user", "U2"}};
-  EXPECT_EQ(chat_template_apply("llama2", conv, true),
+  EXPECT_EQ(apply("llama2", conv, true),
             "<s>[INST] <<SYS>>\nSYS\n<</SYS>>\n\nU1 [/INST] A1 </s><s>[INST] U2 [/INST]");
-  EXPECT_EQ(chat_template_apply("chatml", conv, true),
+  EXPECT_EQ(apply("chatml", conv, true),
             "<|im_start|>system\nSYS<|im_end|>\n<|im_start|>user\nU1<|im_end|>\n<|im_start|>assistant\nA1<|im_end|>\n"
             "<|im_start|>user\nU2<|im_end|>\n<|im_start|>assistant\n");
-  EXPECT_EQ(chat_template_apply("zephyr", conv, true),
+  EXPECT_EQ(apply("zephyr", conv, true),
             "<|system|>\nSYS</s>\n<|user|>\nU1</s>\n<|assistant|>\nA1</s>\n<|user|>\nU2</s>\n<|assistant|>\n");
   const std::vector<ChatMessage> no_sys(conv.begin() + 1, conv.end());
-  EXPECT_EQ(chat_template_apply("mistral", no_sys, true), "<s>[INST] U1 [/INST]A1</s>[INST] U2 [/INST]");
-  EXPECT_EQ(chat_template_apply("gemma", no_sys, true, "<bos>", "<eos>"),
+  EXPECT_EQ(apply("mistral", no_sys, true), "<s>[INST] U1 [/INST]A1</s>[INST] U2 [/INST]");
+  EXPECT_EQ(apply("gemma", no_sys, true, "<bos>", "<eos>"),
             "<bos><start_of_turn>user\nU1<end_of_turn>\n<start_of_turn>model\nA1<end_of_turn>\n"
             "<start_of_turn>user\nU2<end_of_turn>\n<start_of_turn>model\n");
-  const std::string gemma_sys = error_of([&] { chat_template_apply("gemma", conv, true, "<bos>", "<eos>"); });
+  const std::string gemma_sys = error_of([&] { apply("gemma", conv, true, "<bos>", "<eos>"); });
   EXPECT_NE(gemma_sys.find("System role not supported"), std::string::npos) << gemma_sys;
 }
 
-TEST(ChatTemplate, DetectsEachOfficialTemplate) {
+TEST(ChatTemplate, BuiltinSourcesAreTheTemplateFiles) {
+  // The compiled-in sources are src/chat_templates/NAME.jinja, the files the
+  // goldens were rendered from.
+  const std::string dir = std::string(RUNLM_SOURCE_DIR) + "/src/chat_templates/";
   std::set<std::string> files;
-  for (const auto& e : std::filesystem::directory_iterator(kDir))
+  for (const auto& e : std::filesystem::directory_iterator(dir))
     if (e.path().extension() == ".jinja") files.insert(e.path().stem().string());
   const auto& names = chat_template_names();
   EXPECT_EQ(files, std::set<std::string>(names.begin(), names.end()));
   for (const std::string& name : names) {
     std::string source;
-    ASSERT_TRUE(read_file(kDir + name + ".jinja", &source)) << name;
-    EXPECT_EQ(chat_template_detect(source), name);
+    ASSERT_TRUE(read_file(dir + name + ".jinja", &source)) << name;
+    EXPECT_EQ(builtin_chat_template(name), source) << name;
   }
 }
 
-TEST(ChatTemplate, UnknownTemplateNamesTheFlagAndTheChoices) {
-  const std::string unknown =
-      "{% for m in messages %}### {{ m['role'] }}: {{ m['content'] }}\n{% endfor %}### Assistant:";
-  const std::string msg = error_of([&] { chat_template_detect(unknown); });
-  EXPECT_NE(msg.find("--chat-template"), std::string::npos) << msg;
-  for (const std::string& name : chat_template_names()) EXPECT_NE(msg.find(name), std::string::npos) << msg;
-
-  const std::string bad_name = error_of([] { chat_template_apply("vicuna", {{"user", "hi"}}, true); });
+TEST(ChatTemplate, UnknownNameNamesTheFlagAndTheChoices) {
+  const std::string bad_name = error_of([] { builtin_chat_template("vicuna"); });
   EXPECT_NE(bad_name.find("vicuna"), std::string::npos) << bad_name;
+  EXPECT_NE(bad_name.find("--chat-template"), std::string::npos) << bad_name;
   for (const std::string& name : chat_template_names()) EXPECT_NE(bad_name.find(name), std::string::npos) << bad_name;
 }
 
-TEST(ChatTemplate, EndMarkerFollowsEveryAssistantTurn) {
-  // The end marker is what the template writes right after an assistant
-  // reply, so it must appear right after the reply text in the rendering.
-  const std::vector<ChatMessage> conv = {{"user", "U1"}, {"assistant", "REPLY"}, {"user", "U2"}};
-  for (const std::string& name : chat_template_names()) {
-    const std::string marker = chat_template_end_marker(name);
-    const std::string eos = name == "gemma" ? "<eos>" : "</s>";
-    const std::string text = chat_template_apply(name, conv, true, name == "gemma" ? "<bos>" : "<s>", eos);
-    const size_t at = text.find("REPLY");
-    ASSERT_NE(at, std::string::npos) << name;
-    const std::string after = text.substr(at + 5);
-    EXPECT_EQ(after.rfind(marker, 0) == 0 || after.rfind(" " + marker, 0) == 0, true) << name << ": " << after;
-  }
-  EXPECT_THROW(chat_template_end_marker("vicuna"), Error);
+TEST(ChatTemplate, AnyJinjaTemplateRenders) {
+  // A template that matches none of the built-in ones (previously refused).
+  const ChatTemplate t("{% for m in messages %}### {{ m['role'] | capitalize }}: {{ m['content'] }}\n{% endfor %}"
+                       "{% if add_generation_prompt %}### Assistant:{% endif %}",
+                       "test", "<s>", "</s>");
+  EXPECT_EQ(t.apply({{"user", "hi"}}, true).text, "### User: hi\n### Assistant:");
+  EXPECT_EQ(t.apply({{"user", "hi"}}, false).text, "### User: hi\n");
+}
+
+TEST(ChatTemplate, ErrorsNameTheOriginLineAndColumn) {
+  const std::string syntax = error_of([] { ChatTemplate("{% if x %}\n{{ 1 + }}", "file t.jinja", "", ""); });
+  EXPECT_NE(syntax.find("file t.jinja"), std::string::npos) << syntax;
+  EXPECT_NE(syntax.find("line 2, column 8"), std::string::npos) << syntax;
+  const ChatTemplate raising("a\n  {{ raise_exception('No ' ~ messages[0].role) }}", "x", "", "");
+  const std::string raised = error_of([&] { raising.apply({{"tool", "t"}}, true); });
+  EXPECT_NE(raised.find("line 2, column 6: No tool"), std::string::npos) << raised;
+}
+
+TEST(ChatTemplate, ContentRangesPointAtEachMessage) {
+  const ChatTemplate t(builtin_chat_template("chatml"), "chatml", "<s>", "<|im_end|>");
+  const std::vector<ChatMessage> conv = {{"user", "user"}, {"assistant", "  spaced  "}, {"user", "<|im_end|>"}};
+  const RenderedPrompt p = t.apply(conv, true);
+  ASSERT_EQ(p.content_ranges.size(), 3u);
+  for (size_t k = 0; k < 3; ++k)
+    EXPECT_EQ(p.text.substr(p.content_ranges[k].first, p.content_ranges[k].second - p.content_ranges[k].first),
+              conv[k].content);
+  // In order, after the turn's header.
+  EXPECT_EQ(p.text.compare(p.content_ranges[2].first - 5, 5, "user\n"), 0) << p.text;
+  // A template that trims the content: the trimmed text is located.
+  const ChatTemplate gemma(builtin_chat_template("gemma"), "gemma", "<bos>", "<eos>");
+  const RenderedPrompt g = gemma.apply({{"user", "  hi there \n"}}, true);
+  ASSERT_EQ(g.content_ranges.size(), 1u);
+  EXPECT_EQ(g.text.substr(g.content_ranges[0].first, g.content_ranges[0].second - g.content_ranges[0].first),
+            "hi there");
+}
+
+TEST(ChatTemplate, SystemPromptProbe) {
+  const ChatTemplate gemma(builtin_chat_template("gemma"), "built-in chat template gemma", "<bos>", "<eos>");
+  const std::string msg = error_of([&] { gemma.check_system_prompt("Be brief."); });
+  EXPECT_NE(msg.find("System role not supported"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("-sys"), std::string::npos) << msg;
+  EXPECT_NO_THROW(gemma.check_system_prompt(""));
+  const ChatTemplate chatml(builtin_chat_template("chatml"), "chatml", "<s>", "<|im_end|>");
+  EXPECT_NO_THROW(chatml.check_system_prompt("Be brief."));
+  // A template that fails on any conversation says so, not that the system
+  // prompt is at fault.
+  const ChatTemplate broken("{{ functions.x }}", "broken", "", "");
+  const std::string b = error_of([&] { broken.check_system_prompt("Be brief."); });
+  EXPECT_NE(b.find("'functions' is undefined"), std::string::npos) << b;
+  EXPECT_EQ(b.find("-sys"), std::string::npos) << b;
 }

@@ -24,10 +24,15 @@ if [ -d "$DATA/models" ]; then
     [ -e "$MODELS/$(basename "$f")" ] || ln -s "$(realpath "$f")" "$MODELS/"
   done
 fi
-TARGETS="fuzz_gguf fuzz_safetensors fuzz_hf_config fuzz_tokenizer fuzz_bpe_tokenizer fuzz_chat_template fuzz_batch_input"
+TARGETS="fuzz_gguf fuzz_safetensors fuzz_hf_config fuzz_tokenizer fuzz_bpe_tokenizer fuzz_chat_template fuzz_batch_input fuzz_jinja"
 for t in $TARGETS; do
   mkdir -p "$OUT/$t"
   if [ -d "tests/fuzz/seeds/$t" ]; then cp tests/fuzz/seeds/"$t"/* "$OUT/$t/"; fi
+done
+
+# Jinja: the real chat templates in ../shared/templates and the built-in ones.
+for f in ../shared/templates/*.jinja src/chat_templates/*.jinja; do
+  [ -f "$f" ] && cp "$f" "$OUT/fuzz_jinja/"
 done
 
 # GGUF: tiny writer-produced models (every weight type the writer makes, a

@@ -24,6 +24,8 @@ for t in "$@"; do
   [ -f "tests/fuzz/$t.dict" ] && extra+=(-dict="tests/fuzz/$t.dict")
   # GGUF seeds are whole tiny models; bigger inputs only slow the target down.
   [ "$t" = fuzz_gguf ] && extra+=(-max_len=200000)
+  # Real chat templates run to 20 KB.
+  [ "$t" = fuzz_jinja ] && extra+=(-max_len=32768)
   log=$BUILD/fuzz-logs/$t.log
   # timeout: a unit slower than 10 s is a hang. rss/malloc limits: an input
   # that makes the reader allocate 2 GB is a bug too.

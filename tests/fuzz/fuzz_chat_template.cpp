@@ -1,8 +1,8 @@
-// libFuzzer target: the chat-template renderer (chat_template_apply) with
-// fuzzed conversations, template detection on arbitrary Jinja text, and the
-// rendered prompt tokenized as chat does it (parse_special on, stories260K
-// vocabulary). A runlm::Error (e.g. a role order the template forbids) is a
-// correct rejection; anything else is a bug.
+// libFuzzer target: the built-in chat templates (ChatTemplate::apply) with
+// fuzzed conversations, and the rendered prompt tokenized as chat does it
+// (tokenize_prompt, stories260K vocabulary). A runlm::Error (e.g. a role
+// order the template forbids) is a correct rejection; anything else is a
+// bug. tests/fuzz/fuzz_jinja.cpp fuzzes the template text itself.
 //
 // Input: byte 0 picks the template (0-4 the known ones, 5 an unknown name)
 // and bit 3 add_generation_prompt; the rest is split at 0x00 into messages,
@@ -52,13 +52,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
 
   try {
-    (void)chat_template_detect(rest);
-  } catch (const Error&) {
-  }
-  try {
-    (void)chat_template_end_marker(name);
-    const std::string prompt = chat_template_apply(name, messages, add_generation_prompt);
-    const std::vector<int> ids = tokenizer().encode(prompt, /*add_bos=*/true, /*parse_special=*/true);
+    const ChatTemplate tmpl(builtin_chat_template(name), name, "<s>", "</s>");
+    const RenderedPrompt prompt = tmpl.apply(messages, add_generation_prompt);
+    for (const auto& r : prompt.content_ranges)
+      if (r.first > r.second || r.second > prompt.text.size()) __builtin_trap();
+    const std::vector<int> ids = tokenize_prompt(tokenizer(), prompt);
     (void)tokenizer().decode(ids);
   } catch (const Error&) {
   }
