@@ -24,6 +24,7 @@
 #include "cuda/gpu_ops.h"
 #include "cuda/paged_attention.h"
 #include "engine.h"
+#include "engine_support.h"
 #include "model.h"
 #include "ops.h"
 
@@ -152,6 +153,7 @@ class CudaEngine final : public Engine {
  public:
   CudaEngine(const Model& model, const EngineOptions& opt)
       : model_(model), cfg_(model.config()), attn_(opt.attn) {
+    require_cuda_engine_support(cfg_);
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
       cudaGetLastError();
