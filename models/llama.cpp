@@ -98,7 +98,8 @@ std::vector<std::string> ModelConfig::features_beyond_llama() const {
   if (post_norms) f.push_back("post-attention/post-FFN norms");
   if (fused_gate_up) f.push_back("fused gate+up FFN");
   if (embd_scale != 1.0f) f.push_back("embedding scale");
-  if (attn_scale != 0.0f && attn_scale != 1.0f / std::sqrt(static_cast<float>(head_dim))) f.push_back("attention scale other than 1/sqrt(head_dim)");
+  if (attn_scale != 0.0f && attn_scale != 1.0f / std::sqrt(static_cast<float>(head_dim)))
+    f.push_back("attention scale other than 1/sqrt(head_dim)");
   if (attn_softcap != 0.0f) f.push_back("attention logit soft-cap");
   if (final_softcap != 0.0f) f.push_back("final logit soft-cap");
   return f;
@@ -138,7 +139,12 @@ ModelConfig read_model_config(const GgufFile& g) {
   // llama.cpp's reading: the type defaults to linear, a factor alone scales linearly.
   const auto scaling_type = g.get_string_opt(p + "rope.scaling.type");
   const auto scaling_factor = g.get_float_opt(p + "rope.scaling.factor");
-  const std::string type = scaling_type.value_or(scaling_factor ? "linear" : "none");
+  // llama.cpp's phi3 converter writes longrope's factor tensors and
+  // attn_factor without the type key; its phi3 graph uses them whenever present.
+  const bool longrope_tensors = g.find_tensor(tensor_name(TensorRole::RopeFactorsLong)) ||
+                                g.find_tensor(tensor_name(TensorRole::RopeFactorsShort));
+  const std::string type =
+      scaling_type.value_or(d.longrope && longrope_tensors ? "longrope" : scaling_factor ? "linear" : "none");
   if (type == "linear") {
     const double factor = scaling_factor.value_or(0.0);
     RUNLM_CHECK(!scaling_type || scaling_factor, "%s: %srope.scaling.type is linear but rope.scaling.factor is missing",

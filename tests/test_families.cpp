@@ -345,6 +345,16 @@ TEST(Families, LongropeFactorsFollowTheContextSize) {
   const ModelConfig c = Model::load(lr.str())->config();
   EXPECT_EQ(c.rope_factors, RopeFactors::LongShort);
   EXPECT_FLOAT_EQ(c.rope_attn_factor, 1.2f);
+  // llama.cpp's converter writes the factors without the type key: the same model.
+  TempPath no_type(".gguf");
+  auto with_type = GgufFile::open(lr.str());
+  GgufWriter w2;
+  for (const GgufKV& kv : with_type->metadata())
+    if (kv.key != "phi3.rope.scaling.type") w2.set(kv.key, kv.value);
+  for (const auto& t : with_type->tensors()) w2.add_tensor(t.name, t.type, t.ne, with_type->tensor_data(t));
+  w2.write(no_type.str());
+  EXPECT_EQ(Model::load(no_type.str())->config().rope_factors, RopeFactors::LongShort);
+  EXPECT_EQ(max_abs_diff(logits_of(lr.str(), 128), logits_of(no_type.str(), 128)), 0.0);
   const auto plain = logits_of(base.str(), 64), short_ctx = logits_of(lr.str(), 64), long_ctx = logits_of(lr.str(), 128);
   EXPECT_GT(max_abs_diff(plain, short_ctx), 1e-4);  // the attention factor
   EXPECT_GT(max_abs_diff(short_ctx, long_ctx), 1e-4);  // the long factors
