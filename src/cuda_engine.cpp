@@ -1121,6 +1121,7 @@ bool cuda_device_available() {
 }
 
 std::string cuda_model_unsupported_reason(const Model& model) {
+  if (std::string layer = cuda_engine_unsupported_layer(model.config()); !layer.empty()) return layer;
   const ModelWeights& w = model.weights();
   std::vector<const WeightView*> all = {&w.tok_embd, &w.output};
   for (const auto& l : w.layers)

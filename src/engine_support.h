@@ -5,12 +5,17 @@
 // it with a part of its layer silently left out.
 #pragma once
 
+#include <string>
+
 #include "llama.h"
 
 namespace runlm {
 
-// Error ("the CUDA engine does not implement FEATURE (architecture ARCH)
-// yet; use --device cpu") when c uses anything beyond the Llama layer.
+// "the CUDA engine does not implement FEATURES (architecture ARCH) yet; use
+// --device cpu" when c uses anything beyond the Llama layer, else "".
+// --device auto takes the CPU with this reason.
+std::string cuda_engine_unsupported_layer(const ModelConfig& c);
+// The same as an Error (the CUDA engine's constructor).
 void require_cuda_engine_support(const ModelConfig& c);
 
 }  // namespace runlm

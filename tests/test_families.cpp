@@ -420,6 +420,8 @@ TEST(Families, CudaEngineSupportCheckNamesFeatureAndArchitecture) {
     make_model(path, f.preset, f.size);
     const ModelConfig c = Model::load(path.str())->config();
     const std::string err = error_of([&] { require_cuda_engine_support(c); });
+    // --device auto falls back to the CPU with the same reason.
+    EXPECT_EQ(cuda_engine_unsupported_layer(c), err == "<no error>" ? "" : err);
     if (std::string(f.preset) == "mistral-nemo-12b") {
       EXPECT_EQ(err, "<no error>");  // head_dim != dim / heads alone is the Llama layer
     } else {
