@@ -61,7 +61,10 @@ struct ArchDesc {
   bool qkv_bias;             // attn_q/k/v.bias read when present
   bool qk_norm;              // attn_q_norm and attn_k_norm required
   bool post_norms;           // post_attention_norm and post_ffw_norm required
-  bool fused_qkv;            // attn_qkv.weight accepted in place of q, k, v
+  // llama.cpp's converter writes attn_qkv.weight in place of q, k, v
+  // (phi3). A fused attn_qkv is read for every architecture, as llama.cpp's
+  // create_tensor_qkv does.
+  bool fused_qkv;
   bool fused_gate_up;        // ffn_up of 2 x feed_forward_length rows in place of ffn_gate + ffn_up
   bool output_tensor;        // output.weight read when present (false: logits always use token_embd)
   bool embd_scale_sqrt_dim;  // embeddings times sqrt(embedding_length)

@@ -235,7 +235,7 @@ ModelConfig read_model_config(const GgufFile& g) {
   c.ffn_act = d.ffn_act;
   c.qk_norm = d.qk_norm;
   c.post_norms = d.post_norms;
-  c.fused_qkv = d.fused_qkv && g.find_tensor(tensor_name(TensorRole::AttnQkv, 0));
+  c.fused_qkv = g.find_tensor(tensor_name(TensorRole::AttnQkv, 0)) != nullptr;
   c.qkv_bias = d.qkv_bias && g.find_tensor(tensor_name(TensorRole::AttnQBias, 0));
   c.fused_gate_up = d.fused_gate_up && !g.find_tensor(tensor_name(TensorRole::FfnGate, 0));
   if (d.embd_scale_sqrt_dim) c.embd_scale = std::sqrt(static_cast<float>(c.dim));

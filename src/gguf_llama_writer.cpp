@@ -117,7 +117,6 @@ void validate_llama_hparams(const LlamaHParams& hp, const std::string& src) {
   RUNLM_CHECK(hp.qk_norm == d.qk_norm && hp.post_norms == d.post_norms,
               "%s: %s %s q/k norms and %s post norms", s, d.gguf_name, d.qk_norm ? "needs" : "has no",
               d.post_norms ? "needs" : "has no");
-  RUNLM_CHECK(!hp.fused_qkv || d.fused_qkv, "%s: %s has no fused attn_qkv", s, d.gguf_name);
   RUNLM_CHECK(!hp.fused_gate_up || d.fused_gate_up, "%s: %s has no fused gate+up", s, d.gguf_name);
   RUNLM_CHECK(hp.rope_freqs.empty() || d.rope_freqs, "%s: %s has no rope_freqs", s, d.gguf_name);
   RUNLM_CHECK(d.output_tensor || hp.tied_embeddings, "%s: %s always ties the output to token_embd", s, d.gguf_name);

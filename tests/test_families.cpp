@@ -256,6 +256,12 @@ TEST(Families, FusedAndSplitTensorsGiveIdenticalLogits) {
   EXPECT_FALSE(Model::load(split.str())->config().fused_qkv);
   EXPECT_FALSE(Model::load(split.str())->config().fused_gate_up);
   EXPECT_EQ(max_abs_diff(logits_of(fused.str()), logits_of(split.str())), 0.0);
+  // Any family reads a fused attn_qkv, as llama.cpp does.
+  TempPath q_split(".gguf"), q_fused(".gguf");
+  make_model(q_split, "qwen2.5-7b", kFamilies[1].size);
+  make_model(q_fused, "qwen2.5-7b", kFamilies[1].size, "--fuse-qkv");
+  EXPECT_TRUE(Model::load(q_fused.str())->config().fused_qkv);
+  EXPECT_EQ(max_abs_diff(logits_of(q_fused.str()), logits_of(q_split.str())), 0.0);
 }
 
 TEST(Families, NeoxRopeIsAdjacentRopeOnInterleavedHalves) {

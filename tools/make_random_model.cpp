@@ -7,7 +7,7 @@
 //   make_random_model --preset NAME (see --help: llama2-7b, llama3-8b, qwen2.5-7b, qwen3-8b, gemma2-9b,
 //       gemma3-12b, phi3-mini, mistral-nemo-12b, ..., tiny)
 //       [--dim --hidden --layers --heads --kv-heads --head-dim --vocab --ctx --sliding-window]
-//       [--split-qkv] [--no-rope-freqs] [--rope-orig-ctx N]
+//       [--split-qkv | --fuse-qkv] [--no-rope-freqs] [--rope-orig-ctx N]
 //       --type f32|f16|bf16|q8_0|q4_0|q4_k|q6_k|q4_k_m -o out.gguf [--seed N]
 //       [--tokenizer PATH | --vocab-from VOCAB.gguf]
 //
@@ -144,6 +144,7 @@ int run(int argc, char** argv) {
       ("kv-heads", "key/value heads", cxxopts::value<int64_t>())
       ("head-dim", "head size (default: the preset's, else dim / heads)", cxxopts::value<int64_t>())
       ("split-qkv", "write attn_q/k/v and ffn_gate/ffn_up separately even where the family fuses them (phi3)")
+      ("fuse-qkv", "write one attn_qkv where the family's converter writes attn_q/k/v (llama.cpp reads either)")
       ("no-rope-freqs", "leave out rope_freqs.weight (llama3)")
       ("rope-orig-ctx", "llama3 RoPE scaling's original context (default: the preset's)", cxxopts::value<int64_t>())
       ("vocab-from", "copy the vocabulary (tokenizer.* keys) from this GGUF", cxxopts::value<std::string>())
@@ -220,7 +221,7 @@ int run(int argc, char** argv) {
   hp.qkv_bias = d.qkv_bias;
   hp.qk_norm = d.qk_norm;
   hp.post_norms = d.post_norms;
-  hp.fused_qkv = d.fused_qkv && !split;
+  hp.fused_qkv = (d.fused_qkv || args.count("fuse-qkv")) && !split;
   hp.fused_gate_up = d.fused_gate_up && !split;
   if (hp.arch == Arch::Gemma2) hp.attn_softcap = 50.0f, hp.final_softcap = 30.0f;
   if (preset->llama3_factor > 0 && !args.count("no-rope-freqs")) {
@@ -267,7 +268,7 @@ int run(int argc, char** argv) {
     const auto u = llama_tensor_specs(unfused);
     for (size_t i = 0; i < u.size(); ++i) number[u[i].name] = i;
   }
-  // The rows of a tensor: (tensor number, first row) pieces in order.
+  // Where a tensor's rows come from: (tensor number, row count) pieces in order.
   struct Piece {
     uint64_t tensor;
     int64_t rows;
