@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "attention_ref.h"
@@ -184,6 +185,80 @@ TEST(Families, DescriptionsResolveAsLlamaCppReadsThem) {
   EXPECT_EQ(cn.head_dim, 32);
   EXPECT_EQ(cn.rope_style, RopeStyle::Adjacent);
   EXPECT_TRUE(cn.features_beyond_llama().empty());
+}
+
+// y = W x for a GGUF matrix W of rows x cols (ne = {cols, rows}).
+std::vector<float> matvec(const std::vector<float>& w, const std::vector<float>& x) {
+  std::vector<float> y(w.size() / x.size());
+  for (size_t r = 0; r < y.size(); ++r) {
+    double acc = 0;
+    for (size_t c = 0; c < x.size(); ++c) acc += double(w[r * x.size() + c]) * x[c];
+    y[r] = float(acc);
+  }
+  return y;
+}
+
+std::vector<float> rms(const std::vector<float>& x, const std::vector<float>& w, float eps) {
+  double ss = 0;
+  for (float v : x) ss += double(v) * v;
+  const double inv = 1.0 / std::sqrt(ss / double(x.size()) + eps);
+  std::vector<float> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = float(x[i] * inv * w[i]);
+  return y;
+}
+
+TEST(Families, Gemma2FirstTokenMatchesTheLayerWrittenOut) {
+  // At position 0 attention returns V whatever q, k, RoPE and the soft-cap
+  // do, so the first token's logits follow from the rest of the layer alone:
+  // the embedding scale, the norms and post norms, GELU, the tied output and
+  // the final soft-cap, written out here in plain loops.
+  TempPath path(".gguf");
+  make_model(path, "gemma2-9b", "--dim 64 --hidden 128 --layers 1 --heads 2 --kv-heads 1 --head-dim 64");
+  auto g = GgufFile::open(path.str());
+  auto t = [&](const std::string& name) {
+    const GgufTensorInfo* info = g->find_tensor(name);
+    EXPECT_NE(info, nullptr) << name;
+    std::vector<float> v(size_t(info->n_elements()));
+    std::memcpy(v.data(), g->tensor_data(*info), v.size() * 4);  // f32 file
+    return v;
+  };
+  const float eps = float(g->get_float("gemma2.attention.layer_norm_rms_epsilon"));
+  const int tok = 17, dim = 64;
+  const std::vector<float> embd = t("token_embd.weight");
+  auto reference = [&](float embd_scale) {
+    std::vector<float> x(embd.begin() + tok * dim, embd.begin() + (tok + 1) * dim);
+    for (float& v : x) v *= embd_scale;
+    const std::vector<float> v = matvec(t("blk.0.attn_v.weight"), rms(x, t("blk.0.attn_norm.weight"), eps));
+    std::vector<float> att(v);
+    att.insert(att.end(), v.begin(), v.end());  // two query heads share the kv head
+    const std::vector<float> o =
+        rms(matvec(t("blk.0.attn_output.weight"), att), t("blk.0.post_attention_norm.weight"), eps);
+    for (int i = 0; i < dim; ++i) x[i] += o[i];
+    const std::vector<float> h = rms(x, t("blk.0.ffn_norm.weight"), eps);
+    std::vector<float> gate = matvec(t("blk.0.ffn_gate.weight"), h);
+    const std::vector<float> up = matvec(t("blk.0.ffn_up.weight"), h);
+    for (size_t i = 0; i < gate.size(); ++i) {
+      const double a = gate[i];
+      gate[i] = float(0.5 * a * (1 + std::tanh(std::sqrt(2 / M_PI) * (a + 0.044715 * a * a * a))) * up[i]);
+    }
+    const std::vector<float> d =
+        rms(matvec(t("blk.0.ffn_down.weight"), gate), t("blk.0.post_ffw_norm.weight"), eps);
+    for (int i = 0; i < dim; ++i) x[i] += d[i];
+    std::vector<float> logits = matvec(embd, rms(x, t("output_norm.weight"), eps));
+    for (float& l : logits) l = 30.0f * std::tanh(l / 30.0f);
+    return logits;
+  };
+  const std::vector<float> want = reference(std::sqrt(64.0f)), unscaled = reference(1.0f);
+
+  auto m = Model::load(path.str());
+  auto e = cpu(*m);
+  std::vector<float> got(want.size());
+  e->forward(&tok, 1, 0, got.data(), false);
+  double worst = 0;
+  for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, double(std::abs(got[i] - want[i])));
+  EXPECT_LT(worst, 1e-3) << "max |logit difference|";
+  // The embedding scale matters: without it the logits are far off.
+  EXPECT_GT(max_abs_diff(got, unscaled), 100 * worst);
 }
 
 TEST(Families, FinalSoftcapIsCapTimesTanhOfUncappedLogits) {
