@@ -17,7 +17,8 @@
 //
 // Weights are scaled so activations stay near unit variance through the
 // network: 2-D weights U(-a, a) with a = sqrt(3 / fan_in), norms 1 + small
-// noise, embeddings roughly N(0, 1). Each row has its own generator seeded
+// noise, embeddings roughly N(0, 1) (N(0, 1/dim) for Gemma, which scales
+// them by sqrt(dim)). Each row has its own generator seeded
 // from (seed, tensor, row), so rows are generated and quantized in parallel
 // and the output does not depend on the thread count. The tensor number is
 // that of the unfused layout, so a fused attn_qkv or gate+up ffn_up holds
@@ -121,7 +122,7 @@ void fill_row(Fill kind, float scale, uint64_t state, float* out, int64_t n) {
         // times sqrt(3) gives unit variance, close enough to a normal.
         const float s = static_cast<float>(x & 0xffff) + static_cast<float>((x >> 16) & 0xffff) +
                         static_cast<float>((x >> 32) & 0xffff) + static_cast<float>(x >> 48);
-        out[i] = kSqrt3 * (s * kInv16 - 2.0f);
+        out[i] = scale * (kSqrt3 * (s * kInv16 - 2.0f));
         break;
       }
     }
@@ -286,7 +287,12 @@ int run(int argc, char** argv) {
                       : spec.ne.size() == 1 ? Fill::Norm
                       : spec.role == TensorRole::TokenEmbd ? Fill::Embedding
                                                           : Fill::Uniform;
-    const float scale = kSqrt3 / std::sqrt(static_cast<float>(n_cols));  // unit-variance outputs
+    // Unit-variance outputs; embeddings N(0, 1), or N(0, 1/dim) where the
+    // family multiplies them by sqrt(dim) (Gemma), so the residual stream
+    // starts at unit size either way.
+    const float scale = kind != Fill::Embedding ? kSqrt3 / std::sqrt(static_cast<float>(n_cols))
+                        : d.embd_scale_sqrt_dim ? 1.0f / std::sqrt(static_cast<float>(n_cols))
+                                                : 1.0f;
     const DType type = choice.type;
     const std::vector<float>* fixed = spec.role == TensorRole::RopeFreqs          ? &hp.rope_freqs
                                       : spec.role == TensorRole::RopeFactorsLong  ? &hp.rope_long
