@@ -327,15 +327,16 @@ ConvertResult convert_hf(const std::string& dir, const std::string& out_path, st
                                       cfg.llama3_high_freq_factor, static_cast<double>(cfg.rope_scaling_original_context));
   }
   if (cfg.arch == Arch::Phi3) {
-    hp.n_rot = static_cast<int64_t>(cfg.partial_rotary_factor * static_cast<double>(cfg.hidden_size)) / cfg.num_attention_heads;
-    // llama.cpp's converter writes the window (0 when none); its phi3 graph ignores it.
+    // As llama.cpp's converter: int(partial_rotary_factor * hidden_size) // heads.
+    hp.n_rot = static_cast<int64_t>(cfg.partial_rotary_factor * static_cast<double>(cfg.hidden_size)) /
+               cfg.num_attention_heads;
     if (cfg.rope_scaling_type == "longrope") {
       hp.rope_long = cfg.longrope_long;
       hp.rope_short = cfg.longrope_short;
       const double scale = static_cast<double>(cfg.max_position_embeddings) / cfg.rope_scaling_original_context;
-      hp.rope_attn_factor = scale > 1.0 ? static_cast<float>(std::sqrt(1 + std::log(scale) /
-                                                                        std::log(static_cast<double>(cfg.rope_scaling_original_context))))
-                                        : 1.0f;
+      // llama.cpp's converter: sqrt(1 + ln(scale) / ln(original context)) when scale > 1.
+      const double orig = static_cast<double>(cfg.rope_scaling_original_context);
+      hp.rope_attn_factor = scale > 1.0 ? static_cast<float>(std::sqrt(1 + std::log(scale) / std::log(orig))) : 1.0f;
       RUNLM_CHECK(int64_t(hp.rope_long.size()) == hp.n_rot / 2 && int64_t(hp.rope_short.size()) == hp.n_rot / 2,
                   "%s: longrope factors have %zu and %zu values, expected %lld", dir.c_str(), hp.rope_long.size(),
                   hp.rope_short.size(), static_cast<long long>(hp.n_rot / 2));
