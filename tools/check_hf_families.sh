@@ -4,8 +4,11 @@
 # `runlm convert`, runs it with tools/dump_logits on the CPU (and on CUDA
 # when the build has it and a GPU is present) and compares: the logits'
 # maximum relative error (max |runlm - hf| / max |hf| over the whole
-# sequence) must be below TOL (default 1e-3: float32 on both sides, the
-# differences are summation order) and the 32 greedy ids must be equal.
+# sequence) must be below TOL (default 1e-3 on the CPU: float32 on both
+# sides, the differences are summation order; CUDA_TOL, default 2e-2, on the
+# GPU, whose matmuls and KV cache run in half precision) and the 32 greedy
+# ids must be equal. The CUDA engine refuses the layers it does not
+# implement yet; those rows say so and do not fail the check.
 #
 #   tools/check_hf_families.sh [BUILD_DIR] [WORK_DIR]
 #
@@ -20,6 +23,7 @@ if [[ -z $BUILD ]]; then
 fi
 WORK=${2:-$(mktemp -d /tmp/check_hf_families.XXXXXX)}
 TOL=${TOL:-1e-3}
+CUDA_TOL=${CUDA_TOL:-2e-2}
 for b in runlm dump_logits; do
   [[ -x $BUILD/$b ]] || { echo "missing $BUILD/$b (build the runlm and dump_logits targets)" >&2; exit 2; }
 done
@@ -28,8 +32,7 @@ status=0
 python3 tools/hf_families_reference.py "$WORK" || { echo "some reference models were not built (see above)" >&2; status=1; }
 
 devices=(cpu)
-if "$BUILD/runlm" generate --help 2>/dev/null | grep -q cuda && command -v nvidia-smi > /dev/null &&
-   nvidia-smi -L > /dev/null 2>&1; then
+if command -v nvidia-smi > /dev/null && nvidia-smi -L > /dev/null 2>&1; then
   devices+=(cuda)
 fi
 
@@ -47,6 +50,10 @@ for dir in "$WORK"/*/; do
     if ! "$BUILD/dump_logits" -m "$dir/model.gguf" --ids "$ids" --greedy 32 --device "$dev" \
          -o "$dir/runlm_$dev.json" > "$dir/run_$dev.log" 2>&1; then
       # The CUDA engine refuses layers it does not implement yet: reported, not failed.
+      if [[ $dev == cuda ]] && grep -q "built without CUDA" "$dir/run_$dev.log"; then
+        printf "%-18s %-6s %-10s %s\n" "$name" "$dev" ok "skipped: a CPU-only build"
+        continue
+      fi
       if [[ $dev == cuda ]] && grep -q "CUDA engine does not implement" "$dir/run_$dev.log"; then
         printf "%-18s %-6s %-10s %s\n" "$name" "$dev" ok "refused: $(grep -o 'does not implement.*' "$dir/run_$dev.log" | head -1)"
         continue
@@ -55,7 +62,9 @@ for dir in "$WORK"/*/; do
       status=1
       continue
     fi
-    if ! python3 - "$dir/reference.json" "$dir/runlm_$dev.json" "$TOL" "$name" "$dev" <<'PY'
+    tol=$TOL
+    [[ $dev == cuda ]] && tol=$CUDA_TOL
+    if ! python3 - "$dir/reference.json" "$dir/runlm_$dev.json" "$tol" "$name" "$dev" <<'PY'
 import json, sys
 import numpy as np
 ref, got, tol, name, dev = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), float(sys.argv[3]), sys.argv[4], sys.argv[5]
@@ -74,5 +83,6 @@ PY
     fi
   done
 done
-[[ $status == 0 ]] && echo "all families agree (tolerance $TOL)" || echo "some families disagree (tolerance $TOL)"
+[[ $status == 0 ]] && echo "all families agree (tolerance $TOL, CUDA $CUDA_TOL)" ||
+  echo "some families disagree (tolerance $TOL, CUDA $CUDA_TOL)"
 exit $status
