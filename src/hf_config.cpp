@@ -176,10 +176,9 @@ HfConfig parse_hf_config(const std::string& text, const std::string& src) {
                 src.c_str(), c.partial_rotary_factor);
   }
   if (gemma) {
-    if (const json* v = member(j, "attn_logit_softcapping")) {
+    if (member(j, "attn_logit_softcapping")) {
       RUNLM_CHECK(c.arch == Arch::Gemma2, "%s: attn_logit_softcapping is not part of Gemma3", src.c_str());
       c.attn_softcap = number(j, "attn_logit_softcapping", src, 0.0);
-      (void)v;
     }
     RUNLM_CHECK(c.arch != Arch::Gemma2 || c.attn_softcap, "%s: Gemma2 without attn_logit_softcapping is not supported "
                 "(llama.cpp's gemma2 always caps, default 50)", src.c_str());
