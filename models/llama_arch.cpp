@@ -9,13 +9,6 @@
 namespace runlm {
 
 namespace {
-struct ArchRow {
-  Arch arch;
-  const char* gguf_name;
-};
-// GGUF's general.architecture values accepted. llama.cpp writes Mistral 7B
-// as "llama" with a sliding_window key; "mistral" is accepted as well.
-constexpr ArchRow kArchs[] = {{Arch::Llama, "llama"}, {Arch::Mistral, "mistral"}};
 
 // llama.attention.sliding_window_pattern, as llama.cpp reads it: an array
 // with one flag a layer (true = the sliding window applies), or an integer n
@@ -52,6 +45,7 @@ struct TensorRow {
   const char* name;  // per-layer names get the "blk.N." prefix
   bool per_layer;
 };
+// llama.cpp's LLM_TENSOR_NAMES for the roles of models/arch.h.
 constexpr TensorRow kTensors[] = {
     {TensorRole::TokenEmbd, "token_embd.weight", false},
     {TensorRole::OutputNorm, "output_norm.weight", false},
@@ -65,6 +59,17 @@ constexpr TensorRow kTensors[] = {
     {TensorRole::FfnGate, "ffn_gate.weight", true},
     {TensorRole::FfnUp, "ffn_up.weight", true},
     {TensorRole::FfnDown, "ffn_down.weight", true},
+    {TensorRole::AttnQkv, "attn_qkv.weight", true},
+    {TensorRole::AttnQBias, "attn_q.bias", true},
+    {TensorRole::AttnKBias, "attn_k.bias", true},
+    {TensorRole::AttnVBias, "attn_v.bias", true},
+    {TensorRole::AttnQNorm, "attn_q_norm.weight", true},
+    {TensorRole::AttnKNorm, "attn_k_norm.weight", true},
+    {TensorRole::AttnPostNorm, "post_attention_norm.weight", true},
+    {TensorRole::FfnPostNorm, "post_ffw_norm.weight", true},
+    {TensorRole::RopeFreqs, "rope_freqs.weight", false},
+    {TensorRole::RopeFactorsLong, "rope_factors_long.weight", false},
+    {TensorRole::RopeFactorsShort, "rope_factors_short.weight", false},
 };
 
 int positive_int(const GgufFile& g, const std::string& key) {
@@ -75,10 +80,29 @@ int positive_int(const GgufFile& g, const std::string& key) {
 }
 }  // namespace
 
-const char* arch_name(Arch a) {
-  for (const auto& r : kArchs)
-    if (r.arch == a) return r.gguf_name;
-  return "?";
+const char* arch_name(Arch a) { return arch_desc(a).gguf_name; }
+
+std::vector<std::string> ModelConfig::features_beyond_llama() const {
+  std::vector<std::string> f;
+  if (rope_style != RopeStyle::Adjacent) f.push_back("NeoX RoPE");
+  if (n_rot != 0 && n_rot != head_dim) f.push_back("partial RoPE");
+  if (rope_factors == RopeFactors::Freqs) f.push_back("rope_freqs (llama3 RoPE scaling)");
+  if (rope_factors == RopeFactors::LongShort) f.push_back("longrope RoPE factors");
+  if (rope_attn_factor != 1.0f) f.push_back("RoPE attention factor");
+  if (local_rope && (rope_theta_local != rope_theta || rope_freq_scale_local != rope_freq_scale))
+    f.push_back("a separate RoPE base for local layers");
+  if (ffn_act != FfnActivation::SiLU) f.push_back("GELU FFN");
+  if (fused_qkv) f.push_back("fused attn_qkv");
+  if (qkv_bias) f.push_back("q/k/v biases");
+  if (qk_norm) f.push_back("q/k RMSNorm");
+  if (post_norms) f.push_back("post-attention/post-FFN norms");
+  if (fused_gate_up) f.push_back("fused gate+up FFN");
+  if (embd_scale != 1.0f) f.push_back("embedding scale");
+  if (attn_scale() != 1.0f / std::sqrt(static_cast<float>(head_dim)))
+    f.push_back("attention scale other than 1/sqrt(head_dim)");
+  if (attn_softcap != 0.0f) f.push_back("attention logit soft-cap");
+  if (final_softcap != 0.0f) f.push_back("final logit soft-cap");
+  return f;
 }
 
 std::string tensor_name(TensorRole role, int layer) {
@@ -90,12 +114,13 @@ std::string tensor_name(TensorRole role, int layer) {
 ModelConfig read_model_config(const GgufFile& g) {
   ModelConfig c;
   const std::string arch = g.get_string("general.architecture");
-  const ArchRow* row = nullptr;
-  for (const auto& r : kArchs)
-    if (arch == r.gguf_name) row = &r;
-  RUNLM_CHECK(row, "%s: unknown architecture '%s'; supported: llama, mistral", g.path().c_str(), arch.c_str());
-  c.arch = row->arch;
+  const ArchDesc* desc = find_arch(arch);
+  RUNLM_CHECK(desc, "%s: unknown architecture '%s'; supported: %s", g.path().c_str(), arch.c_str(),
+              supported_arch_names().c_str());
+  const ArchDesc& d = *desc;
+  c.arch = d.arch;
   const std::string p = arch + ".";
+  const char* path = g.path().c_str();
   c.name = g.get_string_opt("general.name").value_or("");
   c.dim = positive_int(g, p + "embedding_length");
   c.hidden_dim = positive_int(g, p + "feed_forward_length");
@@ -104,52 +129,135 @@ ModelConfig read_model_config(const GgufFile& g) {
   c.n_kv_heads = g.find(p + "attention.head_count_kv") ? positive_int(g, p + "attention.head_count_kv") : c.n_heads;
   c.ctx_train = positive_int(g, p + "context_length");
   c.head_dim = g.find(p + "attention.key_length") ? positive_int(g, p + "attention.key_length") : c.dim / c.n_heads;
+  if (g.find(p + "attention.value_length")) {
+    const int v = positive_int(g, p + "attention.value_length");
+    RUNLM_CHECK(v == c.head_dim, "%s: %sattention.value_length %d differs from the key length %d; not supported", path,
+                p.c_str(), v, c.head_dim);
+  }
   c.rms_eps = static_cast<float>(g.get_float_opt(p + "attention.layer_norm_rms_epsilon").value_or(1e-5));
   c.rope_theta = static_cast<float>(g.get_float_opt(p + "rope.freq_base").value_or(10000.0));
-  if (auto type = g.get_string_opt(p + "rope.scaling.type"); type && *type != "none") {
-    RUNLM_CHECK(*type == "linear", "%s: rope scaling type '%s' is not supported (supported: linear)",
-                g.path().c_str(), type->c_str());
-    const double factor = g.get_float(p + "rope.scaling.factor");
-    RUNLM_CHECK(factor > 0, "%s: rope.scaling.factor must be positive", g.path().c_str());
-    c.rope_freq_scale = static_cast<float>(1.0 / factor);
+  // llama.cpp's reading: the type defaults to linear, a factor alone scales linearly.
+  const auto scaling_type = g.get_string_opt(p + "rope.scaling.type");
+  const auto scaling_factor = g.get_float_opt(p + "rope.scaling.factor");
+  // llama.cpp's phi3 converter writes longrope's factor tensors and
+  // attn_factor without the type key; its phi3 graph uses them whenever present.
+  const bool longrope_tensors = g.find_tensor(tensor_name(TensorRole::RopeFactorsLong)) ||
+                                g.find_tensor(tensor_name(TensorRole::RopeFactorsShort));
+  const std::string type =
+      scaling_type.value_or(d.longrope && longrope_tensors ? "longrope" : scaling_factor ? "linear" : "none");
+  if (type == "linear") {
+    const double factor = scaling_factor.value_or(0.0);
+    RUNLM_CHECK(!scaling_type || scaling_factor, "%s: %srope.scaling.type is linear but rope.scaling.factor is missing",
+                path, p.c_str());
+    RUNLM_CHECK(factor >= 0, "%s: rope.scaling.factor must be positive", path);
+    c.rope_freq_scale = factor == 0 ? 1.0f : static_cast<float>(1.0 / factor);
+  } else if (type == "longrope") {
+    RUNLM_CHECK(d.longrope, "%s: rope scaling type 'longrope' is not supported for architecture %s", path,
+                arch.c_str());
+    RUNLM_CHECK(g.find_tensor(tensor_name(TensorRole::RopeFactorsLong)) &&
+                    g.find_tensor(tensor_name(TensorRole::RopeFactorsShort)),
+                "%s: rope scaling type 'longrope' needs the tensors %s and %s", path,
+                tensor_name(TensorRole::RopeFactorsLong).c_str(), tensor_name(TensorRole::RopeFactorsShort).c_str());
+    c.rope_factors = RopeFactors::LongShort;
+    c.rope_attn_factor = static_cast<float>(g.get_float_opt(p + "rope.scaling.attn_factor").value_or(1.0));
+    RUNLM_CHECK(std::isfinite(c.rope_attn_factor) && c.rope_attn_factor > 0,
+                "%s: %srope.scaling.attn_factor must be positive", path, p.c_str());
+  } else {
+    RUNLM_CHECK(type == "none", "%s: rope scaling type '%s' is not supported (supported: none, linear%s)", path,
+                type.c_str(), d.longrope ? ", longrope" : "");
   }
-  if (auto w = g.get_int_opt(p + "attention.sliding_window"); w && *w > 0) {
-    RUNLM_CHECK(*w < (int64_t{1} << 31), "%s: %s = %lld is out of range", g.path().c_str(),
-                (p + "attention.sliding_window").c_str(), static_cast<long long>(*w));
-    c.sliding_window = static_cast<int>(*w);
+  c.rope_orig_ctx = c.ctx_train;
+  if (g.find(p + "rope.scaling.original_context_length"))
+    c.rope_orig_ctx = positive_int(g, p + "rope.scaling.original_context_length");
+  if (g.find_tensor(tensor_name(TensorRole::RopeFreqs))) {
+    RUNLM_CHECK(d.rope_freqs, "%s: tensor %s is not used by architecture %s", path,
+                tensor_name(TensorRole::RopeFreqs).c_str(), arch.c_str());
+    RUNLM_CHECK(c.rope_factors == RopeFactors::None, "%s: both rope_freqs and longrope factors", path);
+    c.rope_factors = RopeFactors::Freqs;
   }
-  if (const GgufValue* pat = g.find(p + "attention.sliding_window_pattern"))
-    c.swa_layers = read_swa_pattern(g, p, *pat, c.n_layers);
+
+  // Sliding window: the key, else the architecture's default; layers as the
+  // pattern key says, else the architecture's pattern.
+  int64_t window = d.default_window;
+  if (auto w = g.get_int_opt(p + "attention.sliding_window")) window = *w;
+  if (window > 0) {
+    RUNLM_CHECK(window < (int64_t{1} << 31), "%s: %s = %lld is out of range", path,
+                (p + "attention.sliding_window").c_str(), static_cast<long long>(window));
+    c.sliding_window = static_cast<int>(window);
+    if (const GgufValue* pat = g.find(p + "attention.sliding_window_pattern"))
+      c.swa_layers = read_swa_pattern(g, p, *pat, c.n_layers);
+    else if (d.swa_pattern > 0)
+      c.swa_layers = read_swa_pattern(g, p, GgufValue::make_u32(static_cast<uint32_t>(d.swa_pattern)), c.n_layers);
+  } else if (const GgufValue* pat = g.find(p + "attention.sliding_window_pattern")) {
+    c.swa_layers = read_swa_pattern(g, p, *pat, c.n_layers);  // validated; no window, so unused
+    c.swa_layers.clear();
+  }
+  c.local_rope = d.local_rope != LocalRope::Global && c.sliding_window > 0;
+  c.rope_theta_local = static_cast<float>(g.get_float_opt(p + "rope.freq_base_swa")
+                                              .value_or(d.local_rope == LocalRope::SwaKeyUnscaled ? 10000.0 : c.rope_theta));
+  c.rope_freq_scale_local = d.local_rope == LocalRope::SwaKeyUnscaled ? 1.0f : c.rope_freq_scale;
+  if (!c.local_rope) c.rope_theta_local = c.rope_theta, c.rope_freq_scale_local = c.rope_freq_scale;
+
   // NaN or non-positive values would silently turn every logit into NaN.
   RUNLM_CHECK(std::isfinite(c.rms_eps) && c.rms_eps > 0, "%s: %sattention.layer_norm_rms_epsilon = %g must be positive",
-              g.path().c_str(), p.c_str(), static_cast<double>(c.rms_eps));
-  RUNLM_CHECK(std::isfinite(c.rope_theta) && c.rope_theta > 0, "%s: %srope.freq_base = %g must be positive",
-              g.path().c_str(), p.c_str(), static_cast<double>(c.rope_theta));
+              path, p.c_str(), static_cast<double>(c.rms_eps));
+  RUNLM_CHECK(std::isfinite(c.rope_theta) && c.rope_theta > 0, "%s: %srope.freq_base = %g must be positive", path,
+              p.c_str(), static_cast<double>(c.rope_theta));
+  RUNLM_CHECK(std::isfinite(c.rope_theta_local) && c.rope_theta_local > 0, "%s: %srope.freq_base_swa = %g must be positive",
+              path, p.c_str(), static_cast<double>(c.rope_theta_local));
   RUNLM_CHECK(std::isfinite(c.rope_freq_scale) && c.rope_freq_scale > 0, "%s: %srope.scaling.factor gives the scale %g",
-              g.path().c_str(), p.c_str(), static_cast<double>(c.rope_freq_scale));
+              path, p.c_str(), static_cast<double>(c.rope_freq_scale));
 
-  RUNLM_CHECK(c.n_heads % c.n_kv_heads == 0, "%s: head_count %d is not a multiple of head_count_kv %d",
-              g.path().c_str(), c.n_heads, c.n_kv_heads);
+  RUNLM_CHECK(c.n_heads % c.n_kv_heads == 0, "%s: head_count %d is not a multiple of head_count_kv %d", path,
+              c.n_heads, c.n_kv_heads);
   // dim / n_heads is 0 when there are more heads than dimensions.
-  RUNLM_CHECK(c.head_dim > 0, "%s: head dimension is 0 (embedding_length %d < head_count %d)", g.path().c_str(), c.dim,
-              c.n_heads);
-  RUNLM_CHECK(c.head_dim % 2 == 0, "%s: head dimension %d must be even for RoPE", g.path().c_str(), c.head_dim);
+  RUNLM_CHECK(c.head_dim > 0, "%s: head dimension is 0 (embedding_length %d < head_count %d)", path, c.dim, c.n_heads);
+  RUNLM_CHECK(c.head_dim % 2 == 0, "%s: head dimension %d must be even for RoPE", path, c.head_dim);
   // q_dim() and kv_dim() are ints: n_heads * head_dim must fit (the engines
   // index activations with them).
   RUNLM_CHECK(static_cast<int64_t>(c.n_heads) * c.head_dim <= INT32_MAX,
-              "%s: head_count %d x head dimension %d overflows the query width", g.path().c_str(), c.n_heads,
-              c.head_dim);
-  if (auto rd = g.get_int_opt(p + "rope.dimension_count"))
-    RUNLM_CHECK(*rd == c.head_dim, "%s: partial rotary embedding (rope.dimension_count %lld of head dim %d) is not supported",
-                g.path().c_str(), static_cast<long long>(*rd), c.head_dim);
+              "%s: head_count %d x head dimension %d overflows the query width", path, c.n_heads, c.head_dim);
+  c.n_rot = c.head_dim;
+  if (auto rd = g.get_int_opt(p + "rope.dimension_count")) {
+    if (d.rope_dims_full)
+      RUNLM_CHECK(*rd == c.head_dim,
+                  "%s: partial rotary embedding (rope.dimension_count %lld of head dim %d) is not supported for "
+                  "architecture %s",
+                  path, static_cast<long long>(*rd), c.head_dim, arch.c_str());
+    RUNLM_CHECK(*rd > 0 && *rd <= c.head_dim && *rd % 2 == 0,
+                "%s: %srope.dimension_count %lld must be even and within the head dimension %d", path, p.c_str(),
+                static_cast<long long>(*rd), c.head_dim);
+    c.n_rot = static_cast<int>(*rd);
+  }
+
+  // The layer's structure from the description.
+  c.rope_style = d.rope_style;
+  c.ffn_act = d.ffn_act;
+  c.qk_norm = d.qk_norm;
+  c.post_norms = d.post_norms;
+  c.fused_qkv = g.find_tensor(tensor_name(TensorRole::AttnQkv, 0)) != nullptr;
+  c.qkv_bias = d.qkv_bias && g.find_tensor(tensor_name(TensorRole::AttnQBias, 0));
+  c.fused_gate_up = d.fused_gate_up && !g.find_tensor(tensor_name(TensorRole::FfnGate, 0));
+  if (d.embd_scale_sqrt_dim) c.embd_scale = std::sqrt(static_cast<float>(c.dim));
+  c.kq_scale = d.scale_by_dim_per_head_layers == c.n_layers
+                     ? 1.0f / std::sqrt(static_cast<float>(c.dim / c.n_heads))
+                     : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  auto softcap = [&](const SoftcapRule& r, const char* key) {
+    if (!r.read_key) return 0.0f;
+    const float v = static_cast<float>(g.get_float_opt(p + key).value_or(r.default_cap));
+    RUNLM_CHECK(std::isfinite(v) && v >= 0, "%s: %s%s = %g must be >= 0", path, p.c_str(), key, static_cast<double>(v));
+    return v;
+  };
+  c.attn_softcap = softcap(d.attn_softcap, "attn_logit_softcapping");
+  c.final_softcap = softcap(d.final_softcap, "final_logit_softcapping");
 
   const GgufTensorInfo* embd = g.find_tensor(tensor_name(TensorRole::TokenEmbd));
-  RUNLM_CHECK(embd, "%s: tensor not found in model: %s", g.path().c_str(), tensor_name(TensorRole::TokenEmbd).c_str());
-  RUNLM_CHECK(embd->ne.size() == 2, "%s: token_embd.weight must be 2-D", g.path().c_str());
+  RUNLM_CHECK(embd, "%s: tensor not found in model: %s", path, tensor_name(TensorRole::TokenEmbd).c_str());
+  RUNLM_CHECK(embd->ne.size() == 2, "%s: token_embd.weight must be 2-D", path);
   RUNLM_CHECK(embd->ne[1] > 0 && embd->ne[1] <= INT32_MAX, "%s: token_embd.weight has %lld rows (the vocabulary size); "
-              "expected 1..%d", g.path().c_str(), static_cast<long long>(embd->ne[1]), INT32_MAX);
+              "expected 1..%d", path, static_cast<long long>(embd->ne[1]), INT32_MAX);
   c.n_vocab = static_cast<int>(embd->ne[1]);
-  c.tied_embeddings = g.find_tensor(tensor_name(TensorRole::Output)) == nullptr;
+  c.tied_embeddings = !d.output_tensor || g.find_tensor(tensor_name(TensorRole::Output)) == nullptr;
   return c;
 }
 

@@ -1,7 +1,8 @@
-// Llama-family architectures as data: the GGUF architecture names runlm
-// accepts, the hyperparameter keys, and the tensor-name table. Mistral is a
-// Llama with a sliding window (llama.attention.sliding_window); TinyLlama and
-// Llama 1/2 differ only in shape, so all share this graph.
+// A model's hyperparameters and layer structure, read from a GGUF through
+// its architecture's description (models/arch.h): the keys, the tensor-name
+// table, and ModelConfig, the resolved description the forward passes read.
+// Llama 1/2/3, TinyLlama, Mistral, Qwen2, Qwen3, Gemma 2/3 and Phi-3 all run
+// the one graph this describes.
 #pragma once
 
 #include <cmath>
@@ -9,12 +10,16 @@
 #include <string>
 #include <vector>
 
+#include "arch.h"
+
 namespace runlm {
 
 class GgufFile;
 
-enum class Arch { Llama, Mistral };
 const char* arch_name(Arch a);
+
+// Per-pair RoPE frequency divisors a model carries as tensors.
+enum class RopeFactors { None, Freqs, LongShort };
 
 struct ModelConfig {
   Arch arch = Arch::Llama;
@@ -37,21 +42,42 @@ struct ModelConfig {
   std::vector<uint8_t> swa_layers;
   bool tied_embeddings = false;  // output.weight absent: logits use token_embd
 
+  // The layer's structure (models/arch.h), resolved from the architecture's
+  // description and the file. The defaults are the Llama graph.
+  RopeStyle rope_style = RopeStyle::Adjacent;
+  int n_rot = 0;                       // rotated dimensions of each head (rope.dimension_count)
+  float rope_theta_local = 10000.0f;   // base and scale of the sliding-window layers,
+  float rope_freq_scale_local = 1.0f;  // used when local_rope
+  bool local_rope = false;
+  RopeFactors rope_factors = RopeFactors::None;
+  float rope_attn_factor = 1.0f;       // cos and sin times this (longrope's rope.scaling.attn_factor)
+  int rope_orig_ctx = 0;               // longrope: a context above this uses the long factors
+  FfnActivation ffn_act = FfnActivation::SiLU;
+  bool fused_qkv = false;              // attn_qkv.weight: q, k, v rows in one matrix
+  bool qkv_bias = false;               // attn_q/k/v.bias
+  bool qk_norm = false;                // attn_q_norm, attn_k_norm: RMSNorm of each head before RoPE
+  bool post_norms = false;             // post_attention_norm, post_ffw_norm
+  bool fused_gate_up = false;          // ffn_up holds the gate rows then the up rows
+  float embd_scale = 1.0f;             // embeddings are multiplied by this (gemma: sqrt(dim))
+  float kq_scale = 0.0f;               // q.k multiplier where the architecture sets one; 0: 1/sqrt(head_dim)
+  float attn_softcap = 0.0f;           // attention logits cap * tanh(s / cap); 0 = none
+  float final_softcap = 0.0f;          // output logits likewise
+
+  // Whether anything differs from the plain Llama layer (the features the
+  // CUDA engine implements): the names of those that do, empty if none.
+  std::vector<std::string> features_beyond_llama() const;
+
   bool layer_uses_window(int layer) const { return swa_layers.empty() || swa_layers[size_t(layer)] != 0; }
   int q_dim() const { return n_heads * head_dim; }
   int kv_dim() const { return n_kv_heads * head_dim; }
-  // The softmax scale of attention, 1 / sqrt(head_dim): every engine's.
-  float attn_scale() const { return 1.0f / std::sqrt(static_cast<float>(head_dim)); }
+  // The softmax scale of attention (kq_scale, else 1 / sqrt(head_dim)): every engine's.
+  float attn_scale() const { return kq_scale != 0.0f ? kq_scale : 1.0f / std::sqrt(static_cast<float>(head_dim)); }
 };
 
 // Reads and validates the hyperparameters; an unknown architecture or a
 // missing key is an Error naming it and the file.
 ModelConfig read_model_config(const GgufFile& gguf);
 
-enum class TensorRole {
-  TokenEmbd, OutputNorm, Output,
-  AttnNorm, AttnQ, AttnK, AttnV, AttnOut, FfnNorm, FfnGate, FfnUp, FfnDown,
-};
 // GGUF name of a tensor: "token_embd.weight", "blk.3.attn_q.weight"...
 std::string tensor_name(TensorRole role, int layer = -1);
 

@@ -14,8 +14,8 @@
 namespace runlm {
 
 int cmd_convert(int argc, char** argv) {
-  cxxopts::Options opts("runlm convert", "Convert a llama2.c .bin checkpoint or a Hugging Face Llama/Mistral "
-                                         "directory to GGUF");
+  cxxopts::Options opts("runlm convert", "Convert a llama2.c .bin checkpoint or a Hugging Face directory "
+                                         "(Llama, Mistral, Qwen2, Qwen3, Gemma2, Gemma3, Phi3) to GGUF");
   opts.positional_help("SRC");
   opts.add_options()
       ("src", "llama2.c .bin file or Hugging Face model directory", cxxopts::value<std::string>())
@@ -50,8 +50,9 @@ int cmd_convert(int argc, char** argv) {
     r = convert_llama2c(src, tokenizer, out, type);
   }
   const LlamaHParams& hp = r.hparams;
-  std::printf("convert: wrote %s: %zu tensors, %.2fM params, %s, dim %lld, %lld layers, %lld/%lld heads, vocab %lld%s\n",
-              out.c_str(), r.n_tensors, static_cast<double>(r.n_params) / 1e6, dtype_name(r.type),
+  std::printf("convert: wrote %s: %s, %zu tensors, %.2fM params, %s, dim %lld, %lld layers, %lld/%lld heads, vocab %lld%s\n",
+              out.c_str(), hp.arch == Arch::Mistral ? "llama" : arch_name(hp.arch), r.n_tensors,
+              static_cast<double>(r.n_params) / 1e6, dtype_name(r.type),
               static_cast<long long>(hp.dim), static_cast<long long>(hp.n_layers), static_cast<long long>(hp.n_heads),
               static_cast<long long>(hp.n_kv_heads), static_cast<long long>(hp.vocab_size),
               hp.tied_embeddings ? ", tied embeddings" : "");

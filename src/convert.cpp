@@ -6,6 +6,7 @@
 
 #include <sys/stat.h>
 
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -15,6 +16,7 @@
 
 #include "common.h"
 #include "gguf.h"
+#include "hf_bpe_vocab.h"
 #include "hf_config.h"
 #include "mapped_file.h"
 #include "quantize.h"
@@ -206,28 +208,47 @@ ConvertResult convert_llama2c(const std::string& bin_path, const std::string& to
 
 namespace {
 
-// HF name of a GGUF tensor, and the head count whose rotate_half layout must
-// be undone (0: none).
+// HF name of a GGUF tensor, the head count whose rotate_half layout must
+// be undone (0: none), and what to add to every value (Gemma's RMSNorm
+// weights are stored as w - 1 and applied as 1 + w; llama.cpp's converter
+// stores 1 + w).
 struct HfSource {
   std::string name;
   int64_t permute_heads = 0;
+  float add = 0.0f;
 };
 
 HfSource hf_source(const LlamaTensorSpec& s, const LlamaHParams& hp) {
   const std::string layer = strfmt("model.layers.%d.", s.layer);
+  const bool gemma = hp.arch == Arch::Gemma2 || hp.arch == Arch::Gemma3;
+  // Only the adjacent-pair layout needs q and k rows reordered.
+  const bool adjacent = arch_desc(hp.arch).rope_style == RopeStyle::Adjacent;
+  const float norm_add = gemma ? 1.0f : 0.0f;
   switch (s.role) {
     case TensorRole::TokenEmbd: return {"model.embed_tokens.weight"};
-    case TensorRole::OutputNorm: return {"model.norm.weight"};
+    case TensorRole::OutputNorm: return {"model.norm.weight", 0, norm_add};
     case TensorRole::Output: return {"lm_head.weight"};
-    case TensorRole::AttnNorm: return {layer + "input_layernorm.weight"};
-    case TensorRole::AttnQ: return {layer + "self_attn.q_proj.weight", hp.n_heads};
-    case TensorRole::AttnK: return {layer + "self_attn.k_proj.weight", hp.n_kv_heads};
+    case TensorRole::AttnNorm: return {layer + "input_layernorm.weight", 0, norm_add};
+    case TensorRole::AttnQ: return {layer + "self_attn.q_proj.weight", adjacent ? hp.n_heads : 0};
+    case TensorRole::AttnK: return {layer + "self_attn.k_proj.weight", adjacent ? hp.n_kv_heads : 0};
     case TensorRole::AttnV: return {layer + "self_attn.v_proj.weight"};
     case TensorRole::AttnOut: return {layer + "self_attn.o_proj.weight"};
-    case TensorRole::FfnNorm: return {layer + "post_attention_layernorm.weight"};
+    case TensorRole::AttnQkv: return {layer + "self_attn.qkv_proj.weight"};
+    case TensorRole::AttnQBias: return {layer + "self_attn.q_proj.bias"};
+    case TensorRole::AttnKBias: return {layer + "self_attn.k_proj.bias"};
+    case TensorRole::AttnVBias: return {layer + "self_attn.v_proj.bias"};
+    case TensorRole::AttnQNorm: return {layer + "self_attn.q_norm.weight", 0, norm_add};
+    case TensorRole::AttnKNorm: return {layer + "self_attn.k_norm.weight", 0, norm_add};
+    case TensorRole::AttnPostNorm: return {layer + "post_attention_layernorm.weight", 0, norm_add};
+    case TensorRole::FfnNorm:
+      return {layer + (gemma ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight"), 0, norm_add};
+    case TensorRole::FfnPostNorm: return {layer + "post_feedforward_layernorm.weight", 0, norm_add};
     case TensorRole::FfnGate: return {layer + "mlp.gate_proj.weight"};
-    case TensorRole::FfnUp: return {layer + "mlp.up_proj.weight"};
+    case TensorRole::FfnUp: return {layer + (hp.fused_gate_up ? "mlp.gate_up_proj.weight" : "mlp.up_proj.weight")};
     case TensorRole::FfnDown: return {layer + "mlp.down_proj.weight"};
+    case TensorRole::RopeFreqs:
+    case TensorRole::RopeFactorsLong:
+    case TensorRole::RopeFactorsShort: return {""};  // computed from config.json
   }
   fail("unknown tensor role for %s", s.name.c_str());
 }
@@ -242,6 +263,8 @@ std::string shape_str(const std::vector<int64_t>& v) {
 // {name, template} of which the "default" one is taken.
 std::string read_chat_template(const std::string& dir) {
   const std::string path = dir + "/tokenizer_config.json";
+  // Newer checkpoints keep the template in its own file.
+  if (is_regular_file(dir + "/chat_template.jinja")) return read_text(dir + "/chat_template.jinja");
   if (!is_regular_file(path)) return "";
   nlohmann::json j;
   try {
@@ -289,6 +312,48 @@ ConvertResult convert_hf(const std::string& dir, const std::string& out_path, st
   hp.sliding_window = cfg.sliding_window;
   hp.swa_layers = cfg.swa_layers;
   hp.tied_embeddings = cfg.tie_word_embeddings;
+  // The family's layer (models/arch.h), as llama.cpp's converter writes it.
+  hp.arch = cfg.arch;
+  const ArchDesc& desc = arch_desc(cfg.arch);
+  hp.qkv_bias = desc.qkv_bias;
+  hp.qk_norm = desc.qk_norm;
+  hp.post_norms = desc.post_norms;
+  hp.fused_qkv = desc.fused_qkv;
+  hp.fused_gate_up = desc.fused_gate_up;
+  if (cfg.rope_scaling_type == "llama3") {
+    hp.rope_scaling_type.clear();  // carried by rope_freqs.weight alone
+    hp.rope_freqs = llama3_rope_freqs(hp.rope_theta, hp.head_dim, cfg.rope_scaling_factor, cfg.llama3_low_freq_factor,
+                                      cfg.llama3_high_freq_factor, static_cast<double>(cfg.rope_scaling_original_context));
+  }
+  if (cfg.arch == Arch::Phi3) {
+    // As llama.cpp's converter: int(partial_rotary_factor * hidden_size) // heads.
+    hp.n_rot = static_cast<int64_t>(cfg.partial_rotary_factor * static_cast<double>(cfg.hidden_size)) /
+               cfg.num_attention_heads;
+    if (cfg.rope_scaling_type == "longrope") {
+      hp.rope_long = cfg.longrope_long;
+      hp.rope_short = cfg.longrope_short;
+      const double scale = static_cast<double>(cfg.max_position_embeddings) / cfg.rope_scaling_original_context;
+      // llama.cpp's converter: sqrt(1 + ln(scale) / ln(original context)) when scale > 1.
+      const double orig = static_cast<double>(cfg.rope_scaling_original_context);
+      hp.rope_attn_factor = scale > 1.0 ? static_cast<float>(std::sqrt(1 + std::log(scale) / std::log(orig))) : 1.0f;
+      RUNLM_CHECK(int64_t(hp.rope_long.size()) == hp.n_rot / 2 && int64_t(hp.rope_short.size()) == hp.n_rot / 2,
+                  "%s: longrope factors have %zu and %zu values, expected %lld", dir.c_str(), hp.rope_long.size(),
+                  hp.rope_short.size(), static_cast<long long>(hp.n_rot / 2));
+    }
+  }
+  if (cfg.arch == Arch::Gemma2) hp.attn_softcap = static_cast<float>(*cfg.attn_softcap);
+  if (cfg.final_softcap) hp.final_softcap = static_cast<float>(*cfg.final_softcap);
+  if (cfg.arch == Arch::Gemma3) hp.rope_freq_base_swa = static_cast<float>(cfg.rope_local_theta.value_or(10000.0));
+  if (cfg.query_pre_attn_scalar) {
+    // llama.cpp derives the scale from the shape (models/arch.h); a checkpoint
+    // whose scalar says otherwise would run differently there and here.
+    const double implied = desc.scale_by_dim_per_head_layers == cfg.num_hidden_layers
+                               ? static_cast<double>(cfg.hidden_size / cfg.num_attention_heads)
+                               : static_cast<double>(cfg.head_dim);
+    RUNLM_CHECK(*cfg.query_pre_attn_scalar == implied,
+                "%s: query_pre_attn_scalar %g differs from the %g the GGUF's shape implies; not supported",
+                dir.c_str(), *cfg.query_pre_attn_scalar, implied);
+  }
   RUNLM_CHECK(hp.tied_embeddings || st->find("lm_head.weight"),
               "%s: tie_word_embeddings is false but tensor 'lm_head.weight' is missing", dir.c_str());
   // config.json sizes are checked against the tensors before anything is
@@ -303,25 +368,45 @@ ConvertResult convert_hf(const std::string& dir, const std::string& out_path, st
                                         static_cast<long long>(cfg.num_hidden_layers - 1));
   RUNLM_CHECK(st->find(last_layer), "%s: config.json has num_hidden_layers=%lld but tensor '%s' is missing",
               dir.c_str(), static_cast<long long>(cfg.num_hidden_layers), last_layer.c_str());
-  constexpr int64_t kTensorsPerLayer = 9;  // 2 norms, q k v o, gate up down
+  LlamaHParams one_layer = hp;
+  one_layer.n_layers = 1;
+  int64_t kTensorsPerLayer = 0;
+  for (const LlamaTensorSpec& spec : llama_tensor_specs(one_layer)) kTensorsPerLayer += spec.layer == 0;
   const int64_t n_tensors = static_cast<int64_t>(st->names().size());
   RUNLM_CHECK(n_tensors / kTensorsPerLayer >= cfg.num_hidden_layers,
               "%s: config.json has num_hidden_layers=%lld but the checkpoint holds only %lld tensors (%lld per layer)",
               dir.c_str(), static_cast<long long>(cfg.num_hidden_layers), static_cast<long long>(n_tensors),
               static_cast<long long>(kTensorsPerLayer));
 
+  // The vocabulary: a sentencepiece tokenizer.model, else a byte-level BPE
+  // tokenizer.json (src/hf_bpe_vocab.h).
   const std::string tok_path = tokenizer_model.empty() ? dir + "/tokenizer.model" : tokenizer_model;
-  RUNLM_CHECK(is_regular_file(tok_path), "%s: tokenizer '%s' not found; pass --tokenizer PATH/tokenizer.model",
-              dir.c_str(), tok_path.c_str());
+  const bool spm = is_regular_file(tok_path);
+  RUNLM_CHECK(spm || (tokenizer_model.empty() && is_regular_file(dir + "/tokenizer.json")),
+              "%s: tokenizer '%s' not found (nor tokenizer.json); pass --tokenizer PATH/tokenizer.model", dir.c_str(),
+              tok_path.c_str());
 
   GgufWriter w;
   write_llama_hparams(w, hp, llama_ftype_for(result.type));
-  write_llama_tokenizer(w, tok_path, hp.vocab_size, read_chat_template(dir), /*pad_to_vocab=*/true);
+  if (spm) {
+    write_llama_tokenizer(w, tok_path, hp.vocab_size, read_chat_template(dir), /*pad_to_vocab=*/true);
+    // llama.cpp's gemma converters: no dummy-prefix space.
+    if (hp.arch == Arch::Gemma2 || hp.arch == Arch::Gemma3) w.set_bool("tokenizer.ggml.add_space_prefix", false);
+  } else {
+    write_bpe_vocab(w, dir, cfg, hp.vocab_size, read_chat_template(dir));
+  }
 
   std::map<std::string, bool> used;
   Emitter emit{w, result.type, result};
   for (const LlamaTensorSpec& spec : llama_tensor_specs(hp)) {
     const HfSource src = hf_source(spec, hp);
+    if (src.name.empty()) {  // RoPE factors computed from config.json
+      const std::vector<float>& v = spec.role == TensorRole::RopeFreqs         ? hp.rope_freqs
+                                    : spec.role == TensorRole::RopeFactorsLong ? hp.rope_long
+                                                                               : hp.rope_short;
+      emit.add(spec, [v](int64_t, float* buf) { std::copy(v.begin(), v.end(), buf); });
+      continue;
+    }
     const SafetensorsTensor& t = st->get(src.name);
     // safetensors shapes are row-major [rows, cols]; GGUF ne is [cols, rows].
     const std::vector<int64_t> ne(t.shape.rbegin(), t.shape.rend());
@@ -334,9 +419,12 @@ ConvertResult convert_hf(const std::string& dir, const std::string& out_path, st
     RUNLM_CHECK(heads == 0 || n_rows % (2 * heads) == 0, "%s: tensor '%s': %lld rows do not split into %lld heads",
                 t.file.c_str(), src.name.c_str(), static_cast<long long>(n_rows), static_cast<long long>(heads));
     const SafetensorsTensor* tp = &t;
-    emit.add(spec, [tp, n_cols, n_rows, heads](int64_t r, float* buf) {
+    const float add = src.add;
+    emit.add(spec, [tp, n_cols, n_rows, heads, add](int64_t r, float* buf) {
       const int64_t src_row = heads ? rope_unpermute_source_row(r, n_rows, heads) : r;
       tp->read_f32(src_row * n_cols, n_cols, buf);
+      if (add != 0.0f)
+        for (int64_t i = 0; i < n_cols; ++i) buf[i] += add;
     });
   }
   // Unconverted weights would silently change the model: refuse them, except
@@ -344,7 +432,7 @@ ConvertResult convert_hf(const std::string& dir, const std::string& out_path, st
   for (const std::string& name : st->names()) {
     if (used.count(name)) continue;
     if (name.size() >= 19 && name.compare(name.size() - 19, 19, "rotary_emb.inv_freq") == 0) continue;
-    if (hp.tied_embeddings && name == "lm_head.weight") continue;
+    if (hp.tied_embeddings && name == "lm_head.weight") continue;  // gemma2 included, as llama.cpp skips it
     fail("%s: tensor '%s' is not part of a %s and cannot be converted", dir.c_str(), name.c_str(),
          cfg.architecture.c_str());
   }

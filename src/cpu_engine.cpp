@@ -10,6 +10,7 @@
 // each token's result is the same as if it ran alone.
 #include <algorithm>
 #include <cstdio>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -95,9 +96,31 @@ class CpuEngine final : public Engine {
     for (const auto& l : model.weights().layers) {
       attn_norm_.push_back(decode_vector(l.attn_norm));
       ffn_norm_.push_back(decode_vector(l.ffn_norm));
+      if (cfg_.qkv_bias) bias_.push_back({decode_vector(l.bq), decode_vector(l.bk), decode_vector(l.bv)});
+      if (cfg_.qk_norm) qk_norm_.push_back({decode_vector(l.q_norm), decode_vector(l.k_norm)});
+      if (cfg_.post_norms) post_norm_.push_back({decode_vector(l.attn_post_norm), decode_vector(l.ffn_post_norm)});
     }
     output_norm_ = decode_vector(model.weights().output_norm);
     if (opt.verbose) std::fprintf(stderr, "decode attention: cpu (the CPU engine; attention on the host threads)\n");
+    // RoPE of each layer. Longrope's factors follow the context size, as
+    // llama.cpp chooses them (long above the original context).
+    const ModelWeights& mw = model.weights();
+    if (cfg_.rope_factors == RopeFactors::Freqs) rope_factors_ = decode_vector(mw.rope_long);
+    if (cfg_.rope_factors == RopeFactors::LongShort)
+      rope_factors_ = decode_vector(n_ctx_ > cfg_.rope_orig_ctx ? mw.rope_long : mw.rope_short);
+    for (int l = 0; l < cfg_.n_layers; ++l) {
+      const bool local = cfg_.local_rope && cfg_.layer_uses_window(l);
+      RopeSpec rs;
+      rs.neox = cfg_.rope_style == RopeStyle::NeoX;
+      rs.n_rot = cfg_.n_rot;
+      rs.theta = local ? cfg_.rope_theta_local : cfg_.rope_theta;
+      rs.freq_scale = local ? cfg_.rope_freq_scale_local : cfg_.rope_freq_scale;
+      rs.factors = rope_factors_.empty() ? nullptr : rope_factors_.data();
+      rs.attn_factor = cfg_.rope_attn_factor;
+      rope_.push_back(rs);
+      plain_rope_ = plain_rope_ && !rs.neox && rs.n_rot == cfg_.head_dim && !rs.factors && rs.attn_factor == 1.0f &&
+                    rs.theta == cfg_.rope_theta && rs.freq_scale == cfg_.rope_freq_scale;
+    }
   }
 
   const char* backend_name() const override { return "cpu"; }
@@ -199,20 +222,52 @@ class CpuEngine final : public Engine {
 
     for (int t = 0; t < m; ++t) get_row(qmatrix(w.tok_embd), tokens[t], &x_[t * dim]);
 
-    const float scale = c.attn_scale();
+    if (c.embd_scale != 1.0f)
+      for (size_t i = 0; i < static_cast<size_t>(m) * dim; ++i) x_[i] *= c.embd_scale;
+
     for (int l = 0; l < c.n_layers; ++l) {
       const LayerWeights& lw = w.layers[l];
       uint8_t* k_layer = k_cache_.get() + static_cast<size_t>(l) * n_slots_ * row_bytes_k_;
       uint8_t* v_layer = v_cache_.get() + static_cast<size_t>(l) * n_slots_ * row_bytes_v_;
 
-      // Attention block: x += Wo · attn(rope(Wq·h), rope(Wk·h), Wv·h), h = rmsnorm(x).
+      // Attention block: x += post_norm(Wo · attn(rope(norm(Wq·h + bq)), rope(norm(Wk·h + bk)), Wv·h + bv)),
+      // h = rmsnorm(x); the norms and biases only where the model has them.
       for (int t = 0; t < m; ++t) rmsnorm(&xb_[t * dim], &x_[t * dim], attn_norm_[l].data(), dim, c.rms_eps);
-      matmul(qmatrix(lw.wq), xb_.data(), q_.data(), m, pool_);
-      matmul(qmatrix(lw.wk), xb_.data(), k_.data(), m, pool_);
-      matmul(qmatrix(lw.wv), xb_.data(), v_.data(), m, pool_);
+      if (c.fused_qkv) {
+        const int qkv_dim = q_dim + 2 * kv_dim;
+        matmul(qmatrix(lw.wqkv), xb_.data(), qkv_.data(), m, pool_);
+        for (int t = 0; t < m; ++t) {
+          const float* row = &qkv_[static_cast<size_t>(t) * qkv_dim];
+          std::copy(row, row + q_dim, &q_[static_cast<size_t>(t) * q_dim]);
+          std::copy(row + q_dim, row + q_dim + kv_dim, &k_[static_cast<size_t>(t) * kv_dim]);
+          std::copy(row + q_dim + kv_dim, row + qkv_dim, &v_[static_cast<size_t>(t) * kv_dim]);
+        }
+      } else {
+        matmul(qmatrix(lw.wq), xb_.data(), q_.data(), m, pool_);
+        matmul(qmatrix(lw.wk), xb_.data(), k_.data(), m, pool_);
+        matmul(qmatrix(lw.wv), xb_.data(), v_.data(), m, pool_);
+      }
+      if (c.qkv_bias) {
+        add_rows(q_.data(), bias_[l][0].data(), m, q_dim);
+        add_rows(k_.data(), bias_[l][1].data(), m, kv_dim);
+        add_rows(v_.data(), bias_[l][2].data(), m, kv_dim);
+      }
+      if (c.qk_norm) {
+        // Each head of each token on its own, in place.
+        for (int64_t i = 0; i < static_cast<int64_t>(m) * c.n_heads; ++i)
+          rmsnorm(&q_[i * c.head_dim], &q_[i * c.head_dim], qk_norm_[l][0].data(), c.head_dim, c.rms_eps);
+        for (int64_t i = 0; i < static_cast<int64_t>(m) * c.n_kv_heads; ++i)
+          rmsnorm(&k_[i * c.head_dim], &k_[i * c.head_dim], qk_norm_[l][1].data(), c.head_dim, c.rms_eps);
+      }
+      const RopeSpec& rs = rope_[size_t(l)];
       for (int t = 0; t < m; ++t) {
-        rope(&q_[t * q_dim], c.n_heads, c.head_dim, slots[t].pos, c.rope_theta, c.rope_freq_scale);
-        rope(&k_[t * kv_dim], c.n_kv_heads, c.head_dim, slots[t].pos, c.rope_theta, c.rope_freq_scale);
+        if (plain_rope_) {
+          rope(&q_[t * q_dim], c.n_heads, c.head_dim, slots[t].pos, c.rope_theta, c.rope_freq_scale);
+          rope(&k_[t * kv_dim], c.n_kv_heads, c.head_dim, slots[t].pos, c.rope_theta, c.rope_freq_scale);
+        } else {
+          rope_ext(&q_[t * q_dim], c.n_heads, c.head_dim, slots[t].pos, rs);
+          rope_ext(&k_[t * kv_dim], c.n_kv_heads, c.head_dim, slots[t].pos, rs);
+        }
       }
       if (qk_stats_) qk_stats_->add(l, q_.data(), k_.data(), m);
       if (!k_smoothing_.empty()) smooth_qk(k_smoothing_.layer(l), m);
@@ -230,18 +285,30 @@ class CpuEngine final : public Engine {
         for (int64_t t = b; t < e; ++t) {
           kv.block_table = slots[t].table;
           attention_one_token(&att_[t * q_dim], &q_[t * q_dim], kv, slots[t].pos, c.n_heads, c.n_kv_heads, c.head_dim,
-                              windows_[size_t(l)], scale, scores_[thread].data());
+                              windows_[size_t(l)], c.attn_scale(), scores_[thread].data(), c.attn_softcap);
         }
       });
       matmul(qmatrix(lw.wo), att_.data(), xb_.data(), m, pool_);
+      if (c.post_norms) post_norm(post_norm_[l][0].data(), m);
       for (size_t i = 0; i < static_cast<size_t>(m) * dim; ++i) x_[i] += xb_[i];
 
-      // Feed-forward block: x += W_down · (silu(W_gate·h) * W_up·h), h = rmsnorm(x).
+      // Feed-forward block: x += post_norm(W_down · (act(W_gate·h) * W_up·h)), h = rmsnorm(x).
       for (int t = 0; t < m; ++t) rmsnorm(&xb_[t * dim], &x_[t * dim], ffn_norm_[l].data(), dim, c.rms_eps);
-      matmul(qmatrix(lw.w_gate), xb_.data(), gate_.data(), m, pool_);
-      matmul(qmatrix(lw.w_up), xb_.data(), up_.data(), m, pool_);
-      swiglu(gate_.data(), up_.data(), static_cast<int64_t>(m) * hidden);
+      if (c.fused_gate_up) {
+        matmul(qmatrix(lw.w_up), xb_.data(), gate_up_.data(), m, pool_);
+        for (int t = 0; t < m; ++t) {
+          const float* row = &gate_up_[static_cast<size_t>(t) * 2 * hidden];
+          std::copy(row, row + hidden, &gate_[static_cast<size_t>(t) * hidden]);
+          std::copy(row + hidden, row + 2 * hidden, &up_[static_cast<size_t>(t) * hidden]);
+        }
+      } else {
+        matmul(qmatrix(lw.w_gate), xb_.data(), gate_.data(), m, pool_);
+        matmul(qmatrix(lw.w_up), xb_.data(), up_.data(), m, pool_);
+      }
+      if (c.ffn_act == FfnActivation::GeluTanh) geglu(gate_.data(), up_.data(), static_cast<int64_t>(m) * hidden);
+      else swiglu(gate_.data(), up_.data(), static_cast<int64_t>(m) * hidden);
       matmul(qmatrix(lw.w_down), gate_.data(), xb_.data(), m, pool_);
+      if (c.post_norms) post_norm(post_norm_[l][1].data(), m);
       for (size_t i = 0; i < static_cast<size_t>(m) * dim; ++i) x_[i] += xb_[i];
     }
 
@@ -249,6 +316,21 @@ class CpuEngine final : public Engine {
     for (size_t r = 0; r < rows.size(); ++r)
       rmsnorm(&xb_[r * dim], &x_[static_cast<size_t>(rows[r]) * dim], output_norm_.data(), dim, c.rms_eps);
     matmul(qmatrix(w.output), xb_.data(), out, static_cast<int64_t>(rows.size()), pool_);
+    if (c.final_softcap > 0) softcap(out, static_cast<int64_t>(rows.size()) * c.n_vocab, c.final_softcap);
+  }
+
+  // xb_ = rmsnorm(xb_) with weight w, token by token (Gemma's post norms).
+  void post_norm(const float* w, int m) {
+    const int dim = cfg_.dim;
+    for (int t = 0; t < m; ++t) {
+      std::copy(&xb_[static_cast<size_t>(t) * dim], &xb_[static_cast<size_t>(t + 1) * dim], norm_tmp_.data());
+      rmsnorm(&xb_[static_cast<size_t>(t) * dim], norm_tmp_.data(), w, dim, cfg_.rms_eps);
+    }
+  }
+
+  static void add_rows(float* x, const float* bias, int m, int width) {
+    for (int t = 0; t < m; ++t)
+      for (int i = 0; i < width; ++i) x[static_cast<size_t>(t) * width + i] += bias[i];
   }
 
   // K smoothing (src/k_smoothing.h): K becomes (k - shift) * k_mul and each
@@ -281,6 +363,9 @@ class CpuEngine final : public Engine {
     grow(k_, static_cast<size_t>(m) * c.kv_dim());
     grow(v_, static_cast<size_t>(m) * c.kv_dim());
     grow(gate_, static_cast<size_t>(m) * c.hidden_dim);
+    if (c.fused_qkv) grow(qkv_, static_cast<size_t>(m) * (c.q_dim() + 2 * c.kv_dim()));
+    if (c.fused_gate_up) grow(gate_up_, static_cast<size_t>(m) * 2 * c.hidden_dim);
+    grow(norm_tmp_, static_cast<size_t>(c.dim));
     grow(up_, static_cast<size_t>(m) * c.hidden_dim);
     scores_.resize(pool_.size());
     for (auto& s : scores_) grow(s, static_cast<size_t>(c.n_heads) * (n_ctx_ + 1) + 2 * c.kv_dim());
@@ -303,7 +388,14 @@ class CpuEngine final : public Engine {
   std::vector<std::vector<float>> attn_norm_, ffn_norm_;
   std::vector<float> output_norm_;
   // Activations for a step of m tokens, row-major [m, width].
-  std::vector<float> x_, xb_, q_, att_, k_, v_, gate_, up_;
+  std::vector<float> x_, xb_, q_, att_, k_, v_, gate_, up_, qkv_, gate_up_, norm_tmp_;
+  // Small per-layer weights decoded once: q, k, v biases; q and k norms;
+  // attention and FFN post norms.
+  std::vector<std::array<std::vector<float>, 3>> bias_;
+  std::vector<std::array<std::vector<float>, 2>> qk_norm_, post_norm_;
+  std::vector<float> rope_factors_;  // the divisors in use (rope_freqs, or longrope's long or short), or empty
+  std::vector<RopeSpec> rope_;       // per layer
+  bool plain_rope_ = true;           // the Llama rotation: rope() exactly as before the description existed
   QkStats* qk_stats_ = nullptr;  // set_qk_stats
   KSmoothing k_smoothing_;       // set_k_smoothing; empty = none
   std::vector<std::vector<float>> scores_;  // per thread: attention scratch (see attention_one_token)

@@ -33,6 +33,7 @@
 #include "cuda_weights.h"
 #include "engine.h"
 #include "kv_types.h"
+#include "engine_support.h"
 #include "model.h"
 #include "ops.h"
 
@@ -47,6 +48,7 @@ class CudaEngine final : public Engine {
  public:
   CudaEngine(const Model& model, const EngineOptions& opt)
       : model_(model), cfg_(model.config()), attn_(opt.attn) {
+    require_cuda_engine_support(cfg_);
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
       cudaGetLastError();
@@ -796,6 +798,7 @@ bool cuda_device_available() {
 }
 
 std::string cuda_model_unsupported_reason(const Model& model) {
+  if (std::string layer = cuda_engine_unsupported_layer(model.config()); !layer.empty()) return layer;
   const ModelWeights& w = model.weights();
   std::vector<const WeightView*> all = {&w.tok_embd, &w.output};
   for (const auto& l : w.layers)

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 
 #include "common.h"
@@ -99,9 +100,26 @@ void validate_llama_hparams(const LlamaHParams& hp, const std::string& src) {
               static_cast<long long>(hp.n_heads), static_cast<long long>(hp.n_kv_heads));
   RUNLM_CHECK(hp.head_dim % 2 == 0, "%s: head dim %lld must be even for RoPE", s, static_cast<long long>(hp.head_dim));
   RUNLM_CHECK(hp.rms_eps > 0 && hp.rope_theta > 0, "%s: rms eps and rope theta must be positive", s);
-  RUNLM_CHECK(hp.rope_scaling_type.empty() || (hp.rope_scaling_type == "linear" && hp.rope_scaling_factor > 0),
-              "%s: rope scaling '%s' (factor %g) not supported (supported: linear with a positive factor)", s,
-              hp.rope_scaling_type.c_str(), hp.rope_scaling_factor);
+  RUNLM_CHECK(hp.rope_scaling_type.empty() || (hp.rope_scaling_type == "linear" && hp.rope_scaling_factor > 0) ||
+                  (hp.rope_scaling_type == "longrope" && hp.arch == Arch::Phi3),
+              "%s: rope scaling '%s' (factor %g) not supported (supported: linear with a positive factor; longrope "
+              "for phi3)", s, hp.rope_scaling_type.c_str(), hp.rope_scaling_factor);
+  const int64_t n_rot = hp.n_rot ? hp.n_rot : hp.head_dim;
+  RUNLM_CHECK(n_rot > 0 && n_rot <= hp.head_dim && n_rot % 2 == 0, "%s: rotary dimensions %lld must be even and <= %lld",
+              s, static_cast<long long>(n_rot), static_cast<long long>(hp.head_dim));
+  for (const auto* f : {&hp.rope_freqs, &hp.rope_long, &hp.rope_short})
+    RUNLM_CHECK(f->empty() || int64_t(f->size()) == n_rot / 2, "%s: RoPE factors have %zu values, expected %lld", s,
+                f->size(), static_cast<long long>(n_rot / 2));
+  RUNLM_CHECK((hp.rope_scaling_type == "longrope") == !hp.rope_long.empty() && hp.rope_long.empty() == hp.rope_short.empty(),
+              "%s: longrope needs both long and short factors", s);
+  const ArchDesc& d = arch_desc(hp.arch);
+  RUNLM_CHECK(!hp.qkv_bias || d.qkv_bias, "%s: %s has no q/k/v biases", s, d.gguf_name);
+  RUNLM_CHECK(hp.qk_norm == d.qk_norm && hp.post_norms == d.post_norms,
+              "%s: %s %s q/k norms and %s post norms", s, d.gguf_name, d.qk_norm ? "needs" : "has no",
+              d.post_norms ? "needs" : "has no");
+  RUNLM_CHECK(!hp.fused_gate_up || d.fused_gate_up, "%s: %s has no fused gate+up", s, d.gguf_name);
+  RUNLM_CHECK(hp.rope_freqs.empty() || d.rope_freqs, "%s: %s has no rope_freqs", s, d.gguf_name);
+  RUNLM_CHECK(d.output_tensor || hp.tied_embeddings, "%s: %s always ties the output to token_embd", s, d.gguf_name);
   if (hp.sliding_window) positive(*hp.sliding_window, "sliding window");
   RUNLM_CHECK(hp.swa_layers.empty() || int64_t(hp.swa_layers.size()) == hp.n_layers,
               "%s: the sliding-window pattern has %zu entries for %lld layers", s, hp.swa_layers.size(),
@@ -111,9 +129,10 @@ void validate_llama_hparams(const LlamaHParams& hp, const std::string& src) {
 void write_llama_hparams(GgufWriter& w, const LlamaHParams& hp, uint32_t file_type) {
   validate_llama_hparams(hp, hp.name.empty() ? "model" : hp.name);
   // Mistral is written as "llama" plus a sliding window, as llama.cpp does.
-  const std::string p = "llama.";
-  w.set_string("general.architecture", "llama");
-  w.set_string("general.name", hp.name.empty() ? "llama" : hp.name);
+  const std::string arch = hp.arch == Arch::Mistral ? "llama" : arch_name(hp.arch);
+  const std::string p = arch + ".";
+  w.set_string("general.architecture", arch);
+  w.set_string("general.name", hp.name.empty() ? arch : hp.name);
   w.set_u32("general.file_type", file_type);
   set_u32_checked(w, p + "context_length", hp.context_length);
   set_u32_checked(w, p + "embedding_length", hp.dim);
@@ -121,21 +140,29 @@ void write_llama_hparams(GgufWriter& w, const LlamaHParams& hp, uint32_t file_ty
   set_u32_checked(w, p + "feed_forward_length", hp.hidden_dim);
   set_u32_checked(w, p + "attention.head_count", hp.n_heads);
   set_u32_checked(w, p + "attention.head_count_kv", hp.n_kv_heads);
-  set_u32_checked(w, p + "rope.dimension_count", hp.head_dim);
+  set_u32_checked(w, p + "rope.dimension_count", hp.n_rot ? hp.n_rot : hp.head_dim);
   w.set_f32(p + "attention.layer_norm_rms_epsilon", hp.rms_eps);
   w.set_f32(p + "rope.freq_base", hp.rope_theta);
   set_u32_checked(w, p + "vocab_size", hp.vocab_size);
-  // Readers assume head_dim = dim / n_heads unless told otherwise.
-  if (hp.dim % hp.n_heads != 0 || hp.head_dim != hp.dim / hp.n_heads) {
+  // Readers assume head_dim = dim / n_heads unless told otherwise; llama.cpp's
+  // gemma converters always write it.
+  if (hp.dim % hp.n_heads != 0 || hp.head_dim != hp.dim / hp.n_heads || hp.arch == Arch::Gemma2 ||
+      hp.arch == Arch::Gemma3) {
     set_u32_checked(w, p + "attention.key_length", hp.head_dim);
     set_u32_checked(w, p + "attention.value_length", hp.head_dim);
   }
-  if (!hp.rope_scaling_type.empty()) {
+  if (hp.rope_scaling_type == "linear") {
     w.set_string(p + "rope.scaling.type", hp.rope_scaling_type);
     w.set_f32(p + "rope.scaling.factor", hp.rope_scaling_factor);
-    if (hp.rope_scaling_original_context > 0)
-      set_u32_checked(w, p + "rope.scaling.original_context_length", hp.rope_scaling_original_context);
+  } else if (hp.rope_scaling_type == "longrope") {
+    w.set_string(p + "rope.scaling.type", hp.rope_scaling_type);
+    w.set_f32(p + "rope.scaling.attn_factor", hp.rope_attn_factor);
   }
+  if (!hp.rope_scaling_type.empty() && hp.rope_scaling_original_context > 0)
+    set_u32_checked(w, p + "rope.scaling.original_context_length", hp.rope_scaling_original_context);
+  if (hp.rope_freq_base_swa) w.set_f32(p + "rope.freq_base_swa", *hp.rope_freq_base_swa);
+  if (hp.attn_softcap) w.set_f32(p + "attn_logit_softcapping", *hp.attn_softcap);
+  if (hp.final_softcap) w.set_f32(p + "final_logit_softcapping", *hp.final_softcap);
   if (hp.sliding_window) set_u32_checked(w, p + "attention.sliding_window", *hp.sliding_window);
   // llama.cpp's per-layer form: one bool a layer (true = sliding).
   if (!hp.swa_layers.empty()) {
@@ -235,24 +262,71 @@ void write_llama_tokenizer(GgufWriter& w, const std::string& model_path, int64_t
 
 std::vector<LlamaTensorSpec> llama_tensor_specs(const LlamaHParams& hp) {
   const int64_t q_dim = hp.n_heads * hp.head_dim, kv_dim = hp.n_kv_heads * hp.head_dim;
+  const int64_t half_rot = (hp.n_rot ? hp.n_rot : hp.head_dim) / 2;
   std::vector<LlamaTensorSpec> out;
   auto add = [&](TensorRole role, int layer, std::vector<int64_t> ne) {
     out.push_back({tensor_name(role, layer), role, layer, std::move(ne)});
   };
   add(TensorRole::TokenEmbd, -1, {hp.dim, hp.vocab_size});
+  if (!hp.rope_freqs.empty()) add(TensorRole::RopeFreqs, -1, {half_rot});
+  if (!hp.rope_long.empty()) {
+    add(TensorRole::RopeFactorsLong, -1, {half_rot});
+    add(TensorRole::RopeFactorsShort, -1, {half_rot});
+  }
   for (int l = 0; l < hp.n_layers; ++l) {
     add(TensorRole::AttnNorm, l, {hp.dim});
-    add(TensorRole::AttnQ, l, {hp.dim, q_dim});
-    add(TensorRole::AttnK, l, {hp.dim, kv_dim});
-    add(TensorRole::AttnV, l, {hp.dim, kv_dim});
+    if (hp.fused_qkv) {
+      add(TensorRole::AttnQkv, l, {hp.dim, q_dim + 2 * kv_dim});
+    } else {
+      add(TensorRole::AttnQ, l, {hp.dim, q_dim});
+      add(TensorRole::AttnK, l, {hp.dim, kv_dim});
+      add(TensorRole::AttnV, l, {hp.dim, kv_dim});
+    }
+    if (hp.qkv_bias) {
+      add(TensorRole::AttnQBias, l, {q_dim});
+      add(TensorRole::AttnKBias, l, {kv_dim});
+      add(TensorRole::AttnVBias, l, {kv_dim});
+    }
+    if (hp.qk_norm) {
+      add(TensorRole::AttnQNorm, l, {hp.head_dim});
+      add(TensorRole::AttnKNorm, l, {hp.head_dim});
+    }
     add(TensorRole::AttnOut, l, {q_dim, hp.dim});
+    if (hp.post_norms) add(TensorRole::AttnPostNorm, l, {hp.dim});
     add(TensorRole::FfnNorm, l, {hp.dim});
-    add(TensorRole::FfnGate, l, {hp.dim, hp.hidden_dim});
-    add(TensorRole::FfnUp, l, {hp.dim, hp.hidden_dim});
+    if (hp.fused_gate_up) {
+      add(TensorRole::FfnUp, l, {hp.dim, 2 * hp.hidden_dim});
+    } else {
+      add(TensorRole::FfnGate, l, {hp.dim, hp.hidden_dim});
+      add(TensorRole::FfnUp, l, {hp.dim, hp.hidden_dim});
+    }
     add(TensorRole::FfnDown, l, {hp.hidden_dim, hp.dim});
+    if (hp.post_norms) add(TensorRole::FfnPostNorm, l, {hp.dim});
   }
   add(TensorRole::OutputNorm, -1, {hp.dim});
   if (!hp.tied_embeddings) add(TensorRole::Output, -1, {hp.dim, hp.vocab_size});
+  return out;
+}
+
+std::vector<float> llama3_rope_freqs(float theta, int64_t head_dim, double factor, double low_freq_factor,
+                                     double high_freq_factor, double original_context) {
+  constexpr double kPi = 3.14159265358979323846;
+  const double low_freq_wavelen = original_context / low_freq_factor;
+  const double high_freq_wavelen = original_context / high_freq_factor;
+  std::vector<float> out;
+  for (int64_t i = 0; i < head_dim; i += 2) {
+    // As the converter: the frequency in float32, the rest in double.
+    const float freq = 1.0f / std::pow(theta, static_cast<float>(i) / static_cast<float>(head_dim));
+    const double wavelen = 2 * kPi / freq;
+    if (wavelen < high_freq_wavelen) {
+      out.push_back(1.0f);
+    } else if (wavelen > low_freq_wavelen) {
+      out.push_back(static_cast<float>(factor));
+    } else {
+      const double smooth = (original_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+      out.push_back(static_cast<float>(1 / ((1 - smooth) / factor + smooth)));
+    }
+  }
   return out;
 }
 

@@ -1,4 +1,4 @@
-// What every runlm tool that writes a Llama GGUF shares (convert, quantize,
+// What every runlm tool that writes a model GGUF shares (convert, quantize,
 // make_random_model): the hyperparameter keys, the tokenizer.ggml.* keys
 // taken from a sentencepiece tokenizer.model, the list of tensors with their
 // shapes, the general.file_type codes, and the stderr progress line. The
@@ -36,14 +36,39 @@ struct LlamaHParams {
   std::optional<int64_t> sliding_window;      // Mistral
   std::vector<uint8_t> swa_layers;            // per layer 1 = sliding, 0 = full; empty = every layer
   bool tied_embeddings = false;               // no output.weight: logits use token_embd
+
+  // The architecture and its layer's parts (models/arch.h); the defaults are
+  // the Llama layer. Mistral is written as "llama", as llama.cpp does.
+  Arch arch = Arch::Llama;
+  int64_t n_rot = 0;             // rope.dimension_count; 0: head_dim
+  bool qkv_bias = false;         // attn_q/k/v.bias
+  bool qk_norm = false;          // attn_q_norm, attn_k_norm
+  bool post_norms = false;       // post_attention_norm, post_ffw_norm
+  bool fused_qkv = false;        // attn_qkv in place of attn_q/k/v
+  bool fused_gate_up = false;    // ffn_up of 2 x hidden rows in place of ffn_gate + ffn_up
+  std::vector<float> rope_freqs;              // llama3 RoPE scaling: rope_freqs.weight, n_rot/2 values
+  std::vector<float> rope_long, rope_short;   // longrope (rope_scaling_type "longrope")
+  float rope_attn_factor = 1.0f;              // longrope's rope.scaling.attn_factor
+  std::optional<float> attn_softcap;          // ARCH.attn_logit_softcapping
+  std::optional<float> final_softcap;         // ARCH.final_logit_softcapping
+  std::optional<float> rope_freq_base_swa;    // ARCH.rope.freq_base_swa
 };
+using ModelHParams = LlamaHParams;
+
+// Llama 3.1's RoPE scaling as llama.cpp's converter writes it into
+// rope_freqs.weight: per pair of the head_dim/2 frequencies, 1 for short
+// wavelengths, `factor` for long ones and a smooth blend between
+// (rope_scaling rope_type "llama3": factor, low_freq_factor,
+// high_freq_factor, original_max_position_embeddings).
+std::vector<float> llama3_rope_freqs(float theta, int64_t head_dim, double factor, double low_freq_factor,
+                                     double high_freq_factor, double original_context);
 
 // Positive sizes, heads a multiple of kv heads, even head_dim; an Error
 // naming `source` and the value otherwise.
 void validate_llama_hparams(const LlamaHParams& hp, const std::string& source);
 
-// general.architecture ("llama", Mistral included), general.name,
-// general.file_type and the llama.* hyperparameter keys.
+// general.architecture (hp.arch; Mistral as "llama"), general.name,
+// general.file_type and the ARCH.* hyperparameter keys llama.cpp reads.
 void write_llama_hparams(GgufWriter& w, const LlamaHParams& hp, uint32_t file_type);
 
 // llama_ftype codes for general.file_type.
@@ -81,8 +106,10 @@ struct LlamaTensorSpec {
   int layer = -1;
   std::vector<int64_t> ne;
 };
-// Every tensor in file order: token_embd, then per layer attn_norm, attn_q,
-// attn_k, attn_v, attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down, then
+// Every tensor in file order: token_embd, the RoPE factor tensors, then per
+// layer attn_norm, attn_q, attn_k, attn_v (or attn_qkv), their biases, the q/k
+// norms, attn_output, post_attention_norm, ffn_norm, ffn_gate, ffn_up (or the
+// fused ffn_up), ffn_down, post_ffw_norm (each only where hp has it), then
 // output_norm and output (omitted when tied).
 std::vector<LlamaTensorSpec> llama_tensor_specs(const LlamaHParams& hp);
 

@@ -16,7 +16,6 @@ namespace {
 
 using nlohmann::json;
 
-constexpr const char* kArchitectures[] = {"LlamaForCausalLM", "MistralForCausalLM"};
 // MistralConfig's default window, used when a Mistral config omits the key.
 constexpr int64_t kMistralDefaultWindow = 4096;
 
@@ -60,13 +59,41 @@ void read_rope_scaling(const json& s, const char* key, const std::string& src, H
   if (const json* t = member(s, "rope_type")) type = t->is_string() ? t->get<std::string>() : json_brief(*t);
   else if (const json* t2 = member(s, "type")) type = t2->is_string() ? t2->get<std::string>() : json_brief(*t2);
   if (type.empty() || type == "default") return;
-  RUNLM_CHECK(type == "linear", "%s: %s type '%s' is not supported (supported: default, linear)", src.c_str(), key,
-              type.c_str());
-  c.rope_scaling_type = "linear";
-  c.rope_scaling_factor = number(s, "factor", src, 0.0);
-  RUNLM_CHECK(c.rope_scaling_factor > 0, "%s: %s: linear scaling needs a positive factor", src.c_str(), key);
+  if (type == "su") type = "longrope";
+  const bool llama3 = type == "llama3" && (c.arch == Arch::Llama || c.arch == Arch::Mistral);
+  const bool longrope = type == "longrope" && c.arch == Arch::Phi3;
+  RUNLM_CHECK(type == "linear" || llama3 || longrope, "%s: %s type '%s' is not supported for %s (supported: default, "
+              "linear%s)", src.c_str(), key, type.c_str(), c.architecture.c_str(),
+              c.arch == Arch::Llama || c.arch == Arch::Mistral ? ", llama3" : c.arch == Arch::Phi3 ? ", longrope" : "");
+  c.rope_scaling_type = type;
   if (member(s, "original_max_position_embeddings"))
     c.rope_scaling_original_context = positive(s, "original_max_position_embeddings", src);
+  if (longrope) {
+    auto factors = [&](const char* k) {
+      const json* f = member(s, k);
+      RUNLM_CHECK(f && f->is_array(), "%s: %s: longrope needs %s", src.c_str(), key, k);
+      std::vector<float> v;
+      for (const json& e : *f) {
+        RUNLM_CHECK(e.is_number() && e.get<double>() > 0, "%s: %s.%s has %s", src.c_str(), key, k, json_brief(e).c_str());
+        v.push_back(static_cast<float>(e.get<double>()));
+      }
+      return v;
+    };
+    c.longrope_long = factors("long_factor");
+    c.longrope_short = factors("short_factor");
+    RUNLM_CHECK(c.rope_scaling_original_context > 0, "%s: %s: longrope needs original_max_position_embeddings",
+                src.c_str(), key);
+    return;
+  }
+  c.rope_scaling_factor = number(s, "factor", src, llama3 ? 8.0 : 0.0);
+  RUNLM_CHECK(c.rope_scaling_factor > 0, "%s: %s: %s scaling needs a positive factor", src.c_str(), key, type.c_str());
+  if (llama3) {
+    c.llama3_low_freq_factor = number(s, "low_freq_factor", src, 1.0);
+    c.llama3_high_freq_factor = number(s, "high_freq_factor", src, 4.0);
+    RUNLM_CHECK(c.llama3_high_freq_factor != c.llama3_low_freq_factor, "%s: %s: low and high freq factors are equal",
+                src.c_str(), key);
+    if (c.rope_scaling_original_context == 0) c.rope_scaling_original_context = 8192;
+  }
 }
 
 }  // namespace
@@ -82,14 +109,18 @@ HfConfig parse_hf_config(const std::string& text, const std::string& src) {
   HfConfig c;
 
   const json* archs = member(j, "architectures");
-  RUNLM_CHECK(archs && archs->is_array(), "%s: missing architectures (supported: LlamaForCausalLM, MistralForCausalLM)",
-              src.c_str());
+  RUNLM_CHECK(archs && archs->is_array(), "%s: missing architectures (supported: %s)", src.c_str(),
+              supported_hf_classes().c_str());
   for (const json& a : *archs)
-    for (const char* ok : kArchitectures)
-      if (a.is_string() && a.get<std::string>() == ok && c.architecture.empty()) c.architecture = ok;
-  RUNLM_CHECK(!c.architecture.empty(), "%s: architectures %s not supported (supported: LlamaForCausalLM, MistralForCausalLM)",
-              src.c_str(), json_brief(*archs).c_str());
+    if (const ArchDesc* d = a.is_string() ? find_arch_by_hf_class(a.get<std::string>()) : nullptr;
+        d && c.architecture.empty()) {
+      c.architecture = d->hf_class;
+      c.arch = d->arch;
+    }
+  RUNLM_CHECK(!c.architecture.empty(), "%s: architectures %s not supported (supported: %s)", src.c_str(),
+              json_brief(*archs).c_str(), supported_hf_classes().c_str());
   const bool mistral = c.architecture == "MistralForCausalLM";
+  const bool gemma = c.arch == Arch::Gemma2 || c.arch == Arch::Gemma3;
   if (const json* mt = member(j, "model_type"); mt && mt->is_string()) c.model_type = mt->get<std::string>();
 
   c.hidden_size = positive(j, "hidden_size", src);
@@ -103,6 +134,8 @@ HfConfig parse_hf_config(const std::string& text, const std::string& src) {
               static_cast<long long>(c.num_attention_heads), static_cast<long long>(c.num_key_value_heads));
   if (member(j, "head_dim")) {
     c.head_dim = positive(j, "head_dim", src);
+  } else if (gemma) {
+    c.head_dim = 256;  // Gemma2Config / Gemma3TextConfig default
   } else {
     RUNLM_CHECK(c.hidden_size % c.num_attention_heads == 0,
                 "%s: hidden_size %lld is not a multiple of num_attention_heads %lld and head_dim is not given",
@@ -115,24 +148,65 @@ HfConfig parse_hf_config(const std::string& text, const std::string& src) {
   c.max_position_embeddings = positive(j, "max_position_embeddings", src, mistral ? 4096 * 32 : 2048);
   c.rms_norm_eps = number(j, "rms_norm_eps", src, 1e-6);
   RUNLM_CHECK(c.rms_norm_eps > 0, "%s: rms_norm_eps must be positive", src.c_str());
-  c.tie_word_embeddings = flag(j, "tie_word_embeddings", src, false);
+  // transformers' defaults: the Gemma configs tie, the others do not.
+  c.tie_word_embeddings = flag(j, "tie_word_embeddings", src, gemma);
+  RUNLM_CHECK(c.arch != Arch::Gemma2 || c.tie_word_embeddings,
+              "%s: Gemma2 with tie_word_embeddings=false is not supported (llama.cpp's gemma2 always ties)", src.c_str());
 
   // Rope theta: top level (older form) or inside rope_parameters (newer form).
   c.rope_theta = number(j, "rope_theta", src, 10000.0);
   if (const json* rp = member(j, "rope_parameters")) {
     RUNLM_CHECK(rp->is_object(), "%s: rope_parameters must be an object", src.c_str());
-    c.rope_theta = number(*rp, "rope_theta", src, c.rope_theta);
-    read_rope_scaling(*rp, "rope_parameters", src, c);
+    // Per layer kind (gemma3): the global layers' parameters, and the local base.
+    const json* global = member(*rp, "full_attention");
+    if (const json* local = member(*rp, "sliding_attention"); local && local->is_object())
+      c.rope_local_theta = number(*local, "rope_theta", src, 10000.0);
+    const json& g = global && global->is_object() ? *global : *rp;
+    c.rope_theta = number(g, "rope_theta", src, c.rope_theta);
+    read_rope_scaling(g, "rope_parameters", src, c);
   }
   if (const json* rs = member(j, "rope_scaling")) read_rope_scaling(*rs, "rope_scaling", src, c);
   RUNLM_CHECK(c.rope_theta > 0, "%s: rope_theta must be positive", src.c_str());
+
+  if (c.arch == Arch::Gemma3 && member(j, "rope_local_base_freq"))
+    c.rope_local_theta = number(j, "rope_local_base_freq", src, 10000.0);
+  if (c.arch == Arch::Phi3) {
+    c.partial_rotary_factor = number(j, "partial_rotary_factor", src, 1.0);
+    RUNLM_CHECK(c.partial_rotary_factor > 0 && c.partial_rotary_factor <= 1, "%s: partial_rotary_factor %g out of (0, 1]",
+                src.c_str(), c.partial_rotary_factor);
+  }
+  if (gemma) {
+    if (member(j, "attn_logit_softcapping")) {
+      RUNLM_CHECK(c.arch == Arch::Gemma2, "%s: attn_logit_softcapping is not part of Gemma3", src.c_str());
+      c.attn_softcap = number(j, "attn_logit_softcapping", src, 0.0);
+    }
+    RUNLM_CHECK(c.arch != Arch::Gemma2 || c.attn_softcap, "%s: Gemma2 without attn_logit_softcapping is not supported "
+                "(llama.cpp's gemma2 always caps, default 50)", src.c_str());
+    if (member(j, "final_logit_softcapping")) c.final_softcap = number(j, "final_logit_softcapping", src, 0.0);
+    RUNLM_CHECK(c.arch != Arch::Gemma2 || c.final_softcap, "%s: Gemma2 without final_logit_softcapping is not "
+                "supported (llama.cpp's gemma2 always caps, default 30)", src.c_str());
+    if (member(j, "query_pre_attn_scalar")) c.query_pre_attn_scalar = number(j, "query_pre_attn_scalar", src, 0.0);
+  }
 
   if (mistral) {
     auto it = j.find("sliding_window");
     if (it == j.end()) c.sliding_window = kMistralDefaultWindow;
     else if (!it->is_null()) c.sliding_window = positive(j, "sliding_window", src);
+  } else if (c.arch == Arch::Qwen2 || c.arch == Arch::Qwen3) {
+    // Qwen keeps a sliding_window value that applies only with use_sliding_window.
+    RUNLM_CHECK(!flag(j, "use_sliding_window", src, false), "%s: use_sliding_window=true is not supported for %s",
+                src.c_str(), c.architecture.c_str());
+  } else if (c.arch == Arch::Gemma2) {
+    c.sliding_window = positive(j, "sliding_window", src, 4096);
   } else if (member(j, "sliding_window")) {
     c.sliding_window = positive(j, "sliding_window", src);
+  }
+  // Gemma's local/global layers: layer_types (below), else the older
+  // integer pattern (every n-th layer global), else the family's default
+  // (gemma2 every other layer, gemma3 5 local to 1 global).
+  if (gemma && c.sliding_window && !member(j, "layer_types")) {
+    const int64_t n = positive(j, "sliding_window_pattern", src, c.arch == Arch::Gemma2 ? 2 : 6);
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) c.swa_layers.push_back(l % n < n - 1 ? 1 : 0);
   }
   if (const json* lt = member(j, "layer_types")) {
     RUNLM_CHECK(lt->is_array() && lt->size() == size_t(c.num_hidden_layers),
@@ -150,12 +224,18 @@ HfConfig parse_hf_config(const std::string& text, const std::string& src) {
                 src.c_str());
   }
 
-  // Features the llama graph does not have: refuse rather than drop them.
-  RUNLM_CHECK(!flag(j, "attention_bias", src, false), "%s: attention_bias=true is not supported", src.c_str());
+  // Features the family's layer does not have: refuse rather than drop them.
+  // (Qwen2 always has q/k/v biases; the converter checks the tensors.)
+  RUNLM_CHECK(c.arch == Arch::Qwen2 || !flag(j, "attention_bias", src, false),
+              "%s: attention_bias=true is not supported for %s", src.c_str(), c.architecture.c_str());
   RUNLM_CHECK(!flag(j, "mlp_bias", src, false), "%s: mlp_bias=true is not supported", src.c_str());
-  if (const json* act = member(j, "hidden_act")) {
-    RUNLM_CHECK(act->is_string() && act->get<std::string>() == "silu",
-                "%s: hidden_act %s is not supported (supported: silu)", src.c_str(), json_brief(*act).c_str());
+  const char* want_act = gemma ? "gelu_pytorch_tanh" : "silu";
+  for (const char* key : {"hidden_act", "hidden_activation"}) {
+    const json* act = member(j, key);
+    if (!act) continue;
+    const std::string a = act->is_string() ? act->get<std::string>() : "";
+    RUNLM_CHECK(a == want_act || (gemma && a == "gelu_tanh"), "%s: %s %s is not supported for %s (supported: %s)",
+                src.c_str(), key, json_brief(*act).c_str(), c.architecture.c_str(), want_act);
   }
   for (const char* key : {"torch_dtype", "dtype"})
     if (const json* d = member(j, key); d && d->is_string()) c.torch_dtype = d->get<std::string>();

@@ -1,14 +1,18 @@
-// Hugging Face config.json for Llama-family checkpoints (LlamaForCausalLM,
-// MistralForCausalLM), in both the older form (top-level rope_theta and
-// rope_scaling) and the newer one (rope_parameters). Anything runlm cannot
-// run the same way (other architectures, non-linear rope scaling, biases,
-// other activations) is an Error naming it rather than a silent mismatch.
+// Hugging Face config.json of the checkpoints runlm converts (the classes of
+// models/arch.h: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
+// Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM),
+// in both the older form (top-level rope_theta and rope_scaling) and the
+// newer one (rope_parameters). Anything runlm cannot run the same way (other
+// architectures, yarn rope scaling, unexpected biases, other activations) is
+// an Error naming it rather than a silent mismatch.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "arch.h"
 
 namespace runlm {
 
@@ -25,9 +29,16 @@ struct HfConfig {
   int64_t max_position_embeddings = 0;
   double rms_norm_eps = 1e-6;       // transformers' LlamaConfig default
   double rope_theta = 10000.0;
-  std::string rope_scaling_type;    // "" (none) or "linear"
+  Arch arch = Arch::Llama;          // the architecture row of `architecture`
+  std::string rope_scaling_type;    // "" (none), "linear", "llama3" or "longrope"
   double rope_scaling_factor = 1.0;
   int64_t rope_scaling_original_context = 0;  // 0 when the config does not say
+  double llama3_low_freq_factor = 1.0, llama3_high_freq_factor = 4.0;  // rope_type "llama3"
+  std::vector<float> longrope_long, longrope_short;                     // rope_type "longrope" (phi3)
+  double partial_rotary_factor = 1.0;  // phi3: the rotated fraction of each head
+  std::optional<double> rope_local_theta;  // gemma3: rope_local_base_freq (sliding layers)
+  std::optional<double> attn_softcap, final_softcap;  // gemma
+  std::optional<double> query_pre_attn_scalar;        // gemma
   std::optional<int64_t> sliding_window;       // Mistral; absent or null = full attention
   // layer_types (transformers' per-layer attention kinds): 1 a
   // "sliding_attention" layer, 0 a "full_attention" one; empty when absent.

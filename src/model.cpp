@@ -50,21 +50,61 @@ std::unique_ptr<Model> Model::from_gguf(std::unique_ptr<GgufFile> gguf, const st
   const ModelConfig& c = m->config_;
 
   ModelWeights& w = m->weights_;
-  w.tok_embd = view(g, tensor_name(TensorRole::TokenEmbd), {c.dim, c.n_vocab});
-  w.output_norm = view(g, tensor_name(TensorRole::OutputNorm), {c.dim});
-  w.output = c.tied_embeddings ? w.tok_embd : view(g, tensor_name(TensorRole::Output), {c.dim, c.n_vocab});
+  std::map<std::string, bool> used;
+  auto get = [&](TensorRole role, int layer, std::vector<int64_t> shape) {
+    WeightView v = view(g, tensor_name(role, layer), std::move(shape));
+    used[v.name] = true;
+    return v;
+  };
+  const int64_t dim = c.dim, q_dim = c.q_dim(), kv_dim = c.kv_dim(), hidden = c.hidden_dim;
+  w.tok_embd = get(TensorRole::TokenEmbd, -1, {dim, c.n_vocab});
+  w.output_norm = get(TensorRole::OutputNorm, -1, {dim});
+  w.output = c.tied_embeddings ? w.tok_embd : get(TensorRole::Output, -1, {dim, c.n_vocab});
+  if (c.rope_factors == RopeFactors::Freqs) w.rope_long = get(TensorRole::RopeFreqs, -1, {c.n_rot / 2});
+  if (c.rope_factors == RopeFactors::LongShort) {
+    w.rope_long = get(TensorRole::RopeFactorsLong, -1, {c.n_rot / 2});
+    w.rope_short = get(TensorRole::RopeFactorsShort, -1, {c.n_rot / 2});
+  }
   for (int l = 0; l < c.n_layers; ++l) {
     LayerWeights lw;
-    lw.attn_norm = view(g, tensor_name(TensorRole::AttnNorm, l), {c.dim});
-    lw.wq = view(g, tensor_name(TensorRole::AttnQ, l), {c.dim, c.q_dim()});
-    lw.wk = view(g, tensor_name(TensorRole::AttnK, l), {c.dim, c.kv_dim()});
-    lw.wv = view(g, tensor_name(TensorRole::AttnV, l), {c.dim, c.kv_dim()});
-    lw.wo = view(g, tensor_name(TensorRole::AttnOut, l), {c.q_dim(), c.dim});
-    lw.ffn_norm = view(g, tensor_name(TensorRole::FfnNorm, l), {c.dim});
-    lw.w_gate = view(g, tensor_name(TensorRole::FfnGate, l), {c.dim, c.hidden_dim});
-    lw.w_up = view(g, tensor_name(TensorRole::FfnUp, l), {c.dim, c.hidden_dim});
-    lw.w_down = view(g, tensor_name(TensorRole::FfnDown, l), {c.hidden_dim, c.dim});
+    lw.attn_norm = get(TensorRole::AttnNorm, l, {dim});
+    if (c.fused_qkv) {
+      lw.wqkv = get(TensorRole::AttnQkv, l, {dim, q_dim + 2 * kv_dim});
+    } else {
+      lw.wq = get(TensorRole::AttnQ, l, {dim, q_dim});
+      lw.wk = get(TensorRole::AttnK, l, {dim, kv_dim});
+      lw.wv = get(TensorRole::AttnV, l, {dim, kv_dim});
+    }
+    if (c.qkv_bias) {
+      lw.bq = get(TensorRole::AttnQBias, l, {q_dim});
+      lw.bk = get(TensorRole::AttnKBias, l, {kv_dim});
+      lw.bv = get(TensorRole::AttnVBias, l, {kv_dim});
+    }
+    if (c.qk_norm) {
+      lw.q_norm = get(TensorRole::AttnQNorm, l, {c.head_dim});
+      lw.k_norm = get(TensorRole::AttnKNorm, l, {c.head_dim});
+    }
+    lw.wo = get(TensorRole::AttnOut, l, {q_dim, dim});
+    if (c.post_norms) lw.attn_post_norm = get(TensorRole::AttnPostNorm, l, {dim});
+    lw.ffn_norm = get(TensorRole::FfnNorm, l, {dim});
+    if (c.fused_gate_up) {
+      lw.w_up = get(TensorRole::FfnUp, l, {dim, 2 * hidden});
+    } else {
+      lw.w_gate = get(TensorRole::FfnGate, l, {dim, hidden});
+      lw.w_up = get(TensorRole::FfnUp, l, {dim, hidden});
+    }
+    lw.w_down = get(TensorRole::FfnDown, l, {hidden, dim});
+    if (c.post_norms) lw.ffn_post_norm = get(TensorRole::FfnPostNorm, l, {dim});
     w.layers.push_back(std::move(lw));
+  }
+  // A tensor the graph does not read (a bias, an extra norm) would silently
+  // change the model: refuse the file instead.
+  for (const auto& t : g.tensors()) {
+    if (used.count(t.name)) continue;
+    // gemma2 keeps no output.weight of its own; llama.cpp ignores one if present.
+    RUNLM_CHECK(c.arch == Arch::Gemma2 && t.name == tensor_name(TensorRole::Output),
+                "%s: tensor %s is not used by the %s graph runlm runs", path.c_str(), t.name.c_str(),
+                arch_name(c.arch));
   }
 
   m->tokenizer_ = tokenizer_path.empty() ? Tokenizer::from_gguf(g) : Tokenizer::from_model_file(tokenizer_path);

@@ -27,22 +27,33 @@ struct WeightView {
   const uint8_t* row(int64_t i) const { return data + row_bytes * static_cast<size_t>(i); }
 };
 
+// Which of these are set follows the ModelConfig's structure flags; an
+// absent one has data == nullptr.
 struct LayerWeights {
   WeightView attn_norm;  // [dim]
-  WeightView wq;         // [dim] -> [n_heads * head_dim]
-  WeightView wk;         // [dim] -> [n_kv_heads * head_dim]
-  WeightView wv;         // [dim] -> [n_kv_heads * head_dim]
+  WeightView wq;         // [dim] -> [n_heads * head_dim]          (not fused_qkv)
+  WeightView wk;         // [dim] -> [n_kv_heads * head_dim]       (not fused_qkv)
+  WeightView wv;         // [dim] -> [n_kv_heads * head_dim]       (not fused_qkv)
+  WeightView wqkv;       // [dim] -> [q_dim + 2 kv_dim]            (fused_qkv)
+  WeightView bq, bk, bv; // [q_dim], [kv_dim], [kv_dim]             (qkv_bias)
+  WeightView q_norm;     // [head_dim]                              (qk_norm)
+  WeightView k_norm;     // [head_dim]                              (qk_norm)
   WeightView wo;         // [n_heads * head_dim] -> [dim]
+  WeightView attn_post_norm;  // [dim]                              (post_norms)
   WeightView ffn_norm;   // [dim]
-  WeightView w_gate;     // [dim] -> [hidden]
-  WeightView w_up;       // [dim] -> [hidden]
+  WeightView w_gate;     // [dim] -> [hidden]                       (not fused_gate_up)
+  WeightView w_up;       // [dim] -> [hidden], or [2 hidden] gate rows then up rows (fused_gate_up)
   WeightView w_down;     // [hidden] -> [dim]
+  WeightView ffn_post_norm;   // [dim]                              (post_norms)
 };
 
 struct ModelWeights {
   WeightView tok_embd;     // [n_vocab rows of dim]
   WeightView output_norm;  // [dim]
   WeightView output;       // [dim] -> [n_vocab]; == tok_embd when tied
+  // RoPE frequency divisors, [n_rot / 2] each: rope_freqs (RopeFactors::Freqs)
+  // in rope_long, or longrope's long and short ones.
+  WeightView rope_long, rope_short;
   std::vector<LayerWeights> layers;
 };
 

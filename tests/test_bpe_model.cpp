@@ -15,7 +15,7 @@ TEST(BpeModel, RandomModelWithGpt2VocabularyGenerates) {
   RUNLM_REQUIRE_ASSET(vocab);
   TempPath model(".gguf");
   const CommandResult made = run_command(std::string(RUNLM_RANDOM_MODEL_BINARY) +
-                                         " --preset tiny --type f32 --layers 1 --threads 2 --vocab-gguf " + vocab +
+                                         " --preset tiny --type f32 --layers 1 --threads 2 --vocab-from " + vocab +
                                          " -o " + model.str());
   ASSERT_EQ(made.exit_code, 0) << made.err;
 

@@ -46,6 +46,7 @@ void ref_row(const AttnRefParams& p, int b, int64_t row, int h, float* out_row, 
     double acc = 0;
     for (int c = 0; c < d; ++c) acc += static_cast<double>(qr[c]) * kr[c];
     s[j] = acc * p.scale;
+    if (p.softcap > 0) s[j] = p.softcap * std::tanh(s[j] / p.softcap);
     mx = std::max(mx, s[j]);
   }
   std::vector<double> o(static_cast<size_t>(d), 0.0);

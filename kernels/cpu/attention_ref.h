@@ -21,6 +21,7 @@ struct AttnRefParams {
   bool causal = false;
   int window_left = -1;
   float scale = 0.0f;
+  float softcap = 0.0f;  // > 0: each scaled score becomes softcap * tanh(score / softcap) before the mask
 };
 
 // Whether query i of a sequence (seqlen_q queries, seqlen_k keys) sees key j.

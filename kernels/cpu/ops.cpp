@@ -66,6 +66,31 @@ void rope(float* x, int n_heads, int head_dim, int pos, float theta, float freq_
   }
 }
 
+void rope_ext(float* x, int n_heads, int head_dim, int pos, const RopeSpec& spec) {
+  const int half = spec.n_rot / 2;
+  for (int i = 0; i < half; ++i) {
+    // Angles in double so that long positions keep their precision.
+    const double freq = std::pow(static_cast<double>(spec.theta), -2.0 * i / spec.n_rot);
+    double angle = static_cast<double>(pos) * spec.freq_scale * freq;
+    if (spec.factors) angle /= spec.factors[i];
+    const float c = static_cast<float>(std::cos(angle)) * spec.attn_factor;
+    const float s = static_cast<float>(std::sin(angle)) * spec.attn_factor;
+    // Element pair (i0, i1) of each head.
+    const int i0 = spec.neox ? i : 2 * i;
+    const int i1 = spec.neox ? i + half : 2 * i + 1;
+    for (int h = 0; h < n_heads; ++h) {
+      float* p = x + static_cast<size_t>(h) * head_dim;
+      const float a = p[i0], b = p[i1];
+      p[i0] = a * c - b * s;
+      p[i1] = a * s + b * c;
+    }
+  }
+}
+
+void softcap(float* x, int64_t n, float cap) {
+  for (int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] / cap);
+}
+
 void softmax(float* x, int64_t n) {
   float mx = x[0];
   for (int64_t i = 1; i < n; ++i) mx = std::max(mx, x[i]);
@@ -85,8 +110,17 @@ void swiglu(float* gate, const float* up, int64_t n) {
   }
 }
 
+void geglu(float* gate, const float* up, int64_t n) {
+  constexpr float kSqrt2OverPi = 0.79788456080286535588f;
+  constexpr float kCoef = 0.044715f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    gate[i] = 0.5f * g * (1.0f + std::tanh(kSqrt2OverPi * g * (1.0f + kCoef * g * g))) * up[i];
+  }
+}
+
 void attention_one_token(float* out, const float* q, const KvLayerView& kv, int pos, int n_heads, int n_kv_heads,
-                         int head_dim, int window, float scale, float* scratch) {
+                         int head_dim, int window, float scale, float* scratch, float softcap) {
   const int first = window > 0 ? std::max(0, pos - window + 1) : 0;
   const int n = pos - first + 1;
   const int group = n_heads / n_kv_heads;
@@ -112,7 +146,8 @@ void attention_one_token(float* out, const float* q, const KvLayerView& kv, int 
       const float* kh = k + (h / group) * head_dim;
       float acc = 0;
       for (int i = 0; i < head_dim; ++i) acc += qh[i] * kh[i];
-      scores[static_cast<size_t>(h) * n + (t - first)] = acc * scale;
+      const float score = acc * scale;
+      scores[static_cast<size_t>(h) * n + (t - first)] = softcap > 0 ? softcap * std::tanh(score / softcap) : score;
     }
   }
   for (int h = 0; h < n_heads; ++h) softmax(scores + static_cast<size_t>(h) * n, n);

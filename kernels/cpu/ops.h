@@ -38,11 +38,31 @@ void get_row(const QMatrix& w, int64_t r, float* out);
 // pos * freq_scale * theta^(-2i/head_dim).
 void rope(float* x, int n_heads, int head_dim, int pos, float theta, float freq_scale);
 
+// The general rotary embedding of models/arch.h, as ggml_rope_ext computes
+// it without YaRN: pair i of the first n_rot dimensions of each head turns by
+// pos * freq_scale * theta^(-2i/n_rot) / factors[i] (factors nullptr: 1),
+// cos and sin multiplied by attn_factor. Pairs are adjacent (x[2i], x[2i+1])
+// or NeoX halves (x[i], x[i + n_rot/2]); dimensions past n_rot are kept.
+struct RopeSpec {
+  bool neox = false;
+  int n_rot = 0;
+  float theta = 10000.0f;
+  float freq_scale = 1.0f;
+  const float* factors = nullptr;  // [n_rot / 2]
+  float attn_factor = 1.0f;
+};
+void rope_ext(float* x, int n_heads, int head_dim, int pos, const RopeSpec& spec);
+
+// value = cap * tanh(value / cap) for n values (the Gemma soft-cap).
+void softcap(float* x, int64_t n, float cap);
+
 // In place, numerically stable (max subtracted).
 void softmax(float* x, int64_t n);
 
 // gate = silu(gate) * up.
 void swiglu(float* gate, const float* up, int64_t n);
+// gate = gelu(gate) * up with the tanh approximation (gelu_pytorch_tanh).
+void geglu(float* gate, const float* up, int64_t n);
 
 // One layer of a KV cache on the CPU: rows ("slots") of n_kv_heads *
 // head_dim elements, K and V each encoded in its own KvType
@@ -64,9 +84,10 @@ struct KvLayerView {
 // positions [first, pos], first = pos - window + 1 with a window (> 0), else
 // 0. q and out are [n_heads * head_dim]. Each K and V row is decoded once and
 // used by every head. scratch holds n_heads * (pos + 1) + 2 * n_kv_heads *
-// head_dim floats.
+// head_dim floats. softcap > 0 caps each scaled score at softcap *
+// tanh(score / softcap) before the softmax (Gemma 2).
 void attention_one_token(float* out, const float* q, const KvLayerView& kv, int pos, int n_heads, int n_kv_heads,
-                         int head_dim, int window, float scale, float* scratch);
+                         int head_dim, int window, float scale, float* scratch, float softcap = 0.0f);
 
 // Vectorisable f32 dot product (8 partial sums). matmul uses it for every
 // token count, so a token's result does not depend on what it is batched with.

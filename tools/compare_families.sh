@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Perplexity of runlm's CPU forward against llama.cpp's CPU build, one small
+# random-weight GGUF per model family (tools/make_random_model presets at a
+# tiny size: hidden 256, 2-6 layers, the family's head size), on the same
+# text. Prints one table row per model: both perplexities and their
+# relative difference. Also checks that rope_freqs.weight (Llama 3.1's RoPE
+# scaling) moves the perplexity in both programs.
+#
+#   tools/compare_families.sh [LLAMA_CPP_BIN_DIR] [BUILD_DIR]
+#
+# Defaults: ../llama.cpp-cpu/bin (llama-perplexity) and build-cpu (runlm,
+# make_random_model). Text: the first 8 KB of
+# ../shared/models/sotu29m/eval.txt; vocabulary: the Llama 2 sentencepiece
+# model (../shared/models/llama2-tokenizer.model). Runs from the repository root.
+set -euo pipefail
+
+LLAMA_BIN=${1:-../llama.cpp-cpu/bin}
+BUILD=${2:-build-cpu}
+TOKENIZER=../shared/models/llama2-tokenizer.model
+EVAL=../shared/models/sotu29m/eval.txt
+WORK=$(mktemp -d /tmp/compare_families.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+
+for f in "$LLAMA_BIN/llama-perplexity" "$BUILD/runlm" "$BUILD/make_random_model" "$TOKENIZER" "$EVAL"; do
+  [[ -e $f ]] || { echo "missing: $f" >&2; exit 1; }
+done
+head -c 8192 "$EVAL" > "$WORK/text.txt"
+
+# name | preset and size overrides
+MODELS=(
+  "llama3|--preset llama3-8b --dim 256 --hidden 512 --layers 2 --heads 4 --kv-heads 2 --rope-orig-ctx 32"
+  "llama3-no-rope-freqs|--preset llama3-8b --dim 256 --hidden 512 --layers 2 --heads 4 --kv-heads 2 --no-rope-freqs"
+  "qwen2.5|--preset qwen2.5-7b --dim 256 --hidden 512 --layers 2 --heads 4 --kv-heads 2"
+  "qwen3|--preset qwen3-8b --dim 256 --hidden 512 --layers 2 --heads 4 --kv-heads 2 --head-dim 128"
+  "gemma2|--preset gemma2-9b --dim 256 --hidden 512 --layers 4 --heads 2 --kv-heads 1 --head-dim 256 --sliding-window 32"
+  "gemma3|--preset gemma3-12b --dim 256 --hidden 512 --layers 6 --heads 2 --kv-heads 1 --head-dim 256 --sliding-window 32"
+  "phi3|--preset phi3-mini --dim 256 --hidden 512 --layers 2 --heads 4 --kv-heads 4"
+  "mistral-nemo|--preset mistral-nemo-12b --dim 256 --hidden 512 --layers 2 --heads 4 --kv-heads 2 --head-dim 128"
+)
+
+ppl_llama() {  # last "Final estimate: PPL = X" of llama-perplexity
+  "$LLAMA_BIN/llama-perplexity" -m "$1" -f "$WORK/text.txt" -c 128 -b 128 -fa off -ctk f32 -ctv f32 -nr -t 2 \
+    > "$WORK/llama.log" 2>&1 || { tail -20 "$WORK/llama.log" >&2; return 1; }
+  sed -n 's/.*Final estimate: PPL = \([0-9.]*\).*/\1/p' "$WORK/llama.log"
+}
+ppl_runlm() {
+  "$BUILD/runlm" perplexity -m "$1" -f "$WORK/text.txt" --ppl-mode llama --device cpu -c 128 -t 2 \
+    > "$WORK/runlm.log" 2>&1 || { tail -20 "$WORK/runlm.log" >&2; return 1; }
+  sed -n 's/^perplexity: \([0-9.]*\).*/\1/p' "$WORK/runlm.log"
+}
+
+printf "%-22s %16s %16s %12s\n" model llama.cpp runlm rel.diff
+declare -A PPL_L PPL_R
+for entry in "${MODELS[@]}"; do
+  name=${entry%%|*}
+  args=${entry#*|}
+  # shellcheck disable=SC2086
+  "$BUILD/make_random_model" $args --type f32 --tokenizer "$TOKENIZER" -o "$WORK/$name.gguf" > /dev/null
+  l=$(ppl_llama "$WORK/$name.gguf")
+  r=$(ppl_runlm "$WORK/$name.gguf")
+  PPL_L[$name]=$l
+  PPL_R[$name]=$r
+  printf "%-22s %16s %16s %12s\n" "$name" "$l" "$r" \
+    "$(python3 -c "print(f'{abs($r - $l) / $l:.2e}')")"
+  rm -f "$WORK/$name.gguf"
+done
+
+echo
+echo "rope_freqs.weight moves the perplexity (relative change, with vs without):"
+python3 - "${PPL_L[llama3]}" "${PPL_L[llama3-no-rope-freqs]}" "${PPL_R[llama3]}" "${PPL_R[llama3-no-rope-freqs]}" <<'PY'
+import sys
+lw, lo, rw, ro = map(float, sys.argv[1:])
+print(f"  llama.cpp: {abs(lw - lo) / lo:.2e}   runlm: {abs(rw - ro) / ro:.2e}")
+PY
