@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "cuda_bench.h"
 #include "common.h"
 #include "dtype.h"
 
@@ -57,14 +58,6 @@ std::vector<int> int_list(const std::string& s, const char* flag) {
 void ck(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail("bench-matmul: %s: %s", what, cudaGetErrorString(e));
 }
-
-struct DevMem {
-  void* p = nullptr;
-  explicit DevMem(size_t n) { ck(cudaMalloc(&p, std::max<size_t>(n, 1)), "cudaMalloc"); }
-  ~DevMem() { cudaFree(p); }
-  DevMem(const DevMem&) = delete;
-  DevMem& operator=(const DevMem&) = delete;
-};
 
 // Random GGUF bytes of a rows x cols matrix: plain types uniform in (-1, 1),
 // block types random quants with every scale 0.01 (finite).
