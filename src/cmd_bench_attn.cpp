@@ -20,6 +20,7 @@
 #include "attention.h"
 #include "commands.h"
 #include "cli_common.h"
+#include "cuda_bench.h"
 #include "common.h"
 #include "cpu/attention_ref.h"
 #include "dtype.h"
@@ -62,14 +63,6 @@ std::vector<std::string> split(const std::string& s) {
 void ck(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail("bench-attn: %s: %s", what, cudaGetErrorString(e));
 }
-
-struct DevMem {
-  void* p = nullptr;
-  explicit DevMem(size_t n) { ck(cudaMalloc(&p, n), "cudaMalloc"); }
-  ~DevMem() { cudaFree(p); }
-  DevMem(const DevMem&) = delete;
-  DevMem& operator=(const DevMem&) = delete;
-};
 
 struct Shape {
   int hdim, seqlen, batch, heads;

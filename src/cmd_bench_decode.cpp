@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "cuda_bench.h"
 #include "common.h"
 #include "cpu/kv_quant.h"
 #include "cpu/ops.h"
@@ -62,18 +63,6 @@ std::vector<Point> parse_points(const std::string& s) {
 void ck(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail("bench-decode: %s: %s", what, cudaGetErrorString(e));
 }
-
-struct DevMem {
-  void* p = nullptr;
-  explicit DevMem(size_t n) { ck(cudaMalloc(&p, std::max<size_t>(n, 1)), "cudaMalloc"); }
-  ~DevMem() { cudaFree(p); }
-  DevMem(const DevMem&) = delete;
-  DevMem& operator=(const DevMem&) = delete;
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-};
 
 template <typename T>
 void upload(DevMem& d, const std::vector<T>& h) {

@@ -12,6 +12,7 @@ int cmd_batch(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
 int cmd_bench_attn(int argc, char** argv);
 int cmd_bench_decode(int argc, char** argv);
+int cmd_bench_matmul(int argc, char** argv);
 int cmd_perplexity(int argc, char** argv);
 int cmd_convert(int argc, char** argv);
 int cmd_quantize(int argc, char** argv);

@@ -25,6 +25,7 @@ constexpr Subcommand kSubcommands[] = {
     {"bench", runlm::cmd_bench, "prefill and decode throughput, llama-bench style (-p 512 -n 128)"},
     {"bench-attn", runlm::cmd_bench_attn, "prefill attention backends: TFLOP/s sweep (GPU)"},
     {"bench-decode", runlm::cmd_bench_decode, "paged decode attention kernels: us, GB/s per KV type (GPU)"},
+    {"bench-matmul", runlm::cmd_bench_matmul, "decode GEMV and prefill GEMM kernels on 7B shapes (GPU)"},
     {"perplexity", runlm::cmd_perplexity, "perplexity over a text in chunks; KLD against a saved run (-m MODEL -f FILE)"},
     {"convert", runlm::cmd_convert, "llama2.c .bin or Hugging Face directory -> GGUF"},
     {"quantize", runlm::cmd_quantize, "re-encode a GGUF's weights (q8_0, q4_0, q4_k, q6_k, q4_k_m, f16...)"},

@@ -23,13 +23,6 @@ using namespace runlm::test;
 
 namespace {
 
-void expect_clean_error(const CommandResult& r, const std::string& words) {
-  EXPECT_EQ(r.signal, 0) << "crashed with signal " << r.signal << "\n" << r.err;
-  EXPECT_EQ(r.exit_code, 1) << r.err;
-  EXPECT_NE(r.err.find("error: "), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find(words), std::string::npos) << "expected '" << words << "' in: " << r.err;
-}
-
 template <typename F>
 void expect_error(F&& f, const std::string& words) {
   try {

@@ -162,6 +162,20 @@ inline CommandResult run_command(const std::string& cmdline, const std::string& 
   return r;
 }
 
+// A command that must fail cleanly: exit code 1 with "error: " and `words`
+// on stderr, never a crash (no signal).
+inline void expect_clean_error(const CommandResult& r, const std::string& words) {
+  EXPECT_EQ(r.signal, 0) << "crashed with signal " << r.signal << "\n" << r.err;
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("error: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(words), std::string::npos) << "expected '" << words << "' in: " << r.err;
+}
+// The same, and nothing printed on stdout.
+inline void expect_clean_error_no_output(const CommandResult& r, const std::string& words) {
+  expect_clean_error(r, words);
+  EXPECT_TRUE(r.out.empty()) << r.out;
+}
+
 inline std::string runlm_binary() { return RUNLM_BINARY; }
 
 // The runlm::Error message of f(), or "<no error>" when f returns normally.

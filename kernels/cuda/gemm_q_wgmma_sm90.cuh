@@ -202,7 +202,7 @@ struct WgOverlapTraits {
   static constexpr int kStagesFit = (kSmemBudget / kMinBlocks - 1024) / kStageBytes;
   static constexpr int kStages = kStagesFit < 5 ? kStagesFit : 5;
   static constexpr int kSmem = kStages * kStageBytes + 1024;
-  static_assert(kStages >= 3, "gemm_q_wgmma_v3: the ring needs 3 stages (one for the in-flight wgmmas)");
+  static_assert(kStages >= 3, "gemm_q_wgmma_overlap: the ring needs 3 stages (one for the in-flight wgmmas)");
 };
 
 template <DType kT, int BN>
@@ -256,7 +256,7 @@ __global__ void __launch_bounds__(kThreads, WgOverlapTraits<kT, BN>::kMinBlocks)
     const uint32_t sq = sq_of(st), ss = ss_of(st);
     const uint2 sca = lds64(ss + arow * kBlocks * 2), scb = lds64(ss + (arow + 8) * kBlocks * 2);
     const uint64_t dx = sm90::make_desc(sx_of(st), 16, 1024);
-    static_assert(kBlocks % 2 == 0, "gemm_q_wgmma_v3: buffer parity must repeat every k-tile");
+    static_assert(kBlocks % 2 == 0, "gemm_q_wgmma_overlap: buffer parity must repeat every k-tile");
 #pragma unroll
     for (int blk = 0; blk < kBlocks; ++blk) {
       uint32_t(&f)[2][4] = blk & 1 ? fo : fe;
@@ -330,8 +330,8 @@ struct WgStreamKTraits {
   static constexpr int kStages = kStagesFit < 5 ? kStagesFit : 5;
   static constexpr int kSmem = kStages * kStageBytes + 1024;
   static constexpr int kNT = BN / 8;  // n8 tiles of a thread's accumulator
-  static_assert(kStages >= 3, "gemm_q_wgmma_v4: the ring needs 3 stages (one for the in-flight wgmmas)");
-  static_assert(kXBytes % 1024 == 0 && kStageBytes % 1024 == 0, "gemm_q_wgmma_v4: 1024-byte aligned x tiles");
+  static_assert(kStages >= 3, "gemm_q_wgmma_streamk: the ring needs 3 stages (one for the in-flight wgmmas)");
+  static_assert(kXBytes % 1024 == 0 && kStageBytes % 1024 == 0, "gemm_q_wgmma_streamk: 1024-byte aligned x tiles");
 };
 
 struct SkArgs {
@@ -452,7 +452,7 @@ __global__ void __launch_bounds__(WgStreamKTraits<kT, BN>::kThr, 1) gemm_q_wgmma
         // wgmma reads before these writes).
         constexpr int kHalf = kNT / 2;
         constexpr uint32_t kBuf = kHalf * kThr * 16;
-        static_assert(3 * kBuf <= kStages * Tr::kStageBytes, "gemm_q_wgmma_v4: fixup buffers fit the ring");
+        static_assert(3 * kBuf <= kStages * Tr::kStageBytes, "gemm_q_wgmma_streamk: fixup buffers fit the ring");
         const int np = c_last - c_first + 1;
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;

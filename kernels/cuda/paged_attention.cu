@@ -479,7 +479,9 @@ Plan make_plan(const PagedDecodeParams& p, int forced_partition, DecodeKernel fo
       pl.smem_bytes = pl.tma_stages * stage_bytes + 16 * pl.tma_stages + 1024;  // TmaStage::smem
       pl.threads = kTmaThreads;
       pl.heads_per_cta = kTmaHeads;
-      pl.fn = reinterpret_cast<KernelFn>(pl.tma);  // never launched through this type
+      // Its address, for the attribute and occupancy queries only (never
+      // launched through this type; void (*)() converts to any function type).
+      pl.fn = reinterpret_cast<KernelFn>(reinterpret_cast<void (*)()>(pl.tma));
       ensure_smem_attr(pl.fn, pl.smem_bytes);
       break;
     }
