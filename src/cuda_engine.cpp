@@ -252,14 +252,21 @@ class CudaEngine final : public Engine {
     if (!verbose) return;
     std::fprintf(stderr, "decode attention: %s (%s)\n", decode_kernel_name(decode_choice_.kernel),
                  decode_choice_.reason);
-    AttnParams prefill;
-    prefill.head_dim = c.head_dim;
-    prefill.dtype = DType::F16;
-    prefill.causal = true;
+    std::fprintf(stderr, "prefill attention: %s (--attn %s)\n",
+                 attn_backend_name(attn_resolve(attn_, prefill_probe())), attn_backend_name(attn_));
+  }
+
+  // The prefill attention problem the backend choice is made for: f16,
+  // causal, with the widest layer window (a window at all is what a backend
+  // may lack).
+  AttnParams prefill_probe() const {
+    AttnParams probe;
+    probe.head_dim = cfg_.head_dim;
+    probe.dtype = DType::F16;
+    probe.causal = true;
     const int widest = *std::max_element(windows_.begin(), windows_.end());
-    prefill.window_left = widest > 0 ? widest - 1 : -1;
-    std::fprintf(stderr, "prefill attention: %s (--attn %s)\n", attn_backend_name(attn_resolve(attn_, prefill)),
-                 attn_backend_name(attn_));
+    probe.window_left = widest > 0 ? widest - 1 : -1;
+    return probe;
   }
 
   // How prefill attention reads the paged K/V. f16/f16 pools: in
@@ -274,13 +281,7 @@ class CudaEngine final : public Engine {
     const bool typed = type_k_ != KvType::F16 || type_v_ != KvType::F16;
     paged_prefill_ = true;
     if (!typed) return;
-    AttnParams probe;
-    probe.head_dim = cfg_.head_dim;
-    probe.dtype = DType::F16;
-    probe.causal = true;
-    // The widest layer window: a window at all is what a backend may lack.
-    const int widest = *std::max_element(windows_.begin(), windows_.end());
-    probe.window_left = widest > 0 ? widest - 1 : -1;
+    AttnParams probe = prefill_probe();
     const AttnBackend chosen = attn_resolve(attn_, probe);
     const int32_t dummy_table = 0;  // attn_unsupported_reason tests block_tables for null only
     probe.block_tables = &dummy_table;

@@ -122,9 +122,8 @@ struct X8Dot<DType::Q8_0> {
 // Rows a warp takes: 2 up to 8 tokens (x loads shared by both rows), 1
 // past that (the accumulators grow). Q4_0 at one token takes 1: its rows
 // are short (4 units a lane at 4096 columns), and more warps in flight beat
-// sharing x (H100, GpuOpsBench.GemvLlama7bShapes with RUNLM_GEMV_X8_ROWS:
-// 11008x4096 80.1% of copy at 1 row, 75.3% at 2, 76.3% at 4; tg128 498
-// against 481 t/s).
+// sharing x (H100, 11008x4096: 80.1% of copy at 1 row, 75.3% at 2, 76.3%
+// at 4; tg128 498 against 481 t/s).
 template <DType kT, int kTok>
 constexpr int kRowsOf = kT == DType::Q4_0 && kTok == 1 ? 1 : kTok <= 8 ? 2 : 1;
 // Few tokens: DRAM-bound, so the next step's loads are issued before this

@@ -95,8 +95,7 @@ void gemm_cublas(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_toke
 // W_i x as gemm() would. One fused launch (gemm_fused_q_multi) when gemm()
 // would send every one to the fused kernel and they share type and cols
 // (row counts may differ: GQA's k/v), else one gemm() each. scratch: at
-// least the largest gemm_scratch_bytes of the matrices. RUNLM_GEMM_MULTI=0
-// (read once) makes it one gemm() each always, for measuring.
+// least the largest gemm_scratch_bytes of the matrices.
 using GemmOut = GemvOut;
 constexpr int kMaxGemmOuts = kMaxGemvOuts;
 bool gemm_multi_fused(const GemmOut* outs, int n_outs, int n_tokens);  // whether gemm_multi makes one launch
