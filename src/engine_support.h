@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "llama.h"
+#include "llama_arch.h"
 
 namespace runlm {
 
