@@ -7,7 +7,7 @@
 // its converter wrote means the same thing here.
 //
 // One forward (src/cpu_engine.cpp) reads the resolved ModelConfig
-// (models/llama.h); a new family is a new row in models/arch_table.cpp plus
+// (models/llama_arch.h); a new family is a new row in models/arch_table.cpp plus
 // whatever op it lacks.
 #pragma once
 
@@ -27,7 +27,7 @@ enum class RopeStyle { Adjacent, NeoX };
 enum class FfnActivation { SiLU, GeluTanh };
 
 // Every tensor role any architecture has. GGUF names (llama.cpp's
-// LLM_TENSOR_NAMES) are in tensor_name() (models/llama.h).
+// LLM_TENSOR_NAMES) are in tensor_name() (models/llama_arch.h).
 enum class TensorRole {
   TokenEmbd, OutputNorm, Output,
   AttnNorm, AttnQ, AttnK, AttnV, AttnOut, FfnNorm, FfnGate, FfnUp, FfnDown,
