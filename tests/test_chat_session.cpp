@@ -146,7 +146,8 @@ TEST(ChatSession, FullContextDropsTheOldestTurnsAndKeepsTheSystemPrompt) {
   eo.n_ctx = 96;
   auto engine = make_cpu_engine(*model, eo);
   Sampler sampler(greedy());
-  ChatSession chat(*engine, model->tokenizer(), sampler, "llama2", "Be brief.");
+  const ChatTemplate llama2 = builtin("llama2", model->tokenizer());
+  ChatSession chat(*engine, model->tokenizer(), sampler, llama2, "Be brief.");
   int dropped = 0;
   for (int turn = 0; turn < 6; ++turn) {
     std::string reply;
@@ -172,7 +173,8 @@ TEST(ChatSession, ReversePromptEndsTheReplyAfterItAndStopBeforeIt) {
   auto run = [&](std::vector<std::string> stop, std::vector<std::string> rp) {
     auto engine = cpu_engine(*model);
     Sampler sampler(greedy());
-    ChatSession chat(*engine, model->tokenizer(), sampler, "llama2", "");
+    const ChatTemplate llama2 = builtin("llama2", model->tokenizer());
+    ChatSession chat(*engine, model->tokenizer(), sampler, llama2, "");
     chat.set_stop_strings(std::move(stop), std::move(rp));
     std::string shown;
     const auto r = chat.reply("Tell me about a cat.", 48, [&](const std::string& t) { shown += t; });
