@@ -91,7 +91,7 @@ void ChatTemplate::check_system_prompt(const std::string& system_prompt) const {
   } catch (const Error& e) {
     // Blame the system prompt only when the same turn renders without it.
     apply({{"user", "Hello"}}, true);
-    fail("the chat template does not take this system prompt (-sys): %s", e.what());
+    fail("the chat template does not take a system prompt (-sys): %s", e.what());
   }
 }
 

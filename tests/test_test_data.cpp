@@ -23,8 +23,8 @@ TEST(TestDataProbe, DISABLED_NeedsMissingAsset) {
 CommandResult run_probe(bool ci) {
   TempPath empty(".d");
   // The child runs the probe alone: a sharded parent's GTEST_* settings stay out.
-  const std::string env = std::string(ci ? "CI=true" : "-u CI") +
-                          " -u GTEST_TOTAL_SHARDS -u GTEST_SHARD_INDEX -u GTEST_FILTER RUNLM_TEST_DATA=" + empty.str();
+  const std::string env = std::string("-u GTEST_TOTAL_SHARDS -u GTEST_SHARD_INDEX -u GTEST_FILTER ") +
+                          (ci ? "CI=true" : "-u CI") + " RUNLM_TEST_DATA=" + empty.str();
   return run_command("env " + env + " /proc/" + std::to_string(getpid()) +
                      "/exe --gtest_also_run_disabled_tests --gtest_filter=TestDataProbe.DISABLED_NeedsMissingAsset");
 }
