@@ -29,7 +29,7 @@ run: all
 clean:
 	rm -rf $(BUILD)
 
-# ---- Reliability (issue 8): sanitizers and fuzzing ---------------------------
+# ---- Reliability: sanitizers and fuzzing ------------------------------------
 ASAN_BUILD ?= build-asan
 # Tests left out of the sanitizer run (a ctest -E regex; ASAN_EXCLUDE= runs
 # all): the two sotu29m perplexity tests take ~14 minutes under ASan on 2

@@ -847,7 +847,7 @@ TEST(AttentionGpuDispatch, UnsupportedCombosThrow) {
 // Scores whose row maxima keep growing along the keys: key row j of every
 // sequence is scaled by 1 + j / 32 (then rounded to the dtype, so the
 // reference sees the kernel's inputs), which moves a row's max by ~2^8 every
-// tile or two. fa2 v5 moves its running max only on growth > 2^8 and
+// tile or two. fa2 moves its running max only on growth > 2^8 and
 // rescales O then (kFa2RescaleLog2); on N(0, 1) inputs the max settles in
 // the first tile and that path would go untested. Mixed lengths (several
 // query blocks, a short sequence), causal and not, GQA.

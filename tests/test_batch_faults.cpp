@@ -1,4 +1,4 @@
-// Faults `runlm batch` must survive (issue 8), run as a user would: a failed
+// Faults `runlm batch` must survive, run as a user would: a failed
 // write on the output is an error with exit code 1 that leaves only complete
 // records behind, and Ctrl-C (SIGINT) stops the run with exit code 130 and an
 // output of complete, valid JSONL records. (A full KV cache under batch is

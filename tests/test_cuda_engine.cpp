@@ -151,7 +151,7 @@ TEST(CudaEngine, Sotu29mMatchesTransformersAndTheCpu) {
   EXPECT_LT(err, 1e-2);
 }
 
-// Issue 5: greedy generation gives the same tokens with every prefill
+// Greedy generation gives the same tokens with every prefill
 // attention backend (naive, fa2, fa3 where the GPU has sm_90) on sotu29m
 // (head_dim 128), equal to transformers' reference ids; and a backend that
 // cannot run stories260K's head_dim 8 stops with an error naming it (no
@@ -272,7 +272,7 @@ TEST(CudaEngine, Llama7BShapeLogitsMatchTheCpu) {
   }
 }
 
-// Issue 5 at the Llama-2-7B layer shapes (2 layers, random Q4_0 weights,
+// The same at the Llama-2-7B layer shapes (2 layers, random Q4_0 weights,
 // head_dim 128): a 300-token prompt (three 128-row query blocks, causal
 // tiles on and off the diagonal) then 16 greedy tokens with each prefill
 // backend. The prompt's logits must agree with naive's (the same products in
@@ -397,7 +397,7 @@ TEST(CudaEngine, PagedGenerateMatchesGolden) {
             read_ids(shared_model("stories260K.greedy200.ids.txt")));
 }
 
-// Issue 7: quantized KV cache on the GPU (paged). sotu29m (head_dim 128,
+// Quantized KV cache on the GPU (paged). sotu29m (head_dim 128,
 // GQA 4/2) with -ctk q8_0 -ctv q8_0 gives the CPU engine's greedy tokens
 // with the same KV types, and close logits. The two engines quantize K and V
 // with the same encoder (bit-exact for equal inputs) but their inputs differ

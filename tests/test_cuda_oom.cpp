@@ -1,4 +1,4 @@
-// GPU out of memory at load (issue 8): with most of the GPU's free memory
+// GPU out of memory at load: with most of the GPU's free memory
 // taken by another allocation, loading a model that does not fit is a
 // runlm::Error naming the bytes needed and free (in the engine and through
 // `runlm generate --device cuda`), never a crash; the failed load gives back

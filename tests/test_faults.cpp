@@ -1,4 +1,4 @@
-// Faults runlm must survive (issue 8): Ctrl-C in chat stops the reply only, a
+// Faults runlm must survive: Ctrl-C in chat stops the reply only, a
 // failed write on stdout is an error with a non-zero exit (not a silent
 // success), and running out of host memory at load is a clear message.
 #include <fcntl.h>

@@ -1,5 +1,5 @@
 // Regression tests for the crashes found by fuzzing (tests/fuzz/) and by the
-// limits review of issue 8: each input here once crashed runlm (or escaped
+// limits review: each input here once crashed runlm (or escaped
 // as a non-runlm exception) and must now be a runlm::Error that names the
 // file and the fault. See docs/bad-inputs.md for the whole table.
 #include <gtest/gtest.h>

@@ -296,7 +296,7 @@ TEST(KvQuant, Q4WeightsSteerTheScaleFit) {
   }
 }
 
-// Issue 7: one row of 4 heads whose magnitudes differ by up to 10^4 (as the
+// One row of 4 heads whose magnitudes differ by up to 10^4 (as the
 // heads of a real K row differ, more mildly). Every head's error is bounded
 // by its own largest value: q8_0 by half a step of amax / 127 plus the f16
 // rounding of the scale (127 * d * 2^-11 = amax * 2^-11); q4_0 by 3/16 of

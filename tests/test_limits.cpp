@@ -1,4 +1,4 @@
-// Limits checked before use (issue 8): model hyperparameters that would
+// Limits checked before use: model hyperparameters that would
 // overflow or divide to nothing, and KV cache sizes worked out in 64 bits and
 // checked against the machine before anything is allocated.
 #include <gtest/gtest.h>

@@ -700,7 +700,7 @@ TEST(PagedAttention, Bf16Pool) {
   check_case(c, {-1, 0, 256});
 }
 
-// Issue 7: every (K, V) pair of GPU KV types against the reference over the
+// Every (K, V) pair of GPU KV types against the reference over the
 // same quantized pages (kv_encode_row of random values, page layout of
 // src/paged_kv.h). The reference decodes each value exactly as the kernel
 // does (an integer or e4m3 level times an f16 scale is exact in fp32), so
@@ -808,7 +808,7 @@ TEST(PagedAttention, TensorCorePairsHeadDimsRows) {
     }
 }
 
-// Version 10 (tensor cores for f16/f16 and bf16/bf16 pools, every mode):
+// The f16 tensor-core kernel (mma_f16: f16/f16 and bf16/bf16 pools):
 // head_dim 64 and 128, 1, 2, 4 and 16 query tokens over GQA 32/8 (4 to 64
 // rows: up to 8 row chunks) and MHA 8/8, pages of 8, 16 and 64, lengths
 // that cross pages, 16-key tiles and 256-key partitions, window 300 and

@@ -1,4 +1,4 @@
-// Per-layer sliding windows (issue 7: models that alternate local and global
+// Per-layer sliding windows (models that alternate local and global
 // layers): llama.attention.sliding_window_pattern in GGUF (an array of bools,
 // or llama.cpp's integer "every n-th layer is global"), transformers'
 // layer_types in config.json, the converter writing it, and the engines

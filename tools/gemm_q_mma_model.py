@@ -1,4 +1,5 @@
-# Python model of gemm_q_mma.cu's index math (no GPU needed): one CTA, one
+# Python model of the fused GEMM's index math (gemm_q_mma_sm80.cuh,
+# gemm_q_wgmma_sm90.cuh) (no GPU needed): one CTA, one
 # k-tile, the kernel's cp.async offsets, swizzles, k permutation, decode
 # and mma fragment layout (PTX m16n8k16) against a direct sum, for Q4_0 and
 # Q8_0 at BN 16 and 64 with masked rows and tokens; then the shared-memory
@@ -215,7 +216,8 @@ def run_v2(kT, BN, rows, n, cols=BK):
 for kT in ('q4', 'q8'):
     run_v2(kT, 64, 120, 50)
 
-# Version 3's schedule (same fragments and layouts as version 2): the ring
+# The overlapping wgmma kernel's schedule (same fragments and layouts as
+# the plain one): the ring
 # refills stage (i + kStages - 2) % kStages at the top of k-tile i while one
 # wgmma group per warpgroup (block 3 of tile i - 1) may be in flight.
 # Checks, for every ring size the kernel can pick: k-tile i's cp.async group
@@ -241,9 +243,9 @@ def schedule_v3(stages, nk):
 for stages in (3, 4, 5):
     for nk in range(1, 12):
         schedule_v3(stages, nk)
-print('v3 schedule ok, stages 3, 4, 5')
+print('overlap schedule ok, stages 3, 4, 5')
 
-# Version 4's stream-K bookkeeping (launch_v4 and gemm_q_wgmma_v4_kernel):
+# The stream-K kernel's bookkeeping (gemm_q_wgmma_streamk_kernel):
 # for grids from the host rule (auto, forced, capped by the scratch's slots),
 # every (tile, k-tile) unit is computed once; a tile cut by CTA ranges has
 # c_last - c_first + 1 pieces (the ticket count the kernel waits for), each
@@ -299,4 +301,4 @@ for tiles in (1, 2, 3, 8, 17, 32, 64, 86, 172, 250):
 # 4096 x 4096 at 256 tokens under gemm()'s own 32 MB scratch (255 slots of
 # 128 KB after the tickets): 128 CTAs of 8 k-tiles, slot 2c only.
 assert v4_grid(32, 32, 132, 0, 255) == (128, 8)
-print('v4 stream-K bookkeeping ok')
+print('stream-K bookkeeping ok')
