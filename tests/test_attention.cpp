@@ -18,7 +18,6 @@
 #include <vector>
 
 #include "attention.h"
-#include "commands.h"
 #include "common.h"
 #include "cpu/attention_ref.h"
 #include "cpu/kv_quant.h"
@@ -1161,27 +1160,4 @@ TEST(AttentionPagedDispatch, TypedPools) {
   p.head_dim = 128;
   p.block_tables = nullptr;
   expect_error("K=q8_0 V=fp8 with dtype f16 need paged K/V");
-}
-
-// bench-attn until `runlm bench-attn` is wired into main(): runs
-// cmd_bench_attn with the arguments in RUNLM_BENCH_ATTN_ARGS (space
-// separated); skipped when unset. tools/gpu-check.sh uses it.
-TEST(AttentionBench, FromEnv) {
-  const char* env = std::getenv("RUNLM_BENCH_ATTN_ARGS");
-  if (!env) GTEST_SKIP() << "RUNLM_BENCH_ATTN_ARGS unset";
-  std::vector<std::string> words{"runlm bench-attn"};
-  std::string cur;
-  for (const char* c = env;; ++c) {
-    if (*c == ' ' || *c == 0) {
-      if (!cur.empty()) words.push_back(cur);
-      cur.clear();
-      if (*c == 0) break;
-    } else {
-      cur += *c;
-    }
-  }
-  std::vector<char*> argv;
-  for (std::string& w : words) argv.push_back(w.data());
-  argv.push_back(nullptr);
-  EXPECT_EQ(cmd_bench_attn(int(words.size()), argv.data()), 0);
 }
