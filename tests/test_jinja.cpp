@@ -217,7 +217,6 @@ TEST(Jinja, LiteralSpansFollowTheText) {
 TEST(Jinja, LimitsStopHostileTemplates) {
   RenderOptions o;
   o.limits.max_steps = 2'000'000;
-  const auto t0 = std::chrono::steady_clock::now();
   struct L {
     std::string source;
     const char* what;
@@ -254,8 +253,6 @@ TEST(Jinja, LimitsStopHostileTemplates) {
     const std::string msg = error_of([&] { render(l.source, {}, o); });
     EXPECT_NE(msg.find(l.what), std::string::npos) << l.source.substr(0, 80) << " -> " << msg;
   }
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_LT(s, 20.0);
   // A namespace holding itself is fine (and freed: the ASan build checks),
   // and so is a long chain of them (not destroyed recursively).
   EXPECT_EQ(render("{% set ns = namespace() %}{% set ns.self = ns %}{{ ns.self.self is defined }}"), "True");
