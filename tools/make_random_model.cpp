@@ -9,7 +9,7 @@
 //       [--dim --hidden --layers --heads --kv-heads --head-dim --vocab --ctx --sliding-window]
 //       [--split-qkv | --fuse-qkv] [--no-rope-freqs] [--rope-orig-ctx N]
 //       --type MIX|TYPE -o out.gguf [--seed N]
-//       [--tokenizer PATH | --vocab-from VOCAB.gguf]
+//       [--tokenizer PATH | --vocab-from VOCAB.gguf] [--chat-template-file T.jinja]
 //
 // --vocab-from copies the vocabulary and chat template (every tokenizer.*
 // key) of a vocab-only GGUF, e.g. llama.cpp's ggml-vocab-*.gguf, so a
@@ -29,9 +29,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cxxopts.hpp>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <optional>
+#include <sstream>
 
 #include "common.h"
 #include "cpu/quant.h"
@@ -150,6 +152,7 @@ int run(int argc, char** argv) {
       ("no-rope-freqs", "leave out rope_freqs.weight (llama3)")
       ("rope-orig-ctx", "llama3 RoPE scaling's original context (default: the preset's)", cxxopts::value<int64_t>())
       ("vocab-from", "copy the vocabulary (tokenizer.* keys) from this GGUF", cxxopts::value<std::string>())
+      ("chat-template-file", "store this Jinja file as tokenizer.chat_template", cxxopts::value<std::string>())
       ("vocab", "vocabulary size (must equal the tokenizer's)", cxxopts::value<int64_t>())
       ("ctx", "context length", cxxopts::value<int64_t>())
       ("sliding-window", "attention window (0: none)", cxxopts::value<int64_t>())
@@ -269,6 +272,14 @@ int run(int argc, char** argv) {
       if (kv.key.rfind("tokenizer.", 0) == 0) w.set(kv.key, kv.value);
   } else {
     write_llama_tokenizer(w, tok_path, hp.vocab_size, "", pad_vocab);  // otherwise a vocab mismatch is an Error
+  }
+  if (args.count("chat-template-file")) {
+    const std::string path = args["chat-template-file"].as<std::string>();
+    std::ifstream f(path, std::ios::binary);
+    RUNLM_CHECK(f.good(), "cannot open chat template file %s (--chat-template-file)", path.c_str());
+    std::stringstream text;
+    text << f.rdbuf();
+    w.set_string("tokenizer.chat_template", text.str());
   }
 
   int64_t n_params = 0;
