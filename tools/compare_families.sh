@@ -10,32 +10,38 @@
 #
 # Defaults: ../llama.cpp-cpu/bin (llama-perplexity) and build-cpu (runlm,
 # make_random_model). Text: the first 8 KB of
-# ../shared/models/sotu29m/eval.txt; vocabulary: the Llama 2 sentencepiece
-# model (../shared/models/llama2-tokenizer.model). Runs from the repository root.
+# ../shared/models/sotu29m/eval.txt. Vocabulary: the family's real one where
+# ../shared/vocab has it (Llama 3's byte-level BPE, Qwen 2's, Phi-3's
+# SentencePiece), else the Llama 2 SentencePiece vocabulary
+# (../shared/models/ggml-vocab-llama-spm.gguf). Runs from the repository root.
 set -euo pipefail
 
 LLAMA_BIN=${1:-../llama.cpp-cpu/bin}
 BUILD=${2:-build-cpu}
-TOKENIZER=../shared/models/llama2-tokenizer.model
-EVAL=../shared/models/sotu29m/eval.txt
+SHARED=${RUNLM_TEST_DATA:-../shared}
+SPM=$SHARED/models/ggml-vocab-llama-spm.gguf
+EVAL=${RUNLM_TEST_DATA:-../shared}/models/sotu29m/eval.txt
 WORK=$(mktemp -d /tmp/compare_families.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 
-for f in "$LLAMA_BIN/llama-perplexity" "$BUILD/runlm" "$BUILD/make_random_model" "$TOKENIZER" "$EVAL"; do
+for f in "$LLAMA_BIN/llama-perplexity" "$BUILD/runlm" "$BUILD/make_random_model" "$SPM" "$EVAL"; do
   [[ -e $f ]] || { echo "missing: $f" >&2; exit 1; }
 done
 head -c 8192 "$EVAL" > "$WORK/text.txt"
 
-# name | preset and size overrides
+# name | vocabulary | preset and size overrides
+L3=$SHARED/vocab/ggml-vocab-llama-bpe.gguf
+QW=$SHARED/vocab/ggml-vocab-qwen2.gguf
+PHI=$SHARED/vocab/ggml-vocab-phi-3.gguf
 MODELS=(
-  "llama3|--preset llama3-8b --dim 256 --hidden 512 --layers 2 --heads 4 --kv-heads 2 --rope-orig-ctx 32"
-  "llama3-no-rope-freqs|--preset llama3-8b --dim 256 --hidden 512 --layers 2 --heads 4 --kv-heads 2 --no-rope-freqs"
-  "qwen2.5|--preset qwen2.5-7b --dim 256 --hidden 512 --layers 2 --heads 4 --kv-heads 2"
-  "qwen3|--preset qwen3-8b --dim 256 --hidden 512 --layers 2 --heads 4 --kv-heads 2 --head-dim 128"
-  "gemma2|--preset gemma2-9b --dim 256 --hidden 512 --layers 4 --heads 2 --kv-heads 1 --head-dim 256 --sliding-window 32"
-  "gemma3|--preset gemma3-12b --dim 256 --hidden 512 --layers 6 --heads 2 --kv-heads 1 --head-dim 256 --sliding-window 32"
-  "phi3|--preset phi3-mini --dim 256 --hidden 512 --layers 2 --heads 4 --kv-heads 4"
-  "mistral-nemo|--preset mistral-nemo-12b --dim 256 --hidden 512 --layers 2 --heads 4 --kv-heads 2 --head-dim 128"
+  "llama3|$L3|--preset llama3-8b --dim 256 --hidden 512 --layers 2 --heads 4 --kv-heads 2 --rope-orig-ctx 32"
+  "llama3-no-rope-freqs|$L3|--preset llama3-8b --dim 256 --hidden 512 --layers 2 --heads 4 --kv-heads 2 --no-rope-freqs"
+  "qwen2.5|$QW|--preset qwen2.5-7b --dim 256 --hidden 512 --layers 2 --heads 4 --kv-heads 2"
+  "qwen3|$QW|--preset qwen3-8b --dim 256 --hidden 512 --layers 2 --heads 4 --kv-heads 2 --head-dim 128"
+  "gemma2|$SPM|--preset gemma2-9b --dim 256 --hidden 512 --layers 4 --heads 2 --kv-heads 1 --head-dim 256 --sliding-window 32"
+  "gemma3|$SPM|--preset gemma3-12b --dim 256 --hidden 512 --layers 6 --heads 2 --kv-heads 1 --head-dim 256 --sliding-window 32"
+  "phi3|$PHI|--preset phi3-mini --dim 256 --hidden 512 --layers 2 --heads 4 --kv-heads 4"
+  "mistral-nemo|$SPM|--preset mistral-nemo-12b --dim 256 --hidden 512 --layers 2 --heads 4 --kv-heads 2 --head-dim 128"
 )
 
 ppl_llama() {  # last "Final estimate: PPL = X" of llama-perplexity
@@ -52,10 +58,9 @@ ppl_runlm() {
 printf "%-22s %16s %16s %12s\n" model llama.cpp runlm rel.diff
 declare -A PPL_L PPL_R
 for entry in "${MODELS[@]}"; do
-  name=${entry%%|*}
-  args=${entry#*|}
+  IFS='|' read -r name vocab args <<< "$entry"
   # shellcheck disable=SC2086
-  "$BUILD/make_random_model" $args --type f32 --tokenizer "$TOKENIZER" -o "$WORK/$name.gguf" > /dev/null
+  "$BUILD/make_random_model" $args --type f32 --vocab-from "$vocab" --threads 2 -o "$WORK/$name.gguf" > /dev/null
   l=$(ppl_llama "$WORK/$name.gguf")
   r=$(ppl_runlm "$WORK/$name.gguf")
   PPL_L[$name]=$l
