@@ -629,3 +629,26 @@ TEST(MoeFamilies, QuantizeMxfp4MoeMakesExpertsMxfp4AndTheRestQ8) {
   EXPECT_GT(num, 0);
   EXPECT_LT(std::sqrt(num / den), 0.2);
 }
+
+TEST(MoeFamilies, HarmonyChatTemplateRendersForAGptOssModel) {
+  // gpt-oss's chat template (the harmony format) through runlm template.
+  const std::string tmpl = test_asset("templates/openai-gpt-oss-120b.jinja");
+  RUNLM_REQUIRE_ASSET(tmpl);
+  TempPath model(".gguf"), conv(".json");
+  make_model(model, "gpt-oss-20b", kGptOss);
+  {
+    FILE* f = std::fopen(conv.str().c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(R"([{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"},)"
+               R"({"role":"assistant","content":"Hello!"},{"role":"user","content":"2+2?"}])",
+               f);
+    std::fclose(f);
+  }
+  const CommandResult r = run_command(runlm_binary() + " template -m " + model.str() + " --chat-template-file " + tmpl +
+                                      " --messages " + conv.str());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  expect_words(r.out, {"<|start|>system<|message|>", "<|start|>developer<|message|># Instructions\n\nBe brief.",
+                       "<|start|>user<|message|>Hi<|end|>",
+                       "<|start|>assistant<|channel|>final<|message|>Hello!<|end|>",
+                       "<|start|>user<|message|>2+2?<|end|><|start|>assistant"});
+}
