@@ -91,7 +91,8 @@ const ArchDesc* find_arch_by_hf_class(const std::string& hf_class) {
 
 std::string supported_hf_classes() {
   std::string s;
-  for (const auto& a : kArchs) s += (s.empty() ? "" : ", ") + std::string(a.hf_class);
+  for (const auto& a : kArchs)
+    if (!a.moe) s += (s.empty() ? "" : ", ") + std::string(a.hf_class);  // convert does not write experts yet
   return s;
 }
 
