@@ -17,14 +17,27 @@
 
 namespace runlm {
 
-enum class Arch { Llama, Mistral, Qwen2, Qwen3, Gemma2, Gemma3, Phi3 };
+enum class Arch { Llama, Mistral, Qwen2, Qwen3, Gemma2, Gemma3, Phi3, Qwen3Moe, GptOss };
 
 // Which elements RoPE rotates together: "norm" adjacent pairs (x[2i],
 // x[2i+1]), the GGUF llama layout; or NeoX halves (x[i], x[i + n_rot/2]),
 // Hugging Face's rotate_half layout kept as is by llama.cpp's converter.
 enum class RopeStyle { Adjacent, NeoX };
-// The gated FFN's activation: silu(gate) * up, or gelu_tanh(gate) * up.
-enum class FfnActivation { SiLU, GeluTanh };
+// The gated FFN's activation: silu(gate) * up, gelu_tanh(gate) * up, or
+// gpt-oss's clamped SwiGLU (ggml's swiglu_oai: g = min(gate, 7), u =
+// clamp(up, -7, 7), g * sigmoid(1.702 g) * (u + 1)).
+enum class FfnActivation { SiLU, GeluTanh, SwigluOai };
+
+// How a mixture-of-experts router turns its logits into expert weights
+// (llama.cpp's llama_expert_gating_func_type): softmax over every expert,
+// then the top k (Mixtral, Qwen3-MoE); or the top k logits, then a softmax
+// over those k (gpt-oss, LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT).
+enum class MoeGating { SoftmaxThenTopK, TopKThenSoftmax };
+
+// Which key sizes an expert's FFN: feed_forward_length (Mixtral, written as
+// llama), or expert_feed_forward_length (qwen3moe: else feed_forward_length
+// / expert_used_count, as llama.cpp falls back; gpt-oss).
+enum class ExpertFfnKey { FeedForward, ExpertFeedForward };
 
 // Every tensor role any architecture has. GGUF names (llama.cpp's
 // LLM_TENSOR_NAMES) are in tensor_name() (models/llama_arch.h).
@@ -37,6 +50,13 @@ enum class TensorRole {
   AttnPostNorm, FfnPostNorm,          // RMSNorm of the block's output before the residual add (gemma2, gemma3)
   RopeFreqs,                          // per-pair frequency divisors (llama 3.1's "llama3" rope scaling)
   RopeFactorsLong, RopeFactorsShort,  // phi3 "longrope" divisors, chosen by the context size
+  // Mixture of experts: the router [dim -> n_expert] and its bias (gpt-oss),
+  // the experts' matrices stored 3-D as [n_expert] x [in -> out], and their
+  // biases [n_expert] x [out] (gpt-oss).
+  FfnGateInp, FfnGateInpBias, FfnGateExps, FfnUpExps, FfnDownExps,
+  FfnGateExpsBias, FfnUpExpsBias, FfnDownExpsBias,
+  AttnSinks,                          // per-head sink logit in the attention softmax (gpt-oss)
+  AttnOutBias,                        // attn_output.bias (gpt-oss)
 };
 
 // A soft-cap, value = cap * tanh(value / cap), read from a GGUF key.
@@ -80,6 +100,23 @@ struct ArchDesc {
   // for the model with this many layers (the 27B, whose query_pre_attn_scalar
   // is that), else 1/sqrt(head size). 0: always 1/sqrt(head size).
   int scale_by_dim_per_head_layers;
+  // Mixture of experts (trailing, so the dense rows above leave them out).
+  // moe: the layer's FFN is always a mixture of experts (qwen3moe, gpt-oss);
+  // llama has one when expert_count > 0 (Mixtral).
+  bool moe = false;
+  MoeGating moe_gating = MoeGating::SoftmaxThenTopK;
+  // The chosen experts' weights divided by their sum (llama.cpp's norm_w:
+  // true for llama and qwen3moe, whose ARCH.expert_weights_norm may turn it
+  // off; false for gpt-oss).
+  bool moe_norm_weights = true;
+  ExpertFfnKey expert_ffn_key = ExpertFfnKey::FeedForward;
+  bool moe_biases = false;       // ffn_gate_inp.bias and ffn_{gate,up,down}_exps.bias required (gpt-oss)
+  bool attn_sinks = false;       // attn_sinks.weight required (gpt-oss)
+  bool attn_out_bias = false;    // attn_output.bias required (gpt-oss)
+  // The FFN's input norm is post_attention_norm.weight in place of
+  // ffn_norm.weight (gpt-oss: llama.cpp's converter maps HF's
+  // post_attention_layernorm there).
+  bool ffn_norm_post_attention = false;
 };
 
 // The row of an architecture, or nullptr for a name runlm does not run.

@@ -15,7 +15,8 @@ constexpr SoftcapRule kNoCap{};
 
 // clang-format off
 const ArchDesc kArchs[] = {
-    // Llama 1/2/3.x, TinyLlama, Mistral 7B and Mistral Nemo (written as "llama" by llama.cpp).
+    // Llama 1/2/3.x, TinyLlama, Mistral 7B and Mistral Nemo (written as "llama"
+    // by llama.cpp); with expert_count > 0, Mixtral (softmax, top k, renormalised).
     {Arch::Llama, "llama", "LlamaForCausalLM", RopeStyle::Adjacent, FfnActivation::SiLU,
      /*qkv_bias*/ false, /*qk_norm*/ false, /*post_norms*/ false, /*fused_qkv*/ false, /*fused_gate_up*/ false,
      /*output_tensor*/ true, /*embd_scale*/ false, /*rope_freqs*/ true, /*longrope*/ false, /*rope_dims_full*/ true,
@@ -45,6 +46,20 @@ const ArchDesc kArchs[] = {
     {Arch::Phi3, "phi3", "Phi3ForCausalLM", RopeStyle::NeoX, FfnActivation::SiLU,
      false, false, false, true, true, true, false, false, true, false,
      kNoCap, kNoCap, 0, 0, LocalRope::Global, 0},
+    // Qwen3-MoE: the Qwen3 layer with a mixture of experts (softmax, top k,
+    // renormalised) in place of the FFN; expert size from expert_feed_forward_length.
+    {Arch::Qwen3Moe, "qwen3moe", "Qwen3MoeForCausalLM", RopeStyle::NeoX, FfnActivation::SiLU,
+     false, true, false, false, false, true, false, false, false, false,
+     kNoCap, kNoCap, 0, 0, LocalRope::Global, 0,
+     /*moe*/ true, MoeGating::SoftmaxThenTopK, /*moe_norm_weights*/ true, ExpertFfnKey::ExpertFeedForward},
+    // gpt-oss: q/k/v/output biases, attention sinks, every other layer a
+    // 128-token window (layer 0 sliding: llama.cpp's swa pattern 2), YaRN
+    // RoPE, experts with biases and the clamped SwiGLU, top k then softmax.
+    {Arch::GptOss, "gpt-oss", "GptOssForCausalLM", RopeStyle::NeoX, FfnActivation::SwigluOai,
+     /*qkv_bias*/ true, false, false, false, false, true, false, false, false, false,
+     kNoCap, kNoCap, /*default_window*/ 0, /*swa_pattern*/ 2, LocalRope::Global, 0,
+     /*moe*/ true, MoeGating::TopKThenSoftmax, /*moe_norm_weights*/ false, ExpertFfnKey::ExpertFeedForward,
+     /*moe_biases*/ true, /*attn_sinks*/ true, /*attn_out_bias*/ true, /*ffn_norm_post_attention*/ true},
 };
 // clang-format on
 
@@ -76,7 +91,8 @@ const ArchDesc* find_arch_by_hf_class(const std::string& hf_class) {
 
 std::string supported_hf_classes() {
   std::string s;
-  for (const auto& a : kArchs) s += (s.empty() ? "" : ", ") + std::string(a.hf_class);
+  for (const auto& a : kArchs)
+    if (!a.moe) s += (s.empty() ? "" : ", ") + std::string(a.hf_class);  // convert does not write experts yet
   return s;
 }
 

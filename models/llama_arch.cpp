@@ -70,6 +70,16 @@ constexpr TensorRow kTensors[] = {
     {TensorRole::RopeFreqs, "rope_freqs.weight", false},
     {TensorRole::RopeFactorsLong, "rope_factors_long.weight", false},
     {TensorRole::RopeFactorsShort, "rope_factors_short.weight", false},
+    {TensorRole::FfnGateInp, "ffn_gate_inp.weight", true},
+    {TensorRole::FfnGateInpBias, "ffn_gate_inp.bias", true},
+    {TensorRole::FfnGateExps, "ffn_gate_exps.weight", true},
+    {TensorRole::FfnUpExps, "ffn_up_exps.weight", true},
+    {TensorRole::FfnDownExps, "ffn_down_exps.weight", true},
+    {TensorRole::FfnGateExpsBias, "ffn_gate_exps.bias", true},
+    {TensorRole::FfnUpExpsBias, "ffn_up_exps.bias", true},
+    {TensorRole::FfnDownExpsBias, "ffn_down_exps.bias", true},
+    {TensorRole::AttnSinks, "attn_sinks.weight", true},
+    {TensorRole::AttnOutBias, "attn_output.bias", true},
 };
 
 int positive_int(const GgufFile& g, const std::string& key) {
@@ -78,6 +88,55 @@ int positive_int(const GgufFile& g, const std::string& key) {
               static_cast<long long>(v));
   return static_cast<int>(v);
 }
+// The mixture-of-experts keys (llama.cpp's names): expert_count,
+// expert_used_count, expert_feed_forward_length, expert_weights_norm,
+// expert_weights_scale; an architecture with experts needs both counts.
+void read_moe_config(const GgufFile& g, const ArchDesc& d, const std::string& p, ModelConfig& c) {
+  const char* path = g.path().c_str();
+  const int64_t n_expert = g.get_int_opt(p + "expert_count").value_or(0);
+  RUNLM_CHECK(n_expert >= 0 && n_expert <= 4096, "%s: %sexpert_count = %lld is out of range", path, p.c_str(),
+              static_cast<long long>(n_expert));
+  RUNLM_CHECK(!d.moe || n_expert > 0, "%s: architecture %s needs %sexpert_count > 0", path, d.gguf_name, p.c_str());
+  if (n_expert == 0) return;
+  RUNLM_CHECK(d.moe || d.arch == Arch::Llama, "%s: %sexpert_count is set but architecture %s has no experts", path,
+              p.c_str(), d.gguf_name);
+  c.n_expert = static_cast<int>(n_expert);
+  RUNLM_CHECK(g.find(p + "expert_used_count"), "%s: %sexpert_count is %d but %sexpert_used_count is missing", path,
+              p.c_str(), c.n_expert, p.c_str());
+  c.n_expert_used = positive_int(g, p + "expert_used_count");
+  RUNLM_CHECK(c.n_expert_used <= c.n_expert, "%s: %sexpert_used_count %d exceeds expert_count %d", path, p.c_str(),
+              c.n_expert_used, c.n_expert);
+  if (d.expert_ffn_key == ExpertFfnKey::ExpertFeedForward && g.find(p + "expert_feed_forward_length")) {
+    c.expert_hidden_dim = positive_int(g, p + "expert_feed_forward_length");
+  } else {
+    RUNLM_CHECK(d.arch != Arch::GptOss, "%s: %sexpert_feed_forward_length is missing", path, p.c_str());
+    c.expert_hidden_dim = d.expert_ffn_key == ExpertFfnKey::ExpertFeedForward ? c.hidden_dim / c.n_expert_used
+                                                                               : c.hidden_dim;
+    RUNLM_CHECK(c.expert_hidden_dim > 0, "%s: the expert FFN size is 0 (%sfeed_forward_length %d)", path, p.c_str(),
+                c.hidden_dim);
+  }
+  c.moe_gating = d.moe_gating;
+  c.moe_norm_weights = d.moe_norm_weights;
+  if (d.moe_norm_weights) {
+    if (const GgufValue* v = g.find(p + "expert_weights_norm")) {
+      RUNLM_CHECK(v->type == GgufType::BOOL, "%s: %sexpert_weights_norm must be a bool", path, p.c_str());
+      c.moe_norm_weights = v->as_bool();
+    }
+  }
+  const double scale = g.get_float_opt(p + "expert_weights_scale").value_or(0.0);
+  RUNLM_CHECK(std::isfinite(scale) && scale >= 0, "%s: %sexpert_weights_scale must be >= 0", path, p.c_str());
+  c.moe_weights_scale = scale == 0 ? 1.0f : static_cast<float>(scale);  // llama.cpp: 0 = no scaling
+  if (const GgufValue* v = g.find(p + "expert_gating_func")) {
+    // llama.cpp's codes: 1 softmax, 2 sigmoid; the architecture decides otherwise.
+    RUNLM_CHECK(v->is_int() && v->as_int() == 1 && d.moe_gating == MoeGating::SoftmaxThenTopK,
+                "%s: %sexpert_gating_func %s is not supported for architecture %s", path, p.c_str(),
+                v->is_int() ? std::to_string(v->as_int()).c_str() : "?", d.gguf_name);
+  }
+  RUNLM_CHECK(!g.find(p + "expert_shared_count") || g.get_int(p + "expert_shared_count") == 0,
+              "%s: shared experts (%sexpert_shared_count) are not supported", path, p.c_str());
+  c.moe_biases = d.moe_biases;
+}
+
 }  // namespace
 
 const char* arch_name(Arch a) { return arch_desc(a).gguf_name; }
@@ -91,7 +150,7 @@ std::vector<std::string> ModelConfig::features_beyond_llama() const {
   if (rope_attn_factor != 1.0f) f.push_back("RoPE attention factor");
   if (local_rope && (rope_theta_local != rope_theta || rope_freq_scale_local != rope_freq_scale))
     f.push_back("a separate RoPE base for local layers");
-  if (ffn_act != FfnActivation::SiLU) f.push_back("GELU FFN");
+  if (ffn_act == FfnActivation::GeluTanh) f.push_back("GELU FFN");
   if (fused_qkv) f.push_back("fused attn_qkv");
   if (qkv_bias) f.push_back("q/k/v biases");
   if (qk_norm) f.push_back("q/k RMSNorm");
@@ -102,6 +161,11 @@ std::vector<std::string> ModelConfig::features_beyond_llama() const {
     f.push_back("attention scale other than 1/sqrt(head_dim)");
   if (attn_softcap != 0.0f) f.push_back("attention logit soft-cap");
   if (final_softcap != 0.0f) f.push_back("final logit soft-cap");
+  if (rope_yarn) f.push_back("YaRN RoPE");
+  if (moe()) f.push_back("mixture of experts");
+  if (attn_sinks) f.push_back("attention sinks");
+  if (attn_out_bias) f.push_back("attention output bias");
+  if (ffn_act == FfnActivation::SwigluOai) f.push_back("clamped SwiGLU (swiglu_oai)");
   return f;
 }
 
@@ -123,7 +187,9 @@ ModelConfig read_model_config(const GgufFile& g) {
   const char* path = g.path().c_str();
   c.name = g.get_string_opt("general.name").value_or("");
   c.dim = positive_int(g, p + "embedding_length");
-  c.hidden_dim = positive_int(g, p + "feed_forward_length");
+  // A mixture-of-experts model may leave the dense FFN size out (llama.cpp
+  // reads it as optional).
+  c.hidden_dim = d.moe && !g.find(p + "feed_forward_length") ? 0 : positive_int(g, p + "feed_forward_length");
   c.n_layers = positive_int(g, p + "block_count");
   c.n_heads = positive_int(g, p + "attention.head_count");
   c.n_kv_heads = g.find(p + "attention.head_count_kv") ? positive_int(g, p + "attention.head_count_kv") : c.n_heads;
@@ -162,8 +228,32 @@ ModelConfig read_model_config(const GgufFile& g) {
     c.rope_attn_factor = static_cast<float>(g.get_float_opt(p + "rope.scaling.attn_factor").value_or(1.0));
     RUNLM_CHECK(std::isfinite(c.rope_attn_factor) && c.rope_attn_factor > 0,
                 "%s: %srope.scaling.attn_factor must be positive", path, p.c_str());
+  } else if (type == "yarn") {
+    // llama.cpp's generic YaRN: the factor as a linear scale, ext_factor 1,
+    // beta fast/slow (defaults 32 and 1) and the original context below.
+    const double factor = scaling_factor.value_or(0.0);
+    RUNLM_CHECK(std::isfinite(factor) && factor >= 0, "%s: rope.scaling.factor must be positive", path);
+    c.rope_freq_scale = factor == 0 ? 1.0f : static_cast<float>(1.0 / factor);
+    c.rope_yarn = true;
+    c.rope_yarn_beta_fast = static_cast<float>(g.get_float_opt(p + "rope.scaling.yarn_beta_fast").value_or(32.0));
+    c.rope_yarn_beta_slow = static_cast<float>(g.get_float_opt(p + "rope.scaling.yarn_beta_slow").value_or(1.0));
+    RUNLM_CHECK(std::isfinite(c.rope_yarn_beta_fast) && std::isfinite(c.rope_yarn_beta_slow) &&
+                    c.rope_yarn_beta_fast > 0 && c.rope_yarn_beta_slow > 0,
+                "%s: %srope.scaling.yarn_beta_fast/slow must be positive", path, p.c_str());
+    RUNLM_CHECK(!g.find(p + "rope.scaling.yarn_log_multiplier") &&
+                    !g.find(p + "rope.scaling.yarn_ext_factor") && !g.find(p + "rope.scaling.yarn_attn_factor"),
+                "%s: YaRN with yarn_log_multiplier, yarn_ext_factor or yarn_attn_factor keys is not supported", path);
+    // llama.cpp's yarn_attn_factor: get_mscale(factor) cancelled by the
+    // 1 + 0.1 ln(factor) ggml's rope multiplies in again, times
+    // rope.scaling.attn_factor; computed in float as llama.cpp does.
+    const float f = 1.0f / c.rope_freq_scale;
+    float attn = f <= 1.0f ? 1.0f : 0.1f * std::log(f) + 1.0f;
+    attn *= 1.0f / (1.0f + 0.1f * std::log(f));
+    attn *= static_cast<float>(g.get_float_opt(p + "rope.scaling.attn_factor").value_or(1.0));
+    RUNLM_CHECK(std::isfinite(attn) && attn > 0, "%s: %srope.scaling.attn_factor must be positive", path, p.c_str());
+    c.rope_attn_factor = attn;
   } else {
-    RUNLM_CHECK(type == "none", "%s: rope scaling type '%s' is not supported (supported: none, linear%s)", path,
+    RUNLM_CHECK(type == "none", "%s: rope scaling type '%s' is not supported (supported: none, linear, yarn%s)", path,
                 type.c_str(), d.longrope ? ", longrope" : "");
   }
   c.rope_orig_ctx = c.ctx_train;
@@ -250,6 +340,11 @@ ModelConfig read_model_config(const GgufFile& g) {
   };
   c.attn_softcap = softcap(d.attn_softcap, "attn_logit_softcapping");
   c.final_softcap = softcap(d.final_softcap, "final_logit_softcapping");
+  c.attn_sinks = d.attn_sinks;
+  c.attn_out_bias = d.attn_out_bias;
+  c.ffn_norm_post_attention = d.ffn_norm_post_attention;
+
+  read_moe_config(g, d, p, c);
 
   const GgufTensorInfo* embd = g.find_tensor(tensor_name(TensorRole::TokenEmbd));
   RUNLM_CHECK(embd, "%s: tensor not found in model: %s", path, tensor_name(TensorRole::TokenEmbd).c_str());

@@ -63,6 +63,29 @@ struct ModelConfig {
   float attn_softcap = 0.0f;           // attention logits cap * tanh(s / cap); 0 = none
   float final_softcap = 0.0f;          // output logits likewise
 
+  // YaRN RoPE (rope.scaling.type yarn), as ggml_rope_ext computes it with
+  // llama.cpp's context parameters: ext_factor 1, the correction dimensions
+  // from rope_orig_ctx and beta fast/slow, rope_attn_factor as llama.cpp
+  // sets yarn_attn_factor.
+  bool rope_yarn = false;
+  float rope_yarn_beta_fast = 32.0f;
+  float rope_yarn_beta_slow = 1.0f;
+
+  // Mixture of experts (n_expert > 0): the FFN is a router ffn_gate_inp and
+  // n_expert gated FFNs of expert_hidden_dim; each token runs the
+  // n_expert_used best and sums their outputs times the gating weights.
+  int n_expert = 0;
+  int n_expert_used = 0;
+  int expert_hidden_dim = 0;
+  MoeGating moe_gating = MoeGating::SoftmaxThenTopK;
+  bool moe_norm_weights = false;       // the chosen weights divided by their sum
+  float moe_weights_scale = 1.0f;      // then multiplied by this (ARCH.expert_weights_scale)
+  bool moe_biases = false;             // router and expert biases (gpt-oss)
+  bool attn_sinks = false;             // attn_sinks.weight: one extra logit per head in the softmax
+  bool attn_out_bias = false;          // attn_output.bias
+  bool ffn_norm_post_attention = false;  // the FFN norm is post_attention_norm.weight (gpt-oss)
+  bool moe() const { return n_expert > 0; }
+
   // Whether anything differs from the plain Llama layer (the features the
   // CUDA engine implements): the names of those that do, empty if none.
   std::vector<std::string> features_beyond_llama() const;

@@ -20,6 +20,7 @@
 #include "engine.h"
 #include "kv_types.h"
 #include "model.h"
+#include "moe_routing.h"
 #include "ops.h"
 #include "thread_pool.h"
 
@@ -99,6 +100,16 @@ class CpuEngine final : public Engine {
       if (cfg_.qkv_bias) bias_.push_back({decode_vector(l.bq), decode_vector(l.bk), decode_vector(l.bv)});
       if (cfg_.qk_norm) qk_norm_.push_back({decode_vector(l.q_norm), decode_vector(l.k_norm)});
       if (cfg_.post_norms) post_norm_.push_back({decode_vector(l.attn_post_norm), decode_vector(l.ffn_post_norm)});
+      if (cfg_.attn_out_bias) out_bias_.push_back(decode_vector(l.bo));
+      if (cfg_.attn_sinks) sinks_.push_back(decode_vector(l.sinks));
+      if (cfg_.moe_biases) {
+        auto rows = [](const WeightView& w) {  // every row, one after the other
+          std::vector<float> v(static_cast<size_t>(w.ne0 * w.ne1));
+          for (int64_t r = 0; r < w.ne1; ++r) get_row(qmatrix(w), r, &v[static_cast<size_t>(r * w.ne0)]);
+          return v;
+        };
+        moe_bias_.push_back({decode_vector(l.gate_inp_b), rows(l.gate_exps_b), rows(l.up_exps_b), rows(l.down_exps_b)});
+      }
     }
     output_norm_ = decode_vector(model.weights().output_norm);
     if (opt.verbose) std::fprintf(stderr, "decode attention: cpu (the CPU engine; attention on the host threads)\n");
@@ -117,9 +128,14 @@ class CpuEngine final : public Engine {
       rs.freq_scale = local ? cfg_.rope_freq_scale_local : cfg_.rope_freq_scale;
       rs.factors = rope_factors_.empty() ? nullptr : rope_factors_.data();
       rs.attn_factor = cfg_.rope_attn_factor;
+      if (cfg_.rope_yarn) {
+        rs.ext_factor = 1.0f;
+        rope_yarn_corr_dims(cfg_.n_rot, cfg_.rope_orig_ctx, rs.theta, cfg_.rope_yarn_beta_fast, cfg_.rope_yarn_beta_slow,
+                            rs.corr_dims);
+      }
       rope_.push_back(rs);
       plain_rope_ = plain_rope_ && !rs.neox && rs.n_rot == cfg_.head_dim && !rs.factors && rs.attn_factor == 1.0f &&
-                    rs.theta == cfg_.rope_theta && rs.freq_scale == cfg_.rope_freq_scale;
+                    rs.ext_factor == 0.0f && rs.theta == cfg_.rope_theta && rs.freq_scale == cfg_.rope_freq_scale;
     }
   }
 
@@ -285,15 +301,23 @@ class CpuEngine final : public Engine {
         for (int64_t t = b; t < e; ++t) {
           kv.block_table = slots[t].table;
           attention_one_token(&att_[t * q_dim], &q_[t * q_dim], kv, slots[t].pos, c.n_heads, c.n_kv_heads, c.head_dim,
-                              windows_[size_t(l)], c.attn_scale(), scores_[thread].data(), c.attn_softcap);
+                              windows_[size_t(l)], c.attn_scale(), scores_[thread].data(), c.attn_softcap,
+                              c.attn_sinks ? sinks_[l].data() : nullptr);
         }
       });
       matmul(qmatrix(lw.wo), att_.data(), xb_.data(), m, pool_);
+      if (c.attn_out_bias) add_rows(xb_.data(), out_bias_[l].data(), m, dim);
       if (c.post_norms) post_norm(post_norm_[l][0].data(), m);
       for (size_t i = 0; i < static_cast<size_t>(m) * dim; ++i) x_[i] += xb_[i];
 
       // Feed-forward block: x += post_norm(W_down · (act(W_gate·h) * W_up·h)), h = rmsnorm(x).
       for (int t = 0; t < m; ++t) rmsnorm(&xb_[t * dim], &x_[t * dim], ffn_norm_[l].data(), dim, c.rms_eps);
+      if (c.moe()) {
+        moe_ffn(l, m);
+        if (c.post_norms) post_norm(post_norm_[l][1].data(), m);
+        for (size_t i = 0; i < static_cast<size_t>(m) * dim; ++i) x_[i] += xb_[i];
+        continue;
+      }
       if (c.fused_gate_up) {
         matmul(qmatrix(lw.w_up), xb_.data(), gate_up_.data(), m, pool_);
         for (int t = 0; t < m; ++t) {
@@ -317,6 +341,68 @@ class CpuEngine final : public Engine {
       rmsnorm(&xb_[r * dim], &x_[static_cast<size_t>(rows[r]) * dim], output_norm_.data(), dim, c.rms_eps);
     matmul(qmatrix(w.output), xb_.data(), out, static_cast<int64_t>(rows.size()), pool_);
     if (c.final_softcap > 0) softcap(out, static_cast<int64_t>(rows.size()) * c.n_vocab, c.final_softcap);
+  }
+
+  // The mixture of experts of layer l on xb_ (m normed tokens), output in
+  // xb_: each token's router picks n_expert_used experts (moe_route); every
+  // expert runs its gated FFN on the tokens that chose it, at once; a token's
+  // output is the sum over its chosen experts, in the router's order, of
+  // weight * expert output (llama.cpp's build_moe_ffn).
+  void moe_ffn(int l, int m) {
+    const ModelConfig& c = cfg_;
+    const LayerWeights& lw = model_.weights().layers[l];
+    const int dim = c.dim, ne = c.n_expert, k = c.n_expert_used, eh = c.expert_hidden_dim;
+    const float* bias = c.moe_biases ? moe_bias_[l][0].data() : nullptr;
+    matmul(qmatrix(lw.gate_inp), xb_.data(), router_.data(), m, pool_);
+    MoeRouting r;
+    r.n_expert = ne;
+    r.n_used = k;
+    r.softmax_first = c.moe_gating == MoeGating::SoftmaxThenTopK;
+    r.normalize = c.moe_norm_weights;
+    r.scale = c.moe_weights_scale;
+    std::vector<std::vector<int>> users(static_cast<size_t>(ne));  // per expert: its (token * k + slot)s
+    for (int t = 0; t < m; ++t) {
+      float* logits = &router_[static_cast<size_t>(t) * ne];
+      if (bias)
+        for (int e = 0; e < ne; ++e) logits[e] += bias[e];
+      moe_route(logits, r, &chosen_[static_cast<size_t>(t) * k], &chosen_w_[static_cast<size_t>(t) * k],
+                route_tmp_.data());
+      for (int s = 0; s < k; ++s) users[size_t(chosen_[static_cast<size_t>(t) * k + s])].push_back(t * k + s);
+    }
+    for (int e = 0; e < ne; ++e) {
+      const std::vector<int>& u = users[size_t(e)];
+      if (u.empty()) continue;
+      const int n = static_cast<int>(u.size());
+      for (int i = 0; i < n; ++i)
+        std::copy(&xb_[static_cast<size_t>(u[i] / k) * dim], &xb_[static_cast<size_t>(u[i] / k + 1) * dim],
+                  &moe_in_[static_cast<size_t>(i) * dim]);
+      matmul(qmatrix(lw.gate_exps.expert(e)), moe_in_.data(), gate_.data(), n, pool_);
+      matmul(qmatrix(lw.up_exps.expert(e)), moe_in_.data(), up_.data(), n, pool_);
+      if (c.moe_biases) {
+        add_rows(gate_.data(), &moe_bias_[l][1][static_cast<size_t>(e) * eh], n, eh);
+        add_rows(up_.data(), &moe_bias_[l][2][static_cast<size_t>(e) * eh], n, eh);
+      }
+      if (c.ffn_act == FfnActivation::SwigluOai) swiglu_oai(gate_.data(), up_.data(), static_cast<int64_t>(n) * eh);
+      else if (c.ffn_act == FfnActivation::GeluTanh) geglu(gate_.data(), up_.data(), static_cast<int64_t>(n) * eh);
+      else swiglu(gate_.data(), up_.data(), static_cast<int64_t>(n) * eh);
+      matmul(qmatrix(lw.down_exps.expert(e)), gate_.data(), moe_in_.data(), n, pool_);
+      if (c.moe_biases) add_rows(moe_in_.data(), &moe_bias_[l][3][static_cast<size_t>(e) * dim], n, dim);
+      for (int i = 0; i < n; ++i) {
+        const float w = chosen_w_[size_t(u[i])];
+        float* dst = &moe_out_[static_cast<size_t>(u[i]) * dim];
+        const float* src = &moe_in_[static_cast<size_t>(i) * dim];
+        for (int j = 0; j < dim; ++j) dst[j] = src[j] * w;
+      }
+    }
+    for (int t = 0; t < m; ++t) {
+      float* out = &xb_[static_cast<size_t>(t) * dim];
+      const float* first = &moe_out_[static_cast<size_t>(t) * k * dim];
+      std::copy(first, first + dim, out);
+      for (int s = 1; s < k; ++s) {
+        const float* o = first + static_cast<size_t>(s) * dim;
+        for (int j = 0; j < dim; ++j) out[j] += o[j];
+      }
+    }
   }
 
   // xb_ = rmsnorm(xb_) with weight w, token by token (Gemma's post norms).
@@ -363,6 +449,18 @@ class CpuEngine final : public Engine {
     grow(k_, static_cast<size_t>(m) * c.kv_dim());
     grow(v_, static_cast<size_t>(m) * c.kv_dim());
     grow(gate_, static_cast<size_t>(m) * c.hidden_dim);
+    if (c.moe()) {
+      const size_t k = static_cast<size_t>(c.n_expert_used);
+      // An expert may serve every token of the step: its FFN buffers hold m rows.
+      grow(gate_, static_cast<size_t>(m) * c.expert_hidden_dim);
+      grow(up_, static_cast<size_t>(m) * c.expert_hidden_dim);
+      grow(router_, static_cast<size_t>(m) * c.n_expert);
+      grow(route_tmp_, static_cast<size_t>(c.n_expert));
+      grow(moe_in_, static_cast<size_t>(m) * c.dim);
+      grow(moe_out_, static_cast<size_t>(m) * k * c.dim);
+      grow(chosen_w_, static_cast<size_t>(m) * k);
+      if (chosen_.size() < static_cast<size_t>(m) * k) chosen_.resize(static_cast<size_t>(m) * k);
+    }
     if (c.fused_qkv) grow(qkv_, static_cast<size_t>(m) * (c.q_dim() + 2 * c.kv_dim()));
     if (c.fused_gate_up) grow(gate_up_, static_cast<size_t>(m) * 2 * c.hidden_dim);
     grow(norm_tmp_, static_cast<size_t>(c.dim));
@@ -389,10 +487,18 @@ class CpuEngine final : public Engine {
   std::vector<float> output_norm_;
   // Activations for a step of m tokens, row-major [m, width].
   std::vector<float> x_, xb_, q_, att_, k_, v_, gate_, up_, qkv_, gate_up_, norm_tmp_;
+  // Mixture of experts: router logits [m, n_expert], routing scratch, one
+  // expert's gathered inputs / outputs [m, dim], each (token, slot)'s weighted
+  // output [m, k, dim], the chosen experts and their weights [m, k].
+  std::vector<float> router_, route_tmp_, moe_in_, moe_out_, chosen_w_;
+  std::vector<int32_t> chosen_;
   // Small per-layer weights decoded once: q, k, v biases; q and k norms;
   // attention and FFN post norms.
   std::vector<std::array<std::vector<float>, 3>> bias_;
   std::vector<std::array<std::vector<float>, 2>> qk_norm_, post_norm_;
+  std::vector<std::vector<float>> out_bias_, sinks_;  // attention output bias, sinks (gpt-oss)
+  // Router bias, then the experts' gate, up and down biases, all experts' rows in a row.
+  std::vector<std::array<std::vector<float>, 4>> moe_bias_;
   std::vector<float> rope_factors_;  // the divisors in use (rope_freqs, or longrope's long or short), or empty
   std::vector<RopeSpec> rope_;       // per layer
   bool plain_rope_ = true;           // the Llama rotation: rope() exactly as before the description existed

@@ -91,6 +91,17 @@ void validate_llama_hparams(const LlamaHParams& hp, const std::string& src) {
   positive(hp.context_length, "context length");
   positive(hp.dim, "dim");
   positive(hp.hidden_dim, "hidden dim");
+  const ArchDesc& desc = arch_desc(hp.arch);
+  RUNLM_CHECK(!desc.moe || hp.n_expert > 0, "%s: %s needs experts", s, desc.gguf_name);
+  RUNLM_CHECK(hp.n_expert == 0 || desc.moe || hp.arch == Arch::Llama, "%s: %s has no experts", s, desc.gguf_name);
+  if (hp.n_expert > 0) {
+    positive(hp.n_expert_used, "experts used");
+    positive(hp.expert_hidden_dim, "expert hidden dim");
+    RUNLM_CHECK(hp.n_expert_used <= hp.n_expert, "%s: %lld experts used of %lld", s,
+                static_cast<long long>(hp.n_expert_used), static_cast<long long>(hp.n_expert));
+    RUNLM_CHECK(hp.arch != Arch::Llama || hp.expert_hidden_dim == hp.hidden_dim,
+                "%s: llama's experts are feed_forward_length wide", s);
+  }
   positive(hp.n_layers, "layers");
   positive(hp.n_heads, "heads");
   positive(hp.n_kv_heads, "kv heads");
@@ -100,10 +111,11 @@ void validate_llama_hparams(const LlamaHParams& hp, const std::string& src) {
               static_cast<long long>(hp.n_heads), static_cast<long long>(hp.n_kv_heads));
   RUNLM_CHECK(hp.head_dim % 2 == 0, "%s: head dim %lld must be even for RoPE", s, static_cast<long long>(hp.head_dim));
   RUNLM_CHECK(hp.rms_eps > 0 && hp.rope_theta > 0, "%s: rms eps and rope theta must be positive", s);
-  RUNLM_CHECK(hp.rope_scaling_type.empty() || (hp.rope_scaling_type == "linear" && hp.rope_scaling_factor > 0) ||
+  RUNLM_CHECK(hp.rope_scaling_type.empty() ||
+                  ((hp.rope_scaling_type == "linear" || hp.rope_scaling_type == "yarn") && hp.rope_scaling_factor > 0) ||
                   (hp.rope_scaling_type == "longrope" && hp.arch == Arch::Phi3),
-              "%s: rope scaling '%s' (factor %g) not supported (supported: linear with a positive factor; longrope "
-              "for phi3)", s, hp.rope_scaling_type.c_str(), hp.rope_scaling_factor);
+              "%s: rope scaling '%s' (factor %g) not supported (supported: linear or yarn with a positive factor; "
+              "longrope for phi3)", s, hp.rope_scaling_type.c_str(), hp.rope_scaling_factor);
   const int64_t n_rot = hp.n_rot ? hp.n_rot : hp.head_dim;
   RUNLM_CHECK(n_rot > 0 && n_rot <= hp.head_dim && n_rot % 2 == 0, "%s: rotary dimensions %lld must be even and <= %lld",
               s, static_cast<long long>(n_rot), static_cast<long long>(hp.head_dim));
@@ -157,6 +169,18 @@ void write_llama_hparams(GgufWriter& w, const LlamaHParams& hp, uint32_t file_ty
   } else if (hp.rope_scaling_type == "longrope") {
     w.set_string(p + "rope.scaling.type", hp.rope_scaling_type);
     w.set_f32(p + "rope.scaling.attn_factor", hp.rope_attn_factor);
+  } else if (hp.rope_scaling_type == "yarn") {
+    w.set_string(p + "rope.scaling.type", hp.rope_scaling_type);
+    w.set_f32(p + "rope.scaling.factor", hp.rope_scaling_factor);
+    if (hp.yarn_beta_fast > 0) w.set_f32(p + "rope.scaling.yarn_beta_fast", hp.yarn_beta_fast);
+    if (hp.yarn_beta_slow > 0) w.set_f32(p + "rope.scaling.yarn_beta_slow", hp.yarn_beta_slow);
+  }
+  if (hp.n_expert > 0) {
+    set_u32_checked(w, p + "expert_count", hp.n_expert);
+    set_u32_checked(w, p + "expert_used_count", hp.n_expert_used);
+    if (arch_desc(hp.arch).expert_ffn_key == ExpertFfnKey::ExpertFeedForward)
+      set_u32_checked(w, p + "expert_feed_forward_length", hp.expert_hidden_dim);
+    if (hp.expert_weights_norm) w.set(p + "expert_weights_norm", GgufValue::make_bool(*hp.expert_weights_norm));
   }
   if (!hp.rope_scaling_type.empty() && hp.rope_scaling_original_context > 0)
     set_u32_checked(w, p + "rope.scaling.original_context_length", hp.rope_scaling_original_context);
@@ -263,6 +287,7 @@ void write_llama_tokenizer(GgufWriter& w, const std::string& model_path, int64_t
 std::vector<LlamaTensorSpec> llama_tensor_specs(const LlamaHParams& hp) {
   const int64_t q_dim = hp.n_heads * hp.head_dim, kv_dim = hp.n_kv_heads * hp.head_dim;
   const int64_t half_rot = (hp.n_rot ? hp.n_rot : hp.head_dim) / 2;
+  const ArchDesc& d = arch_desc(hp.arch);
   std::vector<LlamaTensorSpec> out;
   auto add = [&](TensorRole role, int layer, std::vector<int64_t> ne) {
     out.push_back({tensor_name(role, layer), role, layer, std::move(ne)});
@@ -292,15 +317,29 @@ std::vector<LlamaTensorSpec> llama_tensor_specs(const LlamaHParams& hp) {
       add(TensorRole::AttnKNorm, l, {hp.head_dim});
     }
     add(TensorRole::AttnOut, l, {q_dim, hp.dim});
-    if (hp.post_norms) add(TensorRole::AttnPostNorm, l, {hp.dim});
-    add(TensorRole::FfnNorm, l, {hp.dim});
-    if (hp.fused_gate_up) {
+    if (d.attn_out_bias) add(TensorRole::AttnOutBias, l, {hp.dim});
+    if (d.attn_sinks) add(TensorRole::AttnSinks, l, {hp.n_heads});
+    if (hp.post_norms || d.ffn_norm_post_attention) add(TensorRole::AttnPostNorm, l, {hp.dim});
+    if (!d.ffn_norm_post_attention) add(TensorRole::FfnNorm, l, {hp.dim});
+    if (hp.n_expert > 0) {
+      const int64_t ne = hp.n_expert, eh = hp.expert_hidden_dim;
+      add(TensorRole::FfnGateInp, l, {hp.dim, ne});
+      if (d.moe_biases) add(TensorRole::FfnGateInpBias, l, {ne});
+      add(TensorRole::FfnGateExps, l, {hp.dim, eh, ne});
+      add(TensorRole::FfnUpExps, l, {hp.dim, eh, ne});
+      add(TensorRole::FfnDownExps, l, {eh, hp.dim, ne});
+      if (d.moe_biases) {
+        add(TensorRole::FfnGateExpsBias, l, {eh, ne});
+        add(TensorRole::FfnUpExpsBias, l, {eh, ne});
+        add(TensorRole::FfnDownExpsBias, l, {hp.dim, ne});
+      }
+    } else if (hp.fused_gate_up) {
       add(TensorRole::FfnUp, l, {hp.dim, 2 * hp.hidden_dim});
     } else {
       add(TensorRole::FfnGate, l, {hp.dim, hp.hidden_dim});
       add(TensorRole::FfnUp, l, {hp.dim, hp.hidden_dim});
     }
-    add(TensorRole::FfnDown, l, {hp.hidden_dim, hp.dim});
+    if (hp.n_expert == 0) add(TensorRole::FfnDown, l, {hp.hidden_dim, hp.dim});
     if (hp.post_norms) add(TensorRole::FfnPostNorm, l, {hp.dim});
   }
   add(TensorRole::OutputNorm, -1, {hp.dim});

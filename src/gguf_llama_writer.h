@@ -52,6 +52,18 @@ struct LlamaHParams {
   std::optional<float> attn_softcap;          // ARCH.attn_logit_softcapping
   std::optional<float> final_softcap;         // ARCH.final_logit_softcapping
   std::optional<float> rope_freq_base_swa;    // ARCH.rope.freq_base_swa
+  // YaRN (rope_scaling_type "yarn"): rope_scaling_factor,
+  // rope_scaling_original_context and these betas (0: not written).
+  float yarn_beta_fast = 0, yarn_beta_slow = 0;
+
+  // Mixture of experts (n_expert > 0): ARCH.expert_count, expert_used_count,
+  // expert_feed_forward_length (written where the family's converter does:
+  // qwen3moe, gpt-oss), and the router and expert tensors in place of the
+  // FFN (with biases, attention sinks and output bias for gpt-oss).
+  int64_t n_expert = 0;
+  int64_t n_expert_used = 0;
+  int64_t expert_hidden_dim = 0;
+  std::optional<bool> expert_weights_norm;    // ARCH.expert_weights_norm
 };
 using ModelHParams = LlamaHParams;
 
@@ -110,7 +122,10 @@ struct LlamaTensorSpec {
 // layer attn_norm, attn_q, attn_k, attn_v (or attn_qkv), their biases, the q/k
 // norms, attn_output, post_attention_norm, ffn_norm, ffn_gate, ffn_up (or the
 // fused ffn_up), ffn_down, post_ffw_norm (each only where hp has it), then
-// output_norm and output (omitted when tied).
+// output_norm and output (omitted when tied). A mixture of experts has
+// ffn_gate_inp, ffn_gate_exps, ffn_up_exps, ffn_down_exps (3-D) in place of
+// the FFN; gpt-oss adds attn_output.bias, attn_sinks, the router and expert
+// biases, and its FFN norm is post_attention_norm.
 std::vector<LlamaTensorSpec> llama_tensor_specs(const LlamaHParams& hp);
 
 // A GgufWriter progress callback printing "LABEL: tensor i/N" on stderr, or

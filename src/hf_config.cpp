@@ -119,6 +119,11 @@ HfConfig parse_hf_config(const std::string& text, const std::string& src) {
     }
   RUNLM_CHECK(!c.architecture.empty(), "%s: architectures %s not supported (supported: %s)", src.c_str(),
               json_brief(*archs).c_str(), supported_hf_classes().c_str());
+  // runlm runs these mixture-of-experts GGUFs but does not convert their
+  // checkpoints: a dense conversion would silently drop the experts.
+  RUNLM_CHECK(!arch_desc(c.arch).moe, "%s: %s is a mixture-of-experts checkpoint; runlm convert does not convert "
+              "experts yet (convert it with llama.cpp's convert_hf_to_gguf.py; runlm runs the GGUF)", src.c_str(),
+              c.architecture.c_str());
   const bool mistral = c.architecture == "MistralForCausalLM";
   const bool gemma = c.arch == Arch::Gemma2 || c.arch == Arch::Gemma3;
   if (const json* mt = member(j, "model_type"); mt && mt->is_string()) c.model_type = mt->get<std::string>();

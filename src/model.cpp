@@ -26,6 +26,7 @@ WeightView view(const GgufFile& g, const std::string& name, std::vector<int64_t>
   v.type = t->type;
   v.ne0 = t->ne[0];
   v.ne1 = t->ne.size() > 1 ? t->ne[1] : 1;
+  v.ne2 = t->ne.size() > 2 ? t->ne[2] : 1;
   v.data = g.tensor_data(*t);
   v.row_bytes = dtype_row_bytes(t->type, v.ne0);
   return v;
@@ -85,15 +86,29 @@ std::unique_ptr<Model> Model::from_gguf(std::unique_ptr<GgufFile> gguf, const st
       lw.k_norm = get(TensorRole::AttnKNorm, l, {c.head_dim});
     }
     lw.wo = get(TensorRole::AttnOut, l, {q_dim, dim});
+    if (c.attn_out_bias) lw.bo = get(TensorRole::AttnOutBias, l, {dim});
+    if (c.attn_sinks) lw.sinks = get(TensorRole::AttnSinks, l, {c.n_heads});
     if (c.post_norms) lw.attn_post_norm = get(TensorRole::AttnPostNorm, l, {dim});
-    lw.ffn_norm = get(TensorRole::FfnNorm, l, {dim});
-    if (c.fused_gate_up) {
+    lw.ffn_norm = get(c.ffn_norm_post_attention ? TensorRole::AttnPostNorm : TensorRole::FfnNorm, l, {dim});
+    if (c.moe()) {
+      const int64_t ne = c.n_expert, eh = c.expert_hidden_dim;
+      lw.gate_inp = get(TensorRole::FfnGateInp, l, {dim, ne});
+      lw.gate_exps = get(TensorRole::FfnGateExps, l, {dim, eh, ne});
+      lw.up_exps = get(TensorRole::FfnUpExps, l, {dim, eh, ne});
+      lw.down_exps = get(TensorRole::FfnDownExps, l, {eh, dim, ne});
+      if (c.moe_biases) {
+        lw.gate_inp_b = get(TensorRole::FfnGateInpBias, l, {ne});
+        lw.gate_exps_b = get(TensorRole::FfnGateExpsBias, l, {eh, ne});
+        lw.up_exps_b = get(TensorRole::FfnUpExpsBias, l, {eh, ne});
+        lw.down_exps_b = get(TensorRole::FfnDownExpsBias, l, {dim, ne});
+      }
+    } else if (c.fused_gate_up) {
       lw.w_up = get(TensorRole::FfnUp, l, {dim, 2 * hidden});
     } else {
       lw.w_gate = get(TensorRole::FfnGate, l, {dim, hidden});
       lw.w_up = get(TensorRole::FfnUp, l, {dim, hidden});
     }
-    lw.w_down = get(TensorRole::FfnDown, l, {hidden, dim});
+    if (!c.moe()) lw.w_down = get(TensorRole::FfnDown, l, {hidden, dim});
     if (c.post_norms) lw.ffn_post_norm = get(TensorRole::FfnPostNorm, l, {dim});
     w.layers.push_back(std::move(lw));
   }

@@ -15,16 +15,26 @@ class GgufFile;
 class Tokenizer;
 
 // A 2-D (or 1-D) weight inside the mapped file. GGUF order: ne0 is the row
-// length (input features), ne1 the number of rows (output features).
+// length (input features), ne1 the number of rows (output features). The
+// experts of a mixture are stored 3-D: ne2 matrices of ne1 rows one after
+// the other, matrix e starting at expert(e).
 struct WeightView {
   std::string name;
   DType type = DType::F32;
   int64_t ne0 = 0;
   int64_t ne1 = 1;
+  int64_t ne2 = 1;
   const uint8_t* data = nullptr;
   size_t row_bytes = 0;
-  size_t nbytes() const { return row_bytes * static_cast<size_t>(ne1); }
+  size_t nbytes() const { return row_bytes * static_cast<size_t>(ne1) * static_cast<size_t>(ne2); }
   const uint8_t* row(int64_t i) const { return data + row_bytes * static_cast<size_t>(i); }
+  // Matrix e of a 3-D weight, as a 2-D view.
+  WeightView expert(int64_t e) const {
+    WeightView v = *this;
+    v.ne2 = 1;
+    v.data = data + row_bytes * static_cast<size_t>(ne1) * static_cast<size_t>(e);
+    return v;
+  }
 };
 
 // Which of these are set follows the ModelConfig's structure flags; an
@@ -45,6 +55,16 @@ struct LayerWeights {
   WeightView w_up;       // [dim] -> [hidden], or [2 hidden] gate rows then up rows (fused_gate_up)
   WeightView w_down;     // [hidden] -> [dim]
   WeightView ffn_post_norm;   // [dim]                              (post_norms)
+  WeightView bo;         // [dim]                                   (attn_out_bias)
+  WeightView sinks;      // [n_heads]                               (attn_sinks)
+  // Mixture of experts (moe(): these in place of w_gate, w_up, w_down).
+  WeightView gate_inp;   // [dim] -> [n_expert]
+  WeightView gate_inp_b; // [n_expert]                              (moe_biases)
+  WeightView gate_exps;  // n_expert x ([dim] -> [expert_hidden])
+  WeightView up_exps;    // n_expert x ([dim] -> [expert_hidden])
+  WeightView down_exps;  // n_expert x ([expert_hidden] -> [dim])
+  WeightView gate_exps_b, up_exps_b;  // n_expert rows of [expert_hidden] (moe_biases)
+  WeightView down_exps_b;             // n_expert rows of [dim]           (moe_biases)
 };
 
 struct ModelWeights {

@@ -2,7 +2,8 @@
 # Perplexity of runlm's CPU forward against llama.cpp's CPU build, one small
 # random-weight GGUF per model family (tools/make_random_model presets at a
 # tiny size: hidden 256, 2-6 layers, the family's head size), on the same
-# text. Prints one table row per model: both perplexities and their
+# text (the mixture-of-experts families too, and two of them quantized
+# with the mxfp4_moe mix). Prints one table row per model: both perplexities and their
 # relative difference. Also checks that rope_freqs.weight (Llama 3.1's RoPE
 # scaling) moves the perplexity in both programs.
 #
@@ -42,7 +43,14 @@ MODELS=(
   "gemma3|$SPM|--preset gemma3-12b --dim 256 --hidden 512 --layers 6 --heads 2 --kv-heads 1 --head-dim 256 --sliding-window 32"
   "phi3|$PHI|--preset phi3-mini --dim 256 --hidden 512 --layers 2 --heads 4 --kv-heads 4"
   "mistral-nemo|$SPM|--preset mistral-nemo-12b --dim 256 --hidden 512 --layers 2 --heads 4 --kv-heads 2 --head-dim 128"
+  # Mixtures of experts (gpt-oss: a 32-token window so that it slides within -c 128).
+  "mixtral|$SPM|--preset mixtral-8x7b --dim 256 --hidden 256 --layers 2 --heads 4 --kv-heads 2 --experts 4 --experts-used 2"
+  "qwen3moe|$QW|--preset qwen3-30b-a3b --dim 256 --hidden 512 --layers 2 --heads 4 --kv-heads 2 --head-dim 128 --experts 8 --experts-used 2 --expert-hidden 128"
+  "gpt-oss|$L3|--preset gpt-oss-20b --dim 256 --hidden 256 --layers 2 --heads 4 --kv-heads 2 --head-dim 64 --experts 4 --experts-used 2 --expert-hidden 256 --sliding-window 32"
 )
+# Quantized with llama.cpp's MXFP4_MOE mix (experts MXFP4, the rest Q8_0) by
+# `runlm quantize`: name | f32 model above it was made from.
+QUANTIZED=(gpt-oss qwen3moe)
 
 ppl_llama() {  # last "Final estimate: PPL = X" of llama-perplexity
   "$LLAMA_BIN/llama-perplexity" -m "$1" -f "$WORK/text.txt" -c 128 -b 128 -fa off -ctk f32 -ctv f32 -nr -t 2 \
@@ -67,6 +75,14 @@ for entry in "${MODELS[@]}"; do
   PPL_R[$name]=$r
   printf "%-22s %16s %16s %12s\n" "$name" "$l" "$r" \
     "$(python3 -c "print(f'{abs($r - $l) / $l:.2e}')")"
+  if [[ " ${QUANTIZED[*]} " == *" $name "* ]]; then
+    "$BUILD/runlm" quantize "$WORK/$name.gguf" "$WORK/$name-mxfp4.gguf" mxfp4_moe > /dev/null 2>&1
+    l=$(ppl_llama "$WORK/$name-mxfp4.gguf")
+    r=$(ppl_runlm "$WORK/$name-mxfp4.gguf")
+    printf "%-22s %16s %16s %12s\n" "$name-mxfp4_moe" "$l" "$r" \
+      "$(python3 -c "print(f'{abs($r - $l) / $l:.2e}')")"
+    rm -f "$WORK/$name-mxfp4.gguf"
+  fi
   rm -f "$WORK/$name.gguf"
 done
 

@@ -8,6 +8,7 @@
 //       gemma3-12b, phi3-mini, mistral-nemo-12b, ..., tiny)
 //       [--dim --hidden --layers --heads --kv-heads --head-dim --vocab --ctx --sliding-window]
 //       [--split-qkv | --fuse-qkv] [--no-rope-freqs] [--rope-orig-ctx N]
+//       [--experts N --experts-used K --expert-hidden N] (mixtral-8x7b, qwen3-30b-a3b, gpt-oss-20b, gpt-oss-120b)
 //       --type MIX|TYPE -o out.gguf [--seed N]
 //       [--tokenizer PATH | --vocab-from VOCAB.gguf] [--chat-template-file T.jinja]
 //
@@ -59,6 +60,11 @@ struct Preset {
   float llama3_factor = 0;
   int64_t llama3_orig_ctx = 0;
   float linear_factor = 0;
+  // Mixture of experts (0: dense): experts, used per token, expert FFN size;
+  // YaRN RoPE factor (0: none) with its original context (gpt-oss).
+  int64_t n_expert = 0, n_expert_used = 0, expert_hidden = 0;
+  float yarn_factor = 0;
+  int64_t yarn_orig_ctx = 0;
 };
 constexpr float kTheta = 10000.0f;
 // Shapes of the released models (their config.json).
@@ -76,6 +82,16 @@ const Preset kPresets[] = {
     {"phi3-mini", Arch::Phi3, 3072, 8192, 32, 32, 32, 0, 32064, 4096, 2047, kTheta, 1e-5f, false},
     {"mistral-nemo-12b", Arch::Llama, 5120, 14336, 40, 32, 8, 128, 131072, 1024000, std::nullopt, 1e6f, 1e-5f, false},
     {"tiny", Arch::Llama, 64, 192, 4, 4, 2, 0, 0, 512, std::nullopt, kTheta, 1e-5f, false},
+    // Mixtral 8x7B is written as "llama" with experts of feed_forward_length.
+    {"mixtral-8x7b", Arch::Llama, 4096, 14336, 32, 32, 8, 0, 32000, 32768, std::nullopt, 1e6f, 1e-5f, false, 0, 0, 0,
+     8, 2, 14336},
+    {"qwen3-30b-a3b", Arch::Qwen3Moe, 2048, 6144, 48, 32, 4, 128, 151936, 40960, std::nullopt, 1e6f, 1e-6f, false, 0, 0,
+     0, 128, 8, 768},
+    // gpt-oss: every other layer a 128-token window, YaRN x32 from 4096.
+    {"gpt-oss-20b", Arch::GptOss, 2880, 2880, 24, 64, 8, 64, 201088, 131072, 128, 150000.0f, 1e-5f, false, 0, 0, 0, 32,
+     4, 2880, 32.0f, 4096},
+    {"gpt-oss-120b", Arch::GptOss, 2880, 2880, 36, 64, 8, 64, 201088, 131072, 128, 150000.0f, 1e-5f, false, 0, 0, 0,
+     128, 4, 2880, 32.0f, 4096},
 };
 
 std::string preset_names() {
@@ -156,6 +172,9 @@ int run(int argc, char** argv) {
       ("vocab", "vocabulary size (must equal the tokenizer's)", cxxopts::value<int64_t>())
       ("ctx", "context length", cxxopts::value<int64_t>())
       ("sliding-window", "attention window (0: none)", cxxopts::value<int64_t>())
+      ("experts", "experts per layer (mixture-of-experts presets)", cxxopts::value<int64_t>())
+      ("experts-used", "experts each token runs", cxxopts::value<int64_t>())
+      ("expert-hidden", "an expert's feed-forward size", cxxopts::value<int64_t>())
       ("type", "a quantize mix (" + quant_target_names() + ") or a plain type (q2_k, q3_k, q4_k, q5_k, iq4_nl, iq4_xs, mxfp4, ...)",
        cxxopts::value<std::string>()->default_value("f16"))
       ("pure", "every weight matrix gets --type's base type (no per-tensor mix rules)")
@@ -249,6 +268,21 @@ int run(int argc, char** argv) {
                                       static_cast<double>(orig));
   }
   if (preset->linear_factor > 0) hp.rope_scaling_type = "linear", hp.rope_scaling_factor = preset->linear_factor;
+  if (preset->yarn_factor > 0) {
+    hp.rope_scaling_type = "yarn";
+    hp.rope_scaling_factor = preset->yarn_factor;
+    hp.rope_scaling_original_context = preset->yarn_orig_ctx;
+    hp.yarn_beta_fast = 32.0f, hp.yarn_beta_slow = 1.0f;  // gpt-oss's config.json, written by the converter
+  }
+  if (preset->n_expert > 0) {
+    hp.n_expert = pick("experts", preset->n_expert);
+    hp.n_expert_used = pick("experts-used", preset->n_expert_used);
+    // Mixtral's experts are feed_forward_length wide (--hidden).
+    hp.expert_hidden_dim = hp.arch == Arch::Llama ? hp.hidden_dim : pick("expert-hidden", preset->expert_hidden);
+  } else {
+    RUNLM_CHECK(!args.count("experts") && !args.count("experts-used") && !args.count("expert-hidden"),
+                "--experts, --experts-used and --expert-hidden are for the mixture-of-experts presets");
+  }
   // The vocabulary: --vocab; else --vocab-from's; else an explicit
   // --tokenizer's; else the preset's real size, the default tokenizer
   // padded with unused "[PAD<i>]" tokens up to it (real shapes for speed work).
@@ -290,6 +324,7 @@ int run(int argc, char** argv) {
   model_info.n_head = static_cast<int>(hp.n_heads);
   model_info.n_head_kv = static_cast<int>(hp.n_kv_heads);
   model_info.has_output = !hp.tied_embeddings;
+  model_info.n_expert = static_cast<int>(hp.n_expert);
   model_info.is_70b = hp.n_layers == 80 && hp.n_heads != hp.n_kv_heads;
   // Seeds follow the tensor's number in the unfused layout (see the top).
   LlamaHParams unfused = hp;
@@ -312,9 +347,14 @@ int run(int argc, char** argv) {
     const TensorTypeChoice choice = choose_tensor_type(target, spec.name, spec.ne, model_info, pure);
     if (!choice.note.empty()) std::fprintf(stderr, "make_random_model: %s\n", choice.note.c_str());
     const int64_t n_cols = spec.ne[0];
-    const int64_t n_rows = spec.ne.size() > 1 ? spec.ne[1] : 1;
+    // A 3-D expert tensor is its experts' matrices one after the other.
+    int64_t n_rows = 1;
+    for (size_t k = 1; k < spec.ne.size(); ++k) n_rows *= spec.ne[k];
     const bool bias = spec.role == TensorRole::AttnQBias || spec.role == TensorRole::AttnKBias ||
-                      spec.role == TensorRole::AttnVBias;
+                      spec.role == TensorRole::AttnVBias || spec.role == TensorRole::AttnOutBias ||
+                      spec.role == TensorRole::AttnSinks || spec.role == TensorRole::FfnGateInpBias ||
+                      spec.role == TensorRole::FfnGateExpsBias || spec.role == TensorRole::FfnUpExpsBias ||
+                      spec.role == TensorRole::FfnDownExpsBias;
     const Fill kind = bias ? Fill::Bias
                       : spec.ne.size() == 1 ? Fill::Norm
                       : spec.role == TensorRole::TokenEmbd ? Fill::Embedding

@@ -73,8 +73,17 @@ void rope_ext(float* x, int n_heads, int head_dim, int pos, const RopeSpec& spec
     const double freq = std::pow(static_cast<double>(spec.theta), -2.0 * i / spec.n_rot);
     double angle = static_cast<double>(pos) * spec.freq_scale * freq;
     if (spec.factors) angle /= spec.factors[i];
-    const float c = static_cast<float>(std::cos(angle)) * spec.attn_factor;
-    const float s = static_cast<float>(std::sin(angle)) * spec.attn_factor;
+    float mscale = spec.attn_factor;
+    if (spec.ext_factor != 0.0f) {
+      double extrap = static_cast<double>(pos) * freq;
+      if (spec.factors) extrap /= spec.factors[i];
+      const float y = (static_cast<float>(i) - spec.corr_dims[0]) / std::max(0.001f, spec.corr_dims[1] - spec.corr_dims[0]);
+      const float ramp_mix = (1.0f - std::min(1.0f, std::max(0.0f, y))) * spec.ext_factor;
+      angle = angle * (1.0 - ramp_mix) + extrap * ramp_mix;
+      mscale *= 1.0f + 0.1f * std::log(1.0f / spec.freq_scale);
+    }
+    const float c = static_cast<float>(std::cos(angle)) * mscale;
+    const float s = static_cast<float>(std::sin(angle)) * mscale;
     // Element pair (i0, i1) of each head.
     const int i0 = spec.neox ? i : 2 * i;
     const int i1 = spec.neox ? i + half : 2 * i + 1;
@@ -85,6 +94,16 @@ void rope_ext(float* x, int n_heads, int head_dim, int pos, const RopeSpec& spec
       p[i1] = a * s + b * c;
     }
   }
+}
+
+void rope_yarn_corr_dims(int n_rot, int orig_ctx, float theta, float beta_fast, float beta_slow, float dims[2]) {
+  constexpr float kPi = 3.14159265358979323846f;
+  auto corr_dim = [&](float beta) {
+    return static_cast<float>(n_rot) * std::log(static_cast<float>(orig_ctx) / (beta * 2 * kPi)) /
+           (2 * std::log(theta));
+  };
+  dims[0] = std::max(0.0f, std::floor(corr_dim(beta_fast)));
+  dims[1] = std::min(static_cast<float>(n_rot - 1), std::ceil(corr_dim(beta_slow)));
 }
 
 void softcap(float* x, int64_t n, float cap) {
@@ -110,6 +129,27 @@ void swiglu(float* gate, const float* up, int64_t n) {
   }
 }
 
+void swiglu_oai(float* gate, const float* up, int64_t n, float alpha, float limit) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = std::min(gate[i], limit);
+    const float u = std::clamp(up[i], -limit, limit);
+    gate[i] = g / (1.0f + std::exp(alpha * (-g))) * (u + 1.0f);
+  }
+}
+
+void softmax_with_sink(float* x, int64_t n, float sink) {
+  float mx = sink;
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - mx);
+    sum += x[i];
+  }
+  sum += std::exp(sink - mx);
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
 void geglu(float* gate, const float* up, int64_t n) {
   constexpr float kSqrt2OverPi = 0.79788456080286535588f;
   constexpr float kCoef = 0.044715f;
@@ -120,7 +160,7 @@ void geglu(float* gate, const float* up, int64_t n) {
 }
 
 void attention_one_token(float* out, const float* q, const KvLayerView& kv, int pos, int n_heads, int n_kv_heads,
-                         int head_dim, int window, float scale, float* scratch, float softcap) {
+                         int head_dim, int window, float scale, float* scratch, float softcap, const float* sinks) {
   const int first = window > 0 ? std::max(0, pos - window + 1) : 0;
   const int n = pos - first + 1;
   const int group = n_heads / n_kv_heads;
@@ -150,7 +190,10 @@ void attention_one_token(float* out, const float* q, const KvLayerView& kv, int 
       scores[static_cast<size_t>(h) * n + (t - first)] = softcap > 0 ? softcap * std::tanh(score / softcap) : score;
     }
   }
-  for (int h = 0; h < n_heads; ++h) softmax(scores + static_cast<size_t>(h) * n, n);
+  for (int h = 0; h < n_heads; ++h) {
+    if (sinks) softmax_with_sink(scores + static_cast<size_t>(h) * n, n, sinks[h]);
+    else softmax(scores + static_cast<size_t>(h) * n, n);
+  }
   std::fill(out, out + static_cast<size_t>(n_heads) * head_dim, 0.0f);
   for (int t = first; t <= pos; ++t) {
     const float* v = row(kv.v, kv.type_v, kv.row_bytes_v, t, vrow);

@@ -39,10 +39,15 @@ void get_row(const QMatrix& w, int64_t r, float* out);
 void rope(float* x, int n_heads, int head_dim, int pos, float theta, float freq_scale);
 
 // The general rotary embedding of models/arch.h, as ggml_rope_ext computes
-// it without YaRN: pair i of the first n_rot dimensions of each head turns by
+// it: pair i of the first n_rot dimensions of each head turns by
 // pos * freq_scale * theta^(-2i/n_rot) / factors[i] (factors nullptr: 1),
 // cos and sin multiplied by attn_factor. Pairs are adjacent (x[2i], x[2i+1])
 // or NeoX halves (x[i], x[i + n_rot/2]); dimensions past n_rot are kept.
+// With ext_factor != 0 (YaRN), ggml's rope_yarn: the angle blends the
+// interpolated (times freq_scale) and extrapolated (unscaled) ones by
+// ramp(i) * ext_factor, ramp(i) = 1 - clamp((i - corr_lo) / max(0.001,
+// corr_hi - corr_lo), 0, 1), and cos and sin are further multiplied by
+// 1 + 0.1 ln(1 / freq_scale).
 struct RopeSpec {
   bool neox = false;
   int n_rot = 0;
@@ -50,8 +55,15 @@ struct RopeSpec {
   float freq_scale = 1.0f;
   const float* factors = nullptr;  // [n_rot / 2]
   float attn_factor = 1.0f;
+  float ext_factor = 0.0f;         // YaRN: 1; 0 = none
+  float corr_dims[2] = {0, 0};     // YaRN correction dimensions (rope_yarn_corr_dims)
 };
 void rope_ext(float* x, int n_heads, int head_dim, int pos, const RopeSpec& spec);
+
+// ggml_rope_yarn_corr_dims: the first and last pair index the YaRN ramp
+// spans, floor and ceil of n_rot * ln(orig_ctx / (beta * 2 pi)) / (2 ln
+// base) for beta_fast and beta_slow, clamped to [0, n_rot - 1]; in float as ggml.
+void rope_yarn_corr_dims(int n_rot, int orig_ctx, float theta, float beta_fast, float beta_slow, float dims[2]);
 
 // value = cap * tanh(value / cap) for n values (the Gemma soft-cap).
 void softcap(float* x, int64_t n, float cap);
@@ -63,6 +75,14 @@ void softmax(float* x, int64_t n);
 void swiglu(float* gate, const float* up, int64_t n);
 // gate = gelu(gate) * up with the tanh approximation (gelu_pytorch_tanh).
 void geglu(float* gate, const float* up, int64_t n);
+// gpt-oss's clamped SwiGLU (ggml_swiglu_oai): g = min(gate, limit), u =
+// clamp(up, -limit, limit), gate = g * sigmoid(alpha g) * (u + 1).
+void swiglu_oai(float* gate, const float* up, int64_t n, float alpha = 1.702f, float limit = 7.0f);
+
+// softmax with a sink: x[i] = exp(x[i] - m) / (sum_j exp(x[j] - m) + exp(sink
+// - m)), m the max over x and the sink (ggml_soft_max_ext with sinks): the
+// sink takes a share of the probability and is then dropped.
+void softmax_with_sink(float* x, int64_t n, float sink);
 
 // One layer of a KV cache on the CPU: rows ("slots") of n_kv_heads *
 // head_dim elements, K and V each encoded in its own KvType
@@ -85,9 +105,11 @@ struct KvLayerView {
 // 0. q and out are [n_heads * head_dim]. Each K and V row is decoded once and
 // used by every head. scratch holds n_heads * (pos + 1) + 2 * n_kv_heads *
 // head_dim floats. softcap > 0 caps each scaled score at softcap *
-// tanh(score / softcap) before the softmax (Gemma 2).
+// tanh(score / softcap) before the softmax (Gemma 2). sinks (nullptr: none)
+// holds one logit per head that joins that head's softmax (gpt-oss).
 void attention_one_token(float* out, const float* q, const KvLayerView& kv, int pos, int n_heads, int n_kv_heads,
-                         int head_dim, int window, float scale, float* scratch, float softcap = 0.0f);
+                         int head_dim, int window, float scale, float* scratch, float softcap = 0.0f,
+                         const float* sinks = nullptr);
 
 // Vectorisable f32 dot product (8 partial sums). matmul uses it for every
 // token count, so a token's result does not depend on what it is batched with.
