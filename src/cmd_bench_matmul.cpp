@@ -180,6 +180,7 @@ int cmd_bench_matmul(int argc, char** argv) {
         if (info && gpu::gemv_supports(info->type)) types.push_back(info->type);
 #else
         (void)info;
+        fail("bench-matmul: runlm was built without CUDA");
 #endif
       }
     }

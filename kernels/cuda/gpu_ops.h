@@ -61,7 +61,7 @@ void gemv_multi(const GemvOut* outs, int n_outs, const float* x, int n_tokens, S
 
 // ---- decode GEMV with int8 activations (kernels/cuda/gemv_x8.cu) ------------
 //
-// Q4_0 and Q8_0 weights against activations quantized to int8 with one f32
+// Every quantized weight type against activations quantized to int8 with one f32
 // scale per 32 values (llama.cpp's q8_1 scheme), summed with integer dot
 // products (dp4a): about a quarter of the instructions per weight of
 // decoding to f32, which is what bounded these types (see gemv_x8.cu). The
