@@ -1,7 +1,9 @@
 // runlm bench-matmul: the weight-product kernels alone on the Llama-2-7B
 // shapes (4096 x 4096, 11008 x 4096, 4096 x 11008, 32000 x 4096). Decode
-// GEMV (f32 x, and int8 x for Q4_0 / Q8_0) at a few tokens: microseconds and
-// GB/s of the bytes read; prefill GEMM at more tokens: every fused kernel
+// GEMV (f32 x where gemv_f32x_supports, int8 x for every quantized type) at
+// a few tokens: microseconds, GB/s of the bytes read and their share of the
+// device's copy bandwidth (measured first: a device-to-device copy, read +
+// write bytes over time); prefill GEMM at more tokens: every fused kernel
 // the device runs (Q4_0 / Q8_0) and dequantization + cuBLAS, microseconds
 // and TFLOP/s. Weights rotate over > 200 MB of copies so that small
 // products read DRAM, not L2. Random bytes with finite scales: realistic
@@ -79,13 +81,49 @@ std::vector<uint8_t> random_matrix(DType t, int64_t rows, int64_t cols, std::mt1
     const uint64_t r = rng();
     std::memcpy(&b[i], &r, 8);
   }
+  // The f16 scale fields of each block (kernels/cpu/quant.h layouts).
+  std::vector<size_t> offs = {0};
+  switch (t) {
+    case DType::Q4_1: case DType::Q5_1: case DType::Q4_K: case DType::Q5_K: offs = {0, 2}; break;
+    case DType::Q6_K: offs = {208}; break;
+    case DType::Q2_K: offs = {80, 82}; break;
+    case DType::Q3_K: offs = {108}; break;
+    case DType::MXFP4: offs = {}; break;  // an E8M0 byte, set below
+    default: break;
+  }
   const uint16_t d = fp32_to_fp16(0.01f);
-  const size_t bs = dtype_info(t).type_size, d_off = t == DType::Q6_K ? 208 : 0;
+  const size_t bs = dtype_info(t).type_size;
   for (size_t i = 0; i < n; i += bs) {
-    std::memcpy(&b[i + d_off], &d, 2);
-    if (t == DType::Q4_K || t == DType::Q5_K) std::memcpy(&b[i + 2], &d, 2);
+    for (size_t o : offs) std::memcpy(&b[i + o], &d, 2);
+    if (t == DType::MXFP4) b[i] = 120;  // 2^-8
   }
   return b;
+}
+
+// Device-to-device copy bandwidth in GB/s (bytes read + written over time),
+// the reference the GEMV figures are given against.
+double copy_gbps() {
+  const size_t bytes = size_t{512} << 20;
+  void *a = nullptr, *b = nullptr;
+  ck(cudaMalloc(&a, bytes), "malloc");
+  ck(cudaMalloc(&b, bytes), "malloc");
+  ck(cudaMemset(a, 1, bytes), "memset");
+  cudaEvent_t e0, e1;
+  ck(cudaEventCreate(&e0), "event");
+  ck(cudaEventCreate(&e1), "event");
+  ck(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice), "copy");
+  constexpr int kIters = 10;
+  ck(cudaEventRecord(e0), "record");
+  for (int i = 0; i < kIters; ++i) ck(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice), "copy");
+  ck(cudaEventRecord(e1), "record");
+  ck(cudaEventSynchronize(e1), "sync");
+  float ms = 0;
+  ck(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * double(bytes) * kIters / (double(ms) * 1e6);
 }
 
 // Milliseconds a call (fn(i) for the i-th call), after 3 warm-up calls.
@@ -111,7 +149,8 @@ float time_ms(const std::function<void(int)>& fn, int iters) {
 int cmd_bench_matmul(int argc, char** argv) {
   cxxopts::Options opts("runlm bench-matmul", "Decode GEMV and prefill GEMM kernels on the Llama-2-7B shapes");
   opts.add_options()
-      ("type", "weight types, comma separated", cxxopts::value<std::string>()->default_value("f16,q8_0,q4_0"))
+      ("type", "weight types, comma separated, or all (every GPU weight type)",
+       cxxopts::value<std::string>()->default_value("f16,q8_0,q4_0"))
       ("gemv-tokens", "GEMV token counts", cxxopts::value<std::string>()->default_value("1,8"))
       ("gemm-tokens", "GEMM token counts", cxxopts::value<std::string>()->default_value("128,256,512"))
       ("o,output", "table or json", cxxopts::value<std::string>()->default_value("table"))
@@ -130,7 +169,21 @@ int cmd_bench_matmul(int argc, char** argv) {
   {
     std::stringstream ss(args["type"].as<std::string>());
     std::string item;
-    while (std::getline(ss, item, ',')) types.push_back(dtype_from_name(item));
+    while (std::getline(ss, item, ',')) {
+      if (item != "all") {
+        types.push_back(dtype_from_name(item));
+        continue;
+      }
+      for (uint32_t raw = 0; raw < 256; ++raw) {
+        const DTypeInfo* info = dtype_info_or_null(raw);
+#ifdef RUNLM_CUDA
+        if (info && gpu::gemv_supports(info->type)) types.push_back(info->type);
+#else
+        (void)info;
+        fail("bench-matmul: runlm was built without CUDA");
+#endif
+      }
+    }
     RUNLM_CHECK(!types.empty(), "bench-matmul: --type is empty");
   }
   const std::vector<int> gemv_tokens = int_list(args["gemv-tokens"].as<std::string>(), "--gemv-tokens");
@@ -149,18 +202,25 @@ int cmd_bench_matmul(int argc, char** argv) {
   const Shape shapes[] = {{4096, 4096}, {11008, 4096}, {4096, 11008}, {32000, 4096}};
   const int max_n = std::max(*std::max_element(gemm_tokens.begin(), gemm_tokens.end()), 16);
   const bool json = out_fmt == "json";
-  if (!json) std::printf("%-22s %-5s %13s %5s %10s %9s %9s\n", "kernel", "type", "rows x cols", "n", "us", "GB/s", "TFLOP/s");
+  const double copy = copy_gbps();
+  if (json)
+    std::printf("{\"bench\": \"matmul\", \"copy_gbps\": %.1f}\n", copy);
+  else
+    std::printf("device copy bandwidth %.0f GB/s (read + write); %%copy = GB/s of the kernel's bytes / that\n"
+                "%-22s %-6s %13s %5s %10s %9s %6s %9s\n",
+                copy, "kernel", "type", "rows x cols", "n", "us", "GB/s", "%copy", "TFLOP/s");
   auto report = [&](const char* kernel, DType t, const Shape& s, int n, float ms, double bytes) {
     const double tflops = 2.0 * double(s.rows) * double(s.cols) * n / (ms * 1e-3) / 1e12;
+    const double gbps = bytes / (ms * 1e6);
     if (json)
       std::printf("{\"bench\": \"matmul\", \"kernel\": \"%s\", \"type\": \"%s\", \"rows\": %lld, \"cols\": %lld, "
-                  "\"n\": %d, \"us\": %.2f, \"gbps\": %.1f, \"tflops\": %.2f}\n",
+                  "\"n\": %d, \"us\": %.2f, \"gbps\": %.1f, \"copy_share\": %.3f, \"tflops\": %.2f}\n",
                   kernel, dtype_name(t), static_cast<long long>(s.rows), static_cast<long long>(s.cols), n, ms * 1e3,
-                  bytes / (ms * 1e6), tflops);
+                  gbps, gbps / copy, tflops);
     else
-      std::printf("%-22s %-5s %6lldx%-6lld %5d %10.1f %9.0f %9.1f\n", kernel, dtype_name(t),
-                  static_cast<long long>(s.rows), static_cast<long long>(s.cols), n, ms * 1e3, bytes / (ms * 1e6),
-                  tflops);
+      std::printf("%-22s %-6s %6lldx%-6lld %5d %10.1f %9.0f %5.0f%% %9.1f\n", kernel, dtype_name(t),
+                  static_cast<long long>(s.rows), static_cast<long long>(s.cols), n, ms * 1e3, gbps,
+                  100.0 * gbps / copy, tflops);
     std::fflush(stdout);
   };
   std::mt19937_64 rng(77);
@@ -187,7 +247,9 @@ int cmd_bench_matmul(int argc, char** argv) {
       float* yf = static_cast<float*>(y.p);
       for (int n : gemv_tokens) {
         const double bytes = double(base.bytes) + 4.0 * n * double(s.cols + s.rows);
-        report("gemv", t, s, n, time_ms([&](int i) { gpu::gemv(ms[i % copies], xf, yf, n, nullptr); }, 50), bytes);
+        if (gpu::gemv_f32x_supports(t))
+          report("gemv", t, s, n, time_ms([&](int i) { gpu::gemv(ms[i % copies], xf, yf, n, nullptr); }, 50),
+                 bytes);
         if (gpu::gemv_x8_supports(t)) {
           DevMem x8(gpu::x8_bytes(n, s.cols));
           gpu::quantize_x8(xf, n, s.cols, x8.p, nullptr);  // once, as the engine shares it between matrices

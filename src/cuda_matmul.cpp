@@ -10,13 +10,18 @@ namespace runlm {
 
 namespace {
 
-// Q4_0 and Q8_0 read x quantized to int8 once (gpu::gemv_x8, ~4x fewer
-// instructions per weight than decoding each weight to f32).
+// Every quantized type reads x quantized to int8 once (gpu::gemv_x8: dp4a
+// on the weights' integer levels, ~4x fewer instructions per weight than
+// decoding each weight to f32); the plain types read f32 x.
 constexpr WeightPaths kWeightPaths[] = {
-    {DType::F32, GemvPath::F32, GemmPath::DequantCublas},  {DType::F16, GemvPath::F32, GemmPath::CublasF16},
-    {DType::BF16, GemvPath::F32, GemmPath::DequantCublas}, {DType::Q8_0, GemvPath::X8, GemmPath::Fused},
-    {DType::Q4_0, GemvPath::X8, GemmPath::Fused},          {DType::Q4_K, GemvPath::F32, GemmPath::DequantCublas},
-    {DType::Q5_K, GemvPath::F32, GemmPath::DequantCublas}, {DType::Q6_K, GemvPath::F32, GemmPath::DequantCublas},
+    {DType::F32, GemvPath::F32, GemmPath::DequantCublas},   {DType::F16, GemvPath::F32, GemmPath::CublasF16},
+    {DType::BF16, GemvPath::F32, GemmPath::DequantCublas},  {DType::Q8_0, GemvPath::X8, GemmPath::Fused},
+    {DType::Q4_0, GemvPath::X8, GemmPath::Fused},           {DType::Q4_1, GemvPath::X8, GemmPath::DequantCublas},
+    {DType::Q5_0, GemvPath::X8, GemmPath::DequantCublas},   {DType::Q5_1, GemvPath::X8, GemmPath::DequantCublas},
+    {DType::Q2_K, GemvPath::X8, GemmPath::DequantCublas},   {DType::Q3_K, GemvPath::X8, GemmPath::DequantCublas},
+    {DType::Q4_K, GemvPath::X8, GemmPath::DequantCublas},   {DType::Q5_K, GemvPath::X8, GemmPath::DequantCublas},
+    {DType::Q6_K, GemvPath::X8, GemmPath::DequantCublas},   {DType::IQ4_NL, GemvPath::X8, GemmPath::DequantCublas},
+    {DType::IQ4_XS, GemvPath::X8, GemmPath::DequantCublas}, {DType::MXFP4, GemvPath::X8, GemmPath::DequantCublas},
 };
 
 }  // namespace
@@ -24,8 +29,13 @@ constexpr WeightPaths kWeightPaths[] = {
 const WeightPaths& weight_paths(DType t) {
   for (const WeightPaths& p : kWeightPaths)
     if (p.type == t) return p;
-  fail("weight type %s unsupported on the GPU; supported: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k",
-       dtype_name(t));
+  fail("weight type %s unsupported on the GPU; supported: %s", dtype_name(t), gpu::kGpuWeightTypes);
+}
+
+std::vector<DType> gpu_weight_types() {
+  std::vector<DType> v;
+  for (const WeightPaths& p : kWeightPaths) v.push_back(p.type);
+  return v;
 }
 
 bool gemm_reads_weights_once(const gpu::GpuMatrix& w) {

@@ -1,6 +1,7 @@
 // The CUDA engine's weight products, with the one table that says how each
 // weight type is multiplied (weight_paths): the decode GEMV reads x as int8
-// (gpu::gemv_x8, Q4_0 / Q8_0) or as f32 (gpu::gemv_multi, every other type);
+// (gpu::gemv_x8, every quantized type) or as f32 (gpu::gemv_multi, F32 /
+// F16 / BF16);
 // the prefill GEMM runs F16 straight through cuBLAS, Q4_0 / Q8_0 through the
 // fused kernels (gemm_q_fused.cu: quant tiles dequantized in registers, up
 // to kGemmFusedMaxTokens tokens, where the device has the shared memory) and
@@ -27,6 +28,8 @@ struct WeightPaths {
 
 // The row of a weight type the GPU takes (throws naming the supported ones).
 const WeightPaths& weight_paths(DType t);
+// The types of the table, in its order (tests check it against upload).
+std::vector<DType> gpu_weight_types();
 
 // Whether a prefill GEMM over w reads its weights once (F16, or the fused
 // kernel on this device): such layers leave the GEMV for the GEMM sooner.

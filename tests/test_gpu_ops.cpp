@@ -184,8 +184,16 @@ std::vector<double> ref_matmul(const std::vector<float>& w, int64_t rows, int64_
   return y;
 }
 
-const DType kAllTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0,
-                           DType::Q4_0, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+// Every weight type upload_matrix takes.
+const DType kAllTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0,   DType::Q4_0,   DType::Q4_1,
+                           DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,   DType::Q4_K,   DType::Q5_K,
+                           DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS, DType::MXFP4};
+// The types the f32-x GEMV (gpu::gemv) is instantiated for.
+const DType kF32xTypes[] = {DType::F32,  DType::F16,  DType::BF16, DType::Q8_0,
+                            DType::Q4_0, DType::Q4_K, DType::Q5_K, DType::Q6_K};
+// The int8-x GEMV's types: every quantized one.
+const DType kX8Types[] = {DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0,   DType::Q5_1,   DType::Q2_K, DType::Q3_K,
+                          DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS, DType::MXFP4};
 
 // RUNLM_GPU_OPS_SMALL=1 drops the large shapes (for compute-sanitizer runs).
 bool small_only() {
@@ -193,7 +201,9 @@ bool small_only() {
   return e && std::string(e) == "1";
 }
 
-bool is_k_quant(DType t) { return t == DType::Q4_K || t == DType::Q5_K || t == DType::Q6_K; }
+// Types of 256-element super-blocks (the k-quants and IQ4_XS): test widths
+// are a multiple of 256 for them, else of 32 only.
+bool is_k_quant(DType t) { return dtype_info(t).block_size == 256; }
 
 }  // namespace
 
@@ -209,7 +219,7 @@ TEST(GpuOps, GemvEveryTypeAndTokenCount) {
   REQUIRE_GPU();
   constexpr double kTol = 1e-5;
   struct Shape { int64_t rows, cols; };
-  for (DType t : kAllTypes) {
+  for (DType t : kF32xTypes) {
     // 333 rows: not a multiple of the 16 rows a block covers (tail rows).
     const Shape shapes[] = {{333, is_k_quant(t) ? 1280 : 1056}, {4096, 11008}};
     for (const Shape& s : shapes) {
@@ -305,28 +315,38 @@ HostX8 host_quantize_x8(const std::vector<float>& x) {
 
 }  // namespace
 
-// Against the dequantized matrix dotted in double with the same int8 x
-// (host_quantize_x8): the only differences are the fp32 sums of the
-// per-block results and their order, ~1e-7, so 1e-5. Also against the f32
+// Against the dequantized matrix (the CPU's decoder) dotted in double with
+// the same int8 x (host_quantize_x8): the integer dot products are exact,
+// the only differences are the fp32 products with the scales, the sums of
+// the per-block results and their order, ~1e-7, so 1e-5 (a wrong level,
+// scale, offset or element order gives > 1e-2). Also against the f32
 // x, where the error is x's rounding: step amax/127 with amax ~2 sigma over
 // 32 Gaussian values, uniform error of std step/sqrt(12) ~ 0.5% of sigma,
 // so ~5e-3 relative per dot product; bound 1.5e-2.
 TEST(GpuOps, GemvX8MatchesInt8Reference) {
   REQUIRE_GPU();
   struct Shape { int64_t rows, cols; };
-  for (DType t : {DType::Q4_0, DType::Q8_0}) {
-    ASSERT_TRUE(gpu::gemv_x8_supports(t));
-    for (const Shape& s : {Shape{333, 1056}, Shape{4096, 11008}}) {
+  for (DType t : kX8Types) {
+    ASSERT_TRUE(gpu::gemv_x8_supports(t)) << dtype_name(t);
+    // 333 rows: tail rows; the 7B FFN shape (4096 x 11008) at 1 and 3 tokens
+    // (the double reference costs rows x cols x n).
+    for (const Shape& s : {Shape{333, is_k_quant(t) ? 1280 : 1056}, Shape{4096, 11008}}) {
       if (small_only() && s.rows > 1000) continue;
+      const bool big = s.rows > 1000;
       const HostMatrix hm = make_matrix(t, s.rows, s.cols, 2000 + static_cast<uint32_t>(t));
       const std::vector<float> wf = dequantize(hm.q);
       constexpr int kMaxTok = 16;
       const std::vector<float> x = randn(static_cast<size_t>(kMaxTok * s.cols), 11);
       gpu::GpuMatrix gm = gpu::upload_matrix(hm.q);
+      // The device layout is the GGUF size plus part alignment (Q3_K: +4
+      // bytes per 110-byte block for its unpacked scales).
+      const size_t extra = t == DType::Q3_K ? hm.bytes.size() / sizeof(BlockQ3_K) * 4 : 0;
+      EXPECT_LE(gm.bytes, hm.bytes.size() + extra + 1024) << dtype_name(t);
       auto dx = upload(x);
       DevBuf x8(gpu::x8_bytes(kMaxTok, s.cols));
       DevBuf dy(sizeof(float) * kMaxTok * s.rows);
       for (int n : {1, 2, 3, 8, 9, 16}) {
+        if (big && n != 1 && n != 3) continue;
         const std::vector<float> xn(x.begin(), x.begin() + n * s.cols);
         const HostX8 hx = host_quantize_x8(xn);
         std::vector<float> xq(xn.size());
@@ -341,6 +361,9 @@ TEST(GpuOps, GemvX8MatchesInt8Reference) {
         const std::vector<float> all = dy.get<float>(static_cast<size_t>(kMaxTok * s.rows));
         const std::vector<float> y(all.begin(), all.begin() + n * s.rows);
         EXPECT_LT(rel_err(y, ref_q), 1e-5) << dtype_name(t) << " " << s.rows << "x" << s.cols << " n=" << n;
+        // Every output written (poison gone) and finite.
+        EXPECT_EQ(std::count_if(y.begin(), y.end(), [](float v) { return !std::isfinite(v); }), 0)
+            << dtype_name(t) << " n=" << n;
         const double err_f = rel_err(y, ref_f);
         EXPECT_LT(err_f, 1.5e-2) << dtype_name(t) << " n=" << n;
         EXPECT_GT(err_f, 1e-4) << "x was not quantized?";
@@ -351,8 +374,8 @@ TEST(GpuOps, GemvX8MatchesInt8Reference) {
       gpu::free_matrix(gm);
     }
   }
-  EXPECT_FALSE(gpu::gemv_x8_supports(DType::Q4_K));
   EXPECT_FALSE(gpu::gemv_x8_supports(DType::F16));
+  EXPECT_FALSE(gpu::gemv_x8_supports(DType::BF16));
 }
 
 // Three matrices in one gemv_x8 launch equal three single launches.
@@ -399,15 +422,16 @@ TEST(GpuOps, GemvX8MultiEqualsSingleLaunches) {
 
 TEST(GpuOps, UnsupportedTypeAndArgumentsThrow) {
   REQUIRE_GPU();
-  std::vector<uint8_t> bytes(dtype_row_bytes(DType::Q4_1, 64) * 4, 1);
-  const QMatrix q{DType::Q4_1, bytes.data(), dtype_row_bytes(DType::Q4_1, 64), 64, 4};
-  EXPECT_FALSE(gpu::gemv_supports(DType::Q4_1));
+  std::vector<uint8_t> bytes(dtype_row_bytes(DType::IQ2_XXS, 256) * 4, 1);
+  const QMatrix q{DType::IQ2_XXS, bytes.data(), dtype_row_bytes(DType::IQ2_XXS, 256), 256, 4};
+  EXPECT_FALSE(gpu::gemv_supports(DType::IQ2_XXS));
   EXPECT_TRUE(gpu::gemv_supports(DType::Q5_K));
+  EXPECT_TRUE(gpu::gemv_supports(DType::Q4_1));
   try {
     gpu::upload_matrix(q);
-    FAIL() << "q4_1 uploaded";
+    FAIL() << "iq2_xxs uploaded";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("q4_1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("iq2_xxs"), std::string::npos) << e.what();
   }
   const HostMatrix hm = make_matrix(DType::Q4_0, 16, 64, 3);
   gpu::GpuMatrix gm = gpu::upload_matrix(hm.q);
@@ -459,7 +483,7 @@ TEST(GpuOps, GemmEveryTypeAgainstMatmul) {
     const std::vector<float> wf = dequantize(hm.q);
     gpu::GpuMatrix gm = gpu::upload_matrix(hm.q);
     DevBuf scratch(gpu::gemm_scratch_bytes(gm));
-    for (int n : {1, 37, 300}) {
+    for (int n : {1, 17, 37, 100, 300}) {
       const std::vector<float> x = randn(static_cast<size_t>(n * cols), 11 + n);
       std::vector<uint16_t> xh(x.size());
       std::vector<float> xr(x.size());
@@ -469,7 +493,7 @@ TEST(GpuOps, GemmEveryTypeAgainstMatmul) {
       }
       const std::vector<double> ref = ref_matmul(wf, rows, cols, xr, n);
       auto dx = upload(xh);
-      DevBuf dy(sizeof(float) * n * rows);
+      DevBuf dy(sizeof(float) * n * rows);  // NaN-filled: every output must be written
       gpu::gemm(gm, dx->as<uint16_t>(), dy.as<float>(), n, scratch.p, nullptr);
       const double err = rel_err(dy.get<float>(static_cast<size_t>(n * rows)), ref);
       EXPECT_LT(err, kTol) << dtype_name(t) << " n=" << n;
@@ -812,8 +836,11 @@ TEST(GpuOps, EmbedRowsEveryType) {
     const std::vector<float> got = out.get<float>(tokens.size() * cols);
     std::vector<float> ref(tokens.size() * cols);
     for (size_t i = 0; i < tokens.size(); ++i) get_row(hm.q, tokens[i], ref.data() + i * cols);
-    // Exact decoding except K-quants' fma (one rounding): 1e-6.
-    EXPECT_LT(rel_err(got, ref), 1e-6) << dtype_name(t);
+    // Bit-exact with the CPU's decoder for every type: each value is one
+    // rounding of the same exact level x scale (+ offset) on both sides.
+    size_t differ = 0;
+    for (size_t i = 0; i < ref.size(); ++i) differ += !(got[i] == ref[i]);
+    EXPECT_EQ(differ, 0u) << dtype_name(t) << ": " << differ << " of " << ref.size() << " values differ";
     gpu::free_matrix(gm);
   }
 }

@@ -173,8 +173,7 @@ void embed_rows(const GpuMatrix& table, const int* tokens, int n, float* out, St
   const unsigned blocks = blocks_for(int64_t(n) * v.units);
   const bool ok = RUNLM_GPU_TYPE_SWITCH(table.type, KT, embed_kernel<KT><<<blocks, kThreads, 0, s>>>(v, tokens, n, out);
                                         cudaCheckLaunch());
-  RUNLM_CHECK(ok, "embed_rows: type %s unsupported; supported: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k",
-              dtype_name(table.type));
+  RUNLM_CHECK(ok, "embed_rows: type %s unsupported; supported: %s", dtype_name(table.type), kGpuWeightTypes);
 }
 
 void rmsnorm(const float* x, const float* w, float* out_f32, uint16_t* out_f16, int n_rows, int n_cols, float eps,

@@ -168,8 +168,7 @@ void gemm_cublas(const GpuMatrix& w, const uint16_t* x_f16, float* y, int n_toke
                 gemm_scratch_bytes(w));
     __half* out = static_cast<__half*>(scratch);
     const bool ok = RUNLM_GPU_TYPE_SWITCH(w.type, KT, launch_dequant<KT>(v, out, s));
-    RUNLM_CHECK(ok, "gemm: weight type %s unsupported; supported: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k",
-                dtype_name(w.type));
+    RUNLM_CHECK(ok, "gemm: weight type %s unsupported; supported: %s", dtype_name(w.type), kGpuWeightTypes);
     a = scratch;
   }
   // Column-major view: W row-major [rows][cols] is a cols x rows matrix (lda

@@ -37,6 +37,7 @@
 // and shared memory (128 B/clk/SM) stays under the FMA rate.
 #include <algorithm>
 #include <atomic>
+#include <type_traits>
 
 #include "cuda/common.cuh"
 #include "cuda/gemv_common.cuh"
@@ -295,13 +296,38 @@ void gemv_outs(const GemvOut* outs, int n_outs, const float* x, int n_tokens, St
   RUNLM_CHECK(n_tokens >= 1 && n_tokens <= 16, "gemv: n_tokens=%d unsupported; supported: 1..16", n_tokens);
   const DType type = outs[0].w->type;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const bool ok = RUNLM_GPU_TYPE_SWITCH(
-      type, KT, RUNLM_GEMV_TOKEN_SWITCH(n_tokens, N, launch_gemv<KT, N>(outs, n_outs, x, s)));
-  RUNLM_CHECK(ok, "gemv: weight type %s unsupported; supported: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k",
-              dtype_name(type));
+  // The types this f32-x kernel is instantiated for; the others (and these
+  // quantized ones too) have the int8-x GEMV (gemv_x8.cu), which the engine
+  // takes for every quantized type (weight_paths, src/cuda_matmul.cpp).
+  auto run = [&](auto kt) {
+    constexpr DType KT = decltype(kt)::value;
+    RUNLM_GEMV_TOKEN_SWITCH(n_tokens, N, launch_gemv<KT, N>(outs, n_outs, x, s));
+  };
+  switch (type) {
+    case DType::F32: run(std::integral_constant<DType, DType::F32>{}); break;
+    case DType::F16: run(std::integral_constant<DType, DType::F16>{}); break;
+    case DType::BF16: run(std::integral_constant<DType, DType::BF16>{}); break;
+    case DType::Q8_0: run(std::integral_constant<DType, DType::Q8_0>{}); break;
+    case DType::Q4_0: run(std::integral_constant<DType, DType::Q4_0>{}); break;
+    case DType::Q4_K: run(std::integral_constant<DType, DType::Q4_K>{}); break;
+    case DType::Q5_K: run(std::integral_constant<DType, DType::Q5_K>{}); break;
+    case DType::Q6_K: run(std::integral_constant<DType, DType::Q6_K>{}); break;
+    default:
+      fail("gemv (f32 x): weight type %s unsupported; supported: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k "
+           "(every quantized type has gemv_x8)",
+           dtype_name(type));
+  }
 }
 
 }  // namespace
+
+bool gemv_f32x_supports(DType t) {
+  switch (t) {
+    case DType::F32: case DType::F16: case DType::BF16: case DType::Q8_0: case DType::Q4_0: case DType::Q4_K:
+    case DType::Q5_K: case DType::Q6_K: return true;
+    default: return false;
+  }
+}
 
 void gemv(const GpuMatrix& w, const float* x, float* y, int n_tokens, Stream stream) {
   const GemvOut out{&w, y};

@@ -11,14 +11,39 @@
 //   Q6_K          q: ql [rows][nb][128], a: qh [rows][nb][64],
 //                 b: scales [rows][nb][16] int8, c: d [rows][nb] f16
 //                 (the 210-byte block is not a multiple of 16, so it is split)
+// The other types are repacked into "32-element units" (element e of a unit
+// = byte e % 4 of 4-byte group e / 4, the Q4_0 order: group g < 4 is the low
+// nibbles of quant word g, group g >= 4 the high nibbles of word g - 4), with
+// the scales in parts of their own so that a lane's quant load is whole:
+//   Q4_1 / Q5_1   q: nibbles [rows][cols/2], a: (d, m) f16 pairs per 32,
+//                 Q5_1 b: high-bit planes, one u32 per 32 (see bit_plane)
+//   Q5_0          q: nibbles, a: f16 d per 32, b: high-bit planes
+//   IQ4_NL        q: nibbles (table indices), a: f16 d per 32
+//   MXFP4         q: nibbles (table indices), a: E8M0 byte per 32
+//   IQ4_XS        q: nibbles, a: the GGUF header per 256 (d, scales_h,
+//                 scales_l: 8 bytes)
+//   Q2_K          q: 2-bit planes [rows][cols/4] (8 bytes per 32, see
+//                 two_bit_plane), a: GGUF scale byte per 16 (low nibble
+//                 scale, high nibble min), b: (d, dmin) f16 pairs per 256
+//   Q3_K          q: 2-bit planes, a: high-bit planes (u32 per 32), b: int8
+//                 scale - 32 per 16, c: f16 d per 256
+// These are the GGUF bytes reordered (same size), except Q3_K, whose 6-bit
+// scales are unpacked to a byte each (114 bytes per 256 against 110).
 //
 // A "unit" is what one lane decodes from one 16-byte load of the quant part:
 // kUnit elements in kUnit/4 groups of 4 consecutive elements, group g
 // starting at element x_off(unit, g) of the row. Decoders reproduce
-// kernels/cpu/quant.h: values are the dequantized weights up to fp32 rounding
-// (fma instead of mul+sub). Types with one scale per unit (Q8_0, Q4_0) return
-// unscaled levels and scale(): the GEMV multiplies the unit's partial dot by
-// it once instead of every element.
+// kernels/cpu/quant.h: values are the dequantized weights, bit for bit
+// (each is one rounding of the exact level x scale + offset, as on the
+// CPU). Types with one scale per unit (Q8_0, Q4_0) return unscaled levels
+// and scale(): the GEMV multiplies the unit's partial dot by it once
+// instead of every element.
+//
+// Every 32-element type (all but F32/F16/BF16/Q8_0) also gives, for the
+// int8-x GEMV (gemv_x8.cu), levels(raw, g): the 4 levels of group g as
+// bytes (int8 when kSignedLevels, else unsigned), and ab(raw, h): (A, B)
+// with value = A * level + B for the elements of half h (groups 4h..4h+3);
+// groups 0-3 and 4-7 each cover 16 consecutive x elements.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -57,6 +82,15 @@ __host__ __device__ inline PackedLayout packed_layout(DType t, int64_t rows, int
     case DType::Q5_K: sizes[0] = n / 256 * 176; l.unit = 32; break;
     case DType::Q6_K:
       sizes[0] = n / 2; sizes[1] = n / 4; sizes[2] = n / 16; sizes[3] = n / 256 * 2; l.unit = 32; break;
+    case DType::Q4_1: sizes[0] = n / 2; sizes[1] = n / 32 * 4; l.unit = 32; break;
+    case DType::Q5_0: sizes[0] = n / 2; sizes[1] = n / 32 * 2; sizes[2] = n / 32 * 4; l.unit = 32; break;
+    case DType::Q5_1: sizes[0] = n / 2; sizes[1] = n / 32 * 4; sizes[2] = n / 32 * 4; l.unit = 32; break;
+    case DType::IQ4_NL: sizes[0] = n / 2; sizes[1] = n / 32 * 2; l.unit = 32; break;
+    case DType::MXFP4: sizes[0] = n / 2; sizes[1] = n / 32; l.unit = 32; break;
+    case DType::IQ4_XS: sizes[0] = n / 2; sizes[1] = n / 256 * 8; l.unit = 32; break;
+    case DType::Q2_K: sizes[0] = n / 4; sizes[1] = n / 16; sizes[2] = n / 256 * 4; l.unit = 32; break;
+    case DType::Q3_K:
+      sizes[0] = n / 4; sizes[1] = n / 32 * 4; sizes[2] = n / 16; sizes[3] = n / 256 * 2; l.unit = 32; break;
     default: return l;
   }
   size_t off = 0;
@@ -262,6 +296,12 @@ struct Codec<DType::Q4_K> {
     return make_float4(fmaf(d, q.x, -m), fmaf(d, q.y, -m), fmaf(d, q.z, -m), fmaf(d, q.w, -m));
   }
   __device__ static float scale(const Raw&) { return 1.0f; }
+  static constexpr bool kSignedLevels = false;
+  __device__ static uint32_t levels(const Raw& r, int g) {
+    const uint32_t w = word_of(r.q, g & 3);
+    return g < 4 ? (w & 0x0F0F0F0Fu) : ((w >> 4) & 0x0F0F0F0Fu);
+  }
+  __device__ static float2 ab(const Raw& r, int h) { return h == 0 ? make_float2(r.d1, -r.m1) : make_float2(r.d2, -r.m2); }
 };
 
 // As Q4_K plus the 5th bit: element 64c + l has bit 2c of qh[l], element
@@ -291,6 +331,13 @@ struct Codec<DType::Q5_K> {
     return make_float4(fmaf(d, q.x, -m), fmaf(d, q.y, -m), fmaf(d, q.z, -m), fmaf(d, q.w, -m));
   }
   __device__ static float scale(const Raw&) { return 1.0f; }
+  static constexpr bool kSignedLevels = false;
+  __device__ static uint32_t levels(const Raw& r, int g) {
+    const uint32_t w = word_of(r.q, g & 3), hb = word_of(r.qh, g & 3);
+    const uint32_t lo = g < 4 ? (w & 0x0F0F0F0Fu) : ((w >> 4) & 0x0F0F0F0Fu);
+    return lo | (((hb >> (g < 4 ? r.c2 : r.c2 + 1)) & 0x01010101u) << 4);
+  }
+  __device__ static float2 ab(const Raw& r, int h) { return h == 0 ? make_float2(r.d1, -r.m1) : make_float2(r.d2, -r.m2); }
 };
 
 // Unit j (0..7) of a super-block: half h = j/4, a = (j/2)%2, l0 = 16*(j%2):
@@ -333,6 +380,246 @@ struct Codec<DType::Q6_K> {
     return make_float4(ds * q.x, ds * q.y, ds * q.z, ds * q.w);
   }
   __device__ static float scale(const Raw&) { return 1.0f; }
+  // Unsigned levels 0..63 with value = ds * level - 32 ds (ds * 32 exact).
+  static constexpr bool kSignedLevels = false;
+  __device__ static uint32_t levels(const Raw& r, int g) {
+    const uint32_t w = word_of(r.ql, g & 3), hb = word_of(r.qh, g & 3);
+    const uint32_t lo = g < 4 ? (w & 0x0F0F0F0Fu) : ((w >> 4) & 0x0F0F0F0Fu);
+    return lo | (((hb >> (g < 4 ? r.sh : r.sh + 4)) & 0x03030303u) << 4);
+  }
+  __device__ static float2 ab(const Raw& r, int h) {
+    const float ds = h == 0 ? r.ds_lo : r.ds_hi;
+    return make_float2(ds, -32.0f * ds);
+  }
+};
+
+// ---- the 32-element-unit types (Q4_0 element order, see the top) -----------
+
+__device__ __forceinline__ int unit32_x_off(int u, int g) { return u * 32 + 4 * g; }
+
+// Levels of group g from a nibble unit: low nibbles of word g (g < 4), high
+// nibbles of word g - 4.
+__device__ __forceinline__ uint32_t nibble_levels(const uint4& q, int g) {
+  const uint32_t w = word_of(q, g & 3);
+  return (g < 4 ? w : w >> 4) & 0x0F0F0F0Fu;
+}
+// A bit plane (one u32 per unit): bit 8b + g is the bit of element 4g + b,
+// so a group's 4 bits come out in place with one shift and one mask.
+__device__ __forceinline__ uint32_t plane_bits(uint32_t p, int g) { return (p >> g) & 0x01010101u; }
+// A 2-bit plane (8 bytes per unit): bits 8b + 2(g % 4) .. +1 of word g / 4
+// are the level of element 4g + b.
+__device__ __forceinline__ uint32_t two_bit_levels(const uint2& p, int g) {
+  return ((g < 4 ? p.x : p.y) >> (2 * (g & 3))) & 0x03030303u;
+}
+
+// Values of one group: A * level + B, one rounding (fma), as the CPU's
+// level * d (+ m) is once exact products are taken into account (every
+// A * level below is exact in fp32 except Q6_K's, rounded once either way).
+template <bool kSigned>
+__device__ __forceinline__ float4 levels_to_values(uint32_t lv, float2 ab) {
+  const float4 q = kSigned ? bytes_to_float4(lv ^ 0x80808080u, 128.0f) : bytes_to_float4(lv, 0.0f);
+  return make_float4(fmaf(ab.x, q.x, ab.y), fmaf(ab.x, q.y, ab.y), fmaf(ab.x, q.z, ab.y), fmaf(ab.x, q.w, ab.y));
+}
+
+__device__ __forceinline__ float half_bits_to_float(uint32_t h) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(h & 0xFFFF)));
+}
+
+// 16-entry int8 tables as 4 little-endian words (IQ4: kIq4nlValues, MXFP4:
+// kMxfp4Values of kernels/cpu/quant.h; gpu_weights.cu checks them).
+struct Iq4nlTable {
+  static constexpr uint32_t w[4] = {0xBFAD9881u, 0xF6EADDCFu, 0x26190D01u, 0x71594535u};
+};
+struct Mxfp4Table {
+  static constexpr uint32_t w[4] = {0x03020100u, 0x0C080604u, 0xFDFEFF00u, 0xF4F8FAFCu};
+};
+
+// The table values of the 8 indices in w's nibbles: .x those of the low
+// nibbles of bytes 0-3 (group g), .y those of the high nibbles (group g+4).
+// PRMT picks bytes by 3-bit selectors: one lookup among entries 0-7, one
+// among 8-15, then bit 3 of each index picks between them; 9 instructions
+// for 8 values.
+template <typename Table>
+__device__ __forceinline__ uint2 table16_lookup(uint32_t w) {
+  constexpr uint32_t kT[4] = {Table::w[0], Table::w[1], Table::w[2], Table::w[3]};
+  const uint32_t pick = 0x32103210u | ((w & 0x88888888u) >> 1);
+  uint32_t r[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t sel = (w >> (16 * i)) & 0x7777u;
+    const uint32_t lo = __byte_perm(kT[0], kT[1], sel), hi = __byte_perm(kT[2], kT[3], sel);
+    r[i] = __byte_perm(lo, hi, (pick >> (16 * i)) & 0xFFFFu);
+  }
+  return make_uint2(__byte_perm(r[0], r[1], 0x6420), __byte_perm(r[0], r[1], 0x7531));
+}
+
+// Shared shape of the 32-element-unit codecs: decode() from levels/ab.
+template <typename C>
+struct Unit32Decode {
+  __device__ static int x_off(int u, int g) { return unit32_x_off(u, g); }
+  template <typename Raw>
+  __device__ static float4 decode(const Raw& r, int g) {
+    return levels_to_values<C::kSignedLevels>(C::levels(r, g), C::ab(r, g >> 2));
+  }
+  template <typename Raw>
+  __device__ static float scale(const Raw&) { return 1.0f; }
+};
+
+__device__ __forceinline__ uint4 ld_nibble_unit(const WView& w, int64_t row, int u) {
+  return ld_stream(w.q + row * (w.cols / 2) + int64_t(u) * 16);
+}
+__device__ __forceinline__ int64_t unit_index(const WView& w, int64_t row, int u) { return row * (w.cols / 32) + u; }
+__device__ __forceinline__ uint32_t ld_u32(const uint8_t* part, int64_t i) {
+  return __ldg(reinterpret_cast<const uint32_t*>(part) + i);
+}
+__device__ __forceinline__ uint32_t ld_u16(const uint8_t* part, int64_t i) {
+  return __ldg(reinterpret_cast<const unsigned short*>(part) + i);
+}
+
+// value = q * d + m.
+template <>
+struct Codec<DType::Q4_1> : Unit32Decode<Codec<DType::Q4_1>> {
+  static constexpr int kUnit = 32;
+  static constexpr bool kUnitScale = false;
+  static constexpr bool kSignedLevels = false;
+  struct Raw { uint4 q; uint32_t dm; };
+  __device__ static Raw load(const WView& w, int64_t row, int u) {
+    return {ld_nibble_unit(w, row, u), ld_u32(w.a, unit_index(w, row, u))};
+  }
+  __device__ static uint32_t levels(const Raw& r, int g) { return nibble_levels(r.q, g); }
+  __device__ static float2 ab(const Raw& r, int) { return make_float2(half_bits_to_float(r.dm), half_bits_to_float(r.dm >> 16)); }
+};
+
+// value = (q - 16) * d, q = nibble | high bit << 4.
+template <>
+struct Codec<DType::Q5_0> : Unit32Decode<Codec<DType::Q5_0>> {
+  static constexpr int kUnit = 32;
+  static constexpr bool kUnitScale = false;
+  static constexpr bool kSignedLevels = false;
+  struct Raw { uint4 q; uint32_t hb; float d; };
+  __device__ static Raw load(const WView& w, int64_t row, int u) {
+    const int64_t i = unit_index(w, row, u);
+    return {ld_nibble_unit(w, row, u), ld_u32(w.b, i), half_bits_to_float(ld_u16(w.a, i))};
+  }
+  __device__ static uint32_t levels(const Raw& r, int g) { return nibble_levels(r.q, g) | plane_bits(r.hb, g) << 4; }
+  __device__ static float2 ab(const Raw& r, int) { return make_float2(r.d, -16.0f * r.d); }
+};
+
+// value = q * d + m, q = nibble | high bit << 4.
+template <>
+struct Codec<DType::Q5_1> : Unit32Decode<Codec<DType::Q5_1>> {
+  static constexpr int kUnit = 32;
+  static constexpr bool kUnitScale = false;
+  static constexpr bool kSignedLevels = false;
+  struct Raw { uint4 q; uint32_t hb, dm; };
+  __device__ static Raw load(const WView& w, int64_t row, int u) {
+    const int64_t i = unit_index(w, row, u);
+    return {ld_nibble_unit(w, row, u), ld_u32(w.b, i), ld_u32(w.a, i)};
+  }
+  __device__ static uint32_t levels(const Raw& r, int g) { return nibble_levels(r.q, g) | plane_bits(r.hb, g) << 4; }
+  __device__ static float2 ab(const Raw& r, int) { return make_float2(half_bits_to_float(r.dm), half_bits_to_float(r.dm >> 16)); }
+};
+
+// value = d * kIq4nlValues[q].
+template <>
+struct Codec<DType::IQ4_NL> : Unit32Decode<Codec<DType::IQ4_NL>> {
+  static constexpr int kUnit = 32;
+  static constexpr bool kUnitScale = false;
+  static constexpr bool kSignedLevels = true;
+  struct Raw { uint4 q; float d; };
+  __device__ static Raw load(const WView& w, int64_t row, int u) {
+    return {ld_nibble_unit(w, row, u), half_bits_to_float(ld_u16(w.a, unit_index(w, row, u)))};
+  }
+  __device__ static uint32_t levels(const Raw& r, int g) {
+    const uint2 v = table16_lookup<Iq4nlTable>(word_of(r.q, g & 3));
+    return g < 4 ? v.x : v.y;
+  }
+  __device__ static float2 ab(const Raw& r, int) { return make_float2(r.d, 0.0f); }
+};
+
+// 2^(e - 128) (ggml's e8m0_to_fp32_half; kernels/cpu e8m0_to_float_half).
+__device__ __forceinline__ float e8m0_half(uint32_t e) {
+  return __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+}
+
+// value = kMxfp4Values[q] * 2^(e - 128).
+template <>
+struct Codec<DType::MXFP4> : Unit32Decode<Codec<DType::MXFP4>> {
+  static constexpr int kUnit = 32;
+  static constexpr bool kUnitScale = false;
+  static constexpr bool kSignedLevels = true;
+  struct Raw { uint4 q; float d; };
+  __device__ static Raw load(const WView& w, int64_t row, int u) {
+    return {ld_nibble_unit(w, row, u), e8m0_half(__ldg(w.a + unit_index(w, row, u)))};
+  }
+  __device__ static uint32_t levels(const Raw& r, int g) {
+    const uint2 v = table16_lookup<Mxfp4Table>(word_of(r.q, g & 3));
+    return g < 4 ? v.x : v.y;
+  }
+  __device__ static float2 ab(const Raw& r, int) { return make_float2(r.d, 0.0f); }
+};
+
+// Unit j = u % 8 of a super-block is GGUF sub-block j (already in nibble
+// order); value = d (ls_j - 32) * kIq4nlValues[q] (d (ls - 32) exact).
+template <>
+struct Codec<DType::IQ4_XS> : Unit32Decode<Codec<DType::IQ4_XS>> {
+  static constexpr int kUnit = 32;
+  static constexpr bool kUnitScale = false;
+  static constexpr bool kSignedLevels = true;
+  struct Raw { uint4 q; float dl; };
+  __device__ static Raw load(const WView& w, int64_t row, int u) {
+    const int j = u & 7;
+    // The 8-byte header (d, scales_h, scales_l[4]), shared by 8 lanes.
+    const uint2 h = __ldg(reinterpret_cast<const uint2*>(w.a) + (unit_index(w, row, u) >> 3));
+    const uint32_t ls = ((h.y >> (4 * j)) & 0xF) | (((h.x >> (16 + 2 * j)) & 3) << 4);
+    return {ld_nibble_unit(w, row, u), half_bits_to_float(h.x) * static_cast<float>(static_cast<int>(ls) - 32)};
+  }
+  __device__ static uint32_t levels(const Raw& r, int g) {
+    const uint2 v = table16_lookup<Iq4nlTable>(word_of(r.q, g & 3));
+    return g < 4 ? v.x : v.y;
+  }
+  __device__ static float2 ab(const Raw& r, int) { return make_float2(r.dl, 0.0f); }
+};
+
+// Half h of unit u is GGUF sub-block 2u + h (16 elements): scale byte s,
+// value = d (s & 15) * q - dmin (s >> 4) (both products exact).
+template <>
+struct Codec<DType::Q2_K> : Unit32Decode<Codec<DType::Q2_K>> {
+  static constexpr int kUnit = 32;
+  static constexpr bool kUnitScale = false;
+  static constexpr bool kSignedLevels = false;
+  struct Raw { uint2 q; uint32_t sc; float d, dmin; };
+  __device__ static Raw load(const WView& w, int64_t row, int u) {
+    const int64_t i = unit_index(w, row, u);
+    const uint32_t dd = ld_u32(w.b, i >> 3);
+    return {__ldg(reinterpret_cast<const uint2*>(w.q) + i), ld_u16(w.a, i), half_bits_to_float(dd),
+            half_bits_to_float(dd >> 16)};
+  }
+  __device__ static uint32_t levels(const Raw& r, int g) { return two_bit_levels(r.q, g); }
+  __device__ static float2 ab(const Raw& r, int h) {
+    const uint32_t s = (r.sc >> (8 * h)) & 0xFF;
+    return make_float2(r.d * static_cast<float>(s & 0xF), -(r.dmin * static_cast<float>(s >> 4)));
+  }
+};
+
+// Half h of unit u is GGUF sub-block 2u + h: scale byte s (int8, bias
+// removed), level q = 2 low bits | high bit << 2, value = d s (q - 4).
+template <>
+struct Codec<DType::Q3_K> : Unit32Decode<Codec<DType::Q3_K>> {
+  static constexpr int kUnit = 32;
+  static constexpr bool kUnitScale = false;
+  static constexpr bool kSignedLevels = false;
+  struct Raw { uint2 q; uint32_t hb, sc; float d; };
+  __device__ static Raw load(const WView& w, int64_t row, int u) {
+    const int64_t i = unit_index(w, row, u);
+    return {__ldg(reinterpret_cast<const uint2*>(w.q) + i), ld_u32(w.a, i), ld_u16(w.b, i),
+            half_bits_to_float(ld_u16(w.c, i >> 3))};
+  }
+  __device__ static uint32_t levels(const Raw& r, int g) { return two_bit_levels(r.q, g) | plane_bits(r.hb, g) << 2; }
+  __device__ static float2 ab(const Raw& r, int h) {
+    const float dl = r.d * static_cast<float>(static_cast<int8_t>((r.sc >> (8 * h)) & 0xFF));
+    return make_float2(dl, -4.0f * dl);
+  }
 };
 
 // Dispatches a runtime type to F<kT>::run(args...). Unsupported types return
@@ -348,6 +635,14 @@ struct Codec<DType::Q6_K> {
       case DType::Q4_K: { constexpr DType KT = DType::Q4_K; __VA_ARGS__; return true; } \
       case DType::Q5_K: { constexpr DType KT = DType::Q5_K; __VA_ARGS__; return true; } \
       case DType::Q6_K: { constexpr DType KT = DType::Q6_K; __VA_ARGS__; return true; } \
+      case DType::Q4_1: { constexpr DType KT = DType::Q4_1; __VA_ARGS__; return true; } \
+      case DType::Q5_0: { constexpr DType KT = DType::Q5_0; __VA_ARGS__; return true; } \
+      case DType::Q5_1: { constexpr DType KT = DType::Q5_1; __VA_ARGS__; return true; } \
+      case DType::Q2_K: { constexpr DType KT = DType::Q2_K; __VA_ARGS__; return true; } \
+      case DType::Q3_K: { constexpr DType KT = DType::Q3_K; __VA_ARGS__; return true; } \
+      case DType::IQ4_NL: { constexpr DType KT = DType::IQ4_NL; __VA_ARGS__; return true; } \
+      case DType::IQ4_XS: { constexpr DType KT = DType::IQ4_XS; __VA_ARGS__; return true; } \
+      case DType::MXFP4: { constexpr DType KT = DType::MXFP4; __VA_ARGS__; return true; } \
       default: return false;                                       \
     }                                                              \
   }()

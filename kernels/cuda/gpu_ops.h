@@ -30,7 +30,10 @@ struct GpuMatrix {
   size_t bytes = 0;
 };
 
-// Types the GPU kernels support: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K.
+// The weight types upload_matrix takes (every type kernels/cpu decodes).
+constexpr const char* kGpuWeightTypes =
+    "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, mxfp4";
+// Whether upload_matrix takes type t (gpu_codec.cuh has a layout for it).
 bool gemv_supports(DType t);
 // Copies and repacks a host matrix; throws runlm::Error naming the type when
 // unsupported, and on allocation failure with the bytes needed and free.
@@ -43,6 +46,9 @@ void free_matrix(GpuMatrix& m);
 // f32 row-major ([n_tokens, cols], [n_tokens, rows]); fp32 accumulation.
 // Each weight byte is read once for all n_tokens.
 void gemv(const GpuMatrix& w, const float* x, float* y, int n_tokens, Stream stream);
+// The types gemv / gemv_multi (f32 x) take: f32, f16, bf16, q8_0, q4_0,
+// q4_k, q5_k, q6_k (every quantized type has gemv_x8).
+bool gemv_f32x_supports(DType t);
 
 // Several matrices of one type and width that read the same x (q/k/v,
 // gate/up) in one launch: out i gets y_i = W_i x as gemv() would.
@@ -55,7 +61,7 @@ void gemv_multi(const GemvOut* outs, int n_outs, const float* x, int n_tokens, S
 
 // ---- decode GEMV with int8 activations (kernels/cuda/gemv_x8.cu) ------------
 //
-// Q4_0 and Q8_0 weights against activations quantized to int8 with one f32
+// Every quantized weight type against activations quantized to int8 with one f32
 // scale per 32 values (llama.cpp's q8_1 scheme), summed with integer dot
 // products (dp4a): about a quarter of the instructions per weight of
 // decoding to f32, which is what bounded these types (see gemv_x8.cu). The

@@ -1,6 +1,7 @@
 // Weight upload: repacks a host QMatrix (GGUF blocks) into the device layout
 // of gpu_codec.cuh on the host, then copies it in one allocation. The total
 // stays the GGUF size plus at most 3 x 256 bytes of part alignment.
+#include <cstddef>
 #include <cstring>
 #include <vector>
 
@@ -21,6 +22,49 @@ WView make_view(const GpuMatrix& m) {
 }
 
 namespace {
+
+// The device tables of gpu_codec.cuh hold quant.h's values.
+bool tables_match() {
+  for (int i = 0; i < 16; ++i) {
+    if (static_cast<int8_t>(Iq4nlTable::w[i / 4] >> (8 * (i % 4))) != kIq4nlValues[i]) return false;
+    if (static_cast<int8_t>(Mxfp4Table::w[i / 4] >> (8 * (i % 4))) != kMxfp4Values[i]) return false;
+  }
+  return true;
+}
+
+// One bit per element of a 32-element unit into a bit plane: element e = 4g
+// + b goes to bit 8b + g (gpu_codec.cuh plane_bits).
+uint32_t bit_plane(const uint8_t* bits) {
+  uint32_t p = 0;
+  for (int e = 0; e < 32; ++e) p |= static_cast<uint32_t>(bits[e] & 1) << (8 * (e % 4) + e / 4);
+  return p;
+}
+
+// 2-bit levels of a 32-element unit into a 2-bit plane (two_bit_levels):
+// element e = 4g + b goes to bits 8b + 2(g % 4) of word g / 4.
+void two_bit_plane(const uint8_t* lv, uint8_t* dst) {
+  uint32_t w[2] = {0, 0};
+  for (int e = 0; e < 32; ++e) {
+    const int g = e / 4;
+    w[g / 4] |= static_cast<uint32_t>(lv[e] & 3) << (8 * (e % 4) + 2 * (g % 4));
+  }
+  std::memcpy(dst, w, 8);
+}
+
+// ggml's Q3_K 6-bit scale j (kernels/cpu/quant_q2_q3_k.cpp), bias removed.
+int q3_k_scale(const uint8_t* s, int j) {
+  const int lo = j < 8 ? (s[j] & 0xF) : (s[j - 8] >> 4);
+  return (lo | (((s[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32;
+}
+
+// The 5th bits of a Q5_0 / Q5_1 block (qh bit e = element e) as a bit plane.
+uint32_t q5_plane(const uint8_t* qh) {
+  uint32_t h;
+  std::memcpy(&h, qh, 4);
+  uint8_t bits[32];
+  for (int e = 0; e < 32; ++e) bits[e] = (h >> e) & 1;
+  return bit_plane(bits);
+}
 
 // Host repack of one row (GGUF bytes at src) into the parts of dst.
 void repack_row(DType t, const uint8_t* src, int64_t r, int64_t cols, const PackedLayout& l, uint8_t* dst) {
@@ -58,6 +102,94 @@ void repack_row(DType t, const uint8_t* src, int64_t r, int64_t cols, const Pack
       }
       break;
     }
+    case DType::Q4_1:
+    case DType::Q5_1: {
+      const bool q5 = t == DType::Q5_1;
+      const size_t bs = dtype_info(t).type_size;
+      for (int64_t i = 0; i < nb32; ++i) {
+        const uint8_t* b = src + i * bs;  // d, m, [qh,] qs
+        const int64_t k = r * nb32 + i;
+        std::memcpy(dst + l.off[0] + k * 16, b + (q5 ? 8 : 4), 16);
+        std::memcpy(dst + l.off[1] + k * 4, b, 4);
+        if (q5) {
+          const uint32_t p = q5_plane(b + 4);
+          std::memcpy(dst + l.off[2] + k * 4, &p, 4);
+        }
+      }
+      break;
+    }
+    case DType::Q5_0: {
+      const auto* b = reinterpret_cast<const BlockQ5_0*>(src);
+      for (int64_t i = 0; i < nb32; ++i) {
+        const int64_t k = r * nb32 + i;
+        const uint32_t p = q5_plane(b[i].qh);
+        std::memcpy(dst + l.off[0] + k * 16, b[i].qs, 16);
+        std::memcpy(dst + l.off[1] + k * 2, &b[i].d, 2);
+        std::memcpy(dst + l.off[2] + k * 4, &p, 4);
+      }
+      break;
+    }
+    case DType::IQ4_NL: {
+      const auto* b = reinterpret_cast<const BlockIQ4_NL*>(src);
+      for (int64_t i = 0; i < nb32; ++i) {
+        const int64_t k = r * nb32 + i;
+        std::memcpy(dst + l.off[0] + k * 16, b[i].qs, 16);
+        std::memcpy(dst + l.off[1] + k * 2, &b[i].d, 2);
+      }
+      break;
+    }
+    case DType::MXFP4: {
+      const auto* b = reinterpret_cast<const BlockMXFP4*>(src);
+      for (int64_t i = 0; i < nb32; ++i) {
+        const int64_t k = r * nb32 + i;
+        std::memcpy(dst + l.off[0] + k * 16, b[i].qs, 16);
+        dst[l.off[1] + k] = b[i].e;
+      }
+      break;
+    }
+    case DType::IQ4_XS: {
+      const auto* b = reinterpret_cast<const BlockIQ4_XS*>(src);
+      static_assert(offsetof(BlockIQ4_XS, qs) == 8, "IQ4_XS header is 8 bytes");
+      for (int64_t i = 0; i < nb256; ++i) {
+        const int64_t k = r * nb256 + i;
+        std::memcpy(dst + l.off[0] + k * 128, b[i].qs, 128);  // sub-block j = unit j, nibble order already
+        std::memcpy(dst + l.off[1] + k * 8, &b[i], 8);
+      }
+      break;
+    }
+    case DType::Q2_K:
+    case DType::Q3_K: {
+      const bool q3 = t == DType::Q3_K;
+      for (int64_t i = 0; i < nb256; ++i) {
+        const int64_t k = r * nb256 + i;
+        const uint8_t* qs = q3 ? reinterpret_cast<const BlockQ3_K*>(src)[i].qs : reinterpret_cast<const BlockQ2_K*>(src)[i].qs;
+        // Element 32c + e: 2 bits at shift 2 (c % 4) of qs[32 (c / 4) + e];
+        // Q3_K's high bit is bit c of hmask[e].
+        for (int c = 0; c < 8; ++c) {
+          uint8_t lv[32], hb[32];
+          for (int e = 0; e < 32; ++e) {
+            lv[e] = (qs[32 * (c / 4) + e] >> (2 * (c % 4))) & 3;
+            if (q3) hb[e] = (reinterpret_cast<const BlockQ3_K*>(src)[i].hmask[e] >> c) & 1;
+          }
+          two_bit_plane(lv, dst + l.off[0] + (k * 8 + c) * 8);
+          if (q3) {
+            const uint32_t p = bit_plane(hb);
+            std::memcpy(dst + l.off[1] + (k * 8 + c) * 4, &p, 4);
+          }
+        }
+        if (q3) {
+          const auto& b = reinterpret_cast<const BlockQ3_K*>(src)[i];
+          for (int j = 0; j < 16; ++j) dst[l.off[2] + k * 16 + j] = static_cast<uint8_t>(static_cast<int8_t>(q3_k_scale(b.scales, j)));
+          std::memcpy(dst + l.off[3] + k * 2, &b.d, 2);
+        } else {
+          const auto& b = reinterpret_cast<const BlockQ2_K*>(src)[i];
+          std::memcpy(dst + l.off[1] + k * 16, b.scales, 16);  // sub-block j = elements 16j.., in order
+          std::memcpy(dst + l.off[2] + k * 4, &b.d, 2);
+          std::memcpy(dst + l.off[2] + k * 4 + 2, &b.dmin, 2);
+        }
+      }
+      break;
+    }
     default: fail("upload_matrix: unreachable type %s", dtype_name(t));
   }
 }
@@ -67,8 +199,7 @@ void repack_row(DType t, const uint8_t* src, int64_t r, int64_t cols, const Pack
 std::string upload_unsupported_reason(const QMatrix& host) {
   const PackedLayout l = packed_layout(host.type, host.rows, host.cols);
   if (!l.ok)
-    return strfmt("weight type %s unsupported on the GPU; supported: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k",
-                  dtype_name(host.type));
+    return strfmt("weight type %s unsupported on the GPU; supported: %s", dtype_name(host.type), kGpuWeightTypes);
   if (host.rows <= 0 || host.cols <= 0)
     return strfmt("empty %s matrix (%lld x %lld)", dtype_name(host.type), static_cast<long long>(host.rows),
                   static_cast<long long>(host.cols));
@@ -84,6 +215,7 @@ std::string upload_unsupported_reason(const QMatrix& host) {
 }
 
 GpuMatrix upload_matrix(const QMatrix& host) {
+  RUNLM_CHECK(tables_match(), "upload_matrix: the GPU's IQ4 / MXFP4 tables differ from the CPU's");
   const std::string why = upload_unsupported_reason(host);
   RUNLM_CHECK(why.empty(), "upload_matrix: %s", why.c_str());
   const PackedLayout l = packed_layout(host.type, host.rows, host.cols);
