@@ -63,8 +63,9 @@ struct ModelConfig {
   float attn_softcap = 0.0f;           // attention logits cap * tanh(s / cap); 0 = none
   float final_softcap = 0.0f;          // output logits likewise
 
-  // Whether anything differs from the plain Llama layer (the features the
-  // CUDA engine implements): the names of those that do, empty if none.
+  // Whether anything differs from the plain Llama layer: the names of the
+  // parts that do, empty if none (what each engine lacks of them:
+  // src/engine_support.h).
   std::vector<std::string> features_beyond_llama() const;
 
   bool layer_uses_window(int layer) const { return swa_layers.empty() || swa_layers[size_t(layer)] != 0; }

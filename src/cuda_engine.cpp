@@ -1,5 +1,6 @@
 // CUDA backend: the same forward pass as the CPU engine (src/cpu_engine.cpp),
-// on the GPU. Weights are uploaded once in their GGUF type (repacked for
+// on the GPU, for every layer description of models/arch.h but what
+// src/engine_support.h lists as missing (one layer loop, run_layers). Weights are uploaded once in their GGUF type (repacked for
 // 16-byte loads, kernels/cuda/gpu_ops.h). Up to gemv_max_tokens_ tokens run
 // through the quantized GEMV kernels with f32 activations (decode, short
 // prompts); longer chunks through the tensor-core GEMM with f16 activations
@@ -226,12 +227,42 @@ class CudaEngine final : public Engine {
     n_ctx_ = opt.n_ctx > 0 ? opt.n_ctx : cfg_.ctx_train;
     n_batch_ = std::max(1, opt.n_batch);
     windows_ = layer_windows(cfg_, opt.sliding_window);
+    choose_rope();
     upload_gpu_weights(model_, w_);
     allocate_buffers();
     mm_.build_groups(w_.layers, xh_.get(), q_.get(), k_.get(), v_.get(), gate_.get(), up_.get());
     kv_.allocate(cfg_, type_k_, type_v_, n_ctx_, opt);
     if (kv_.blocks) choose_prefill_kv();
     choose_decode_kernel(opt.verbose);
+  }
+
+  // Each layer's RoPE (kernels/cpu/ops.h RopeSpec), as the CPU engine
+  // chooses it: the local base and scale on sliding-window layers where the
+  // model has them; longrope's factors follow the context size, as
+  // llama.cpp chooses them (long above the original context). The kernels
+  // read the spec on the host at each launch (rope.cuh's table).
+  void choose_rope() {
+    const ModelConfig& c = cfg_;
+    const ModelWeights& mw = model_.weights();
+    auto decode = [](const WeightView& w) {
+      std::vector<float> v(static_cast<size_t>(w.ne0));
+      get_row(qmatrix(w), 0, v.data());
+      return v;
+    };
+    if (c.rope_factors == RopeFactors::Freqs) rope_factors_ = decode(mw.rope_long);
+    if (c.rope_factors == RopeFactors::LongShort)
+      rope_factors_ = decode(n_ctx_ > c.rope_orig_ctx ? mw.rope_long : mw.rope_short);
+    for (int l = 0; l < c.n_layers; ++l) {
+      const bool local = c.local_rope && c.layer_uses_window(l);
+      RopeSpec rs;
+      rs.neox = c.rope_style == RopeStyle::NeoX;
+      rs.n_rot = c.n_rot;
+      rs.theta = local ? c.rope_theta_local : c.rope_theta;
+      rs.freq_scale = local ? c.rope_freq_scale_local : c.rope_freq_scale;
+      rs.factors = rope_factors_.empty() ? nullptr : rope_factors_.data();
+      rs.attn_factor = c.rope_attn_factor;
+      rope_.push_back(rs);
+    }
   }
 
   // The decode attention kernel (the selector, kernels/cuda/paged_attention.h)
@@ -531,9 +562,12 @@ class CudaEngine final : public Engine {
   }
 
   // The layers over one step: x_ holds the residual stream of its m tokens
-  // after them. Per layer:
-  //   h = rmsnorm(x); q, k, v = Wq h, Wk h, Wv h; rope + store K/V;
-  //   x += Wo attention(q, K, V); h = rmsnorm(x); x += Wdown (silu(Wgate h) * Wup h).
+  // after them. Per layer, as the CPU engine (src/cpu_engine.cpp):
+  //   h = rmsnorm(x); q, k, v = Wq h [+ bq], Wk h [+ bk], Wv h [+ bv];
+  //   [per-head rmsnorm of q and k]; rope + store K/V;
+  //   x += [post_norm](Wo attention(q, K, V));
+  //   h = rmsnorm(x); x += [post_norm](Wdown (act(Wgate h) * Wup h)),
+  // the bracketed parts where the model has them, act SiLU or GELU-tanh.
   // Each residual add is folded into the RMSNorm after it (rmsnorm_fused;
   // the last one into the final add), and on the GEMV path the norms and
   // the activation write the int8 x of the GEMVs that read it.
@@ -541,34 +575,49 @@ class CudaEngine final : public Engine {
     const ModelConfig& c = cfg_;
     const int m = s.m;
     const bool gemv = m <= gemv_max_tokens_;
-    gpu::embed_rows(w_.tok_embd, s.tokens, m, x_.get(), stream_);
+    gpu::embed_rows(w_.tok_embd, s.tokens, m, x_.get(), stream_, c.embd_scale);
     const float* pending = nullptr;  // the previous layer's down projection, not yet added to x
+    const bool gelu = c.ffn_act == FfnActivation::GeluTanh;
     for (int l = 0; l < c.n_layers; ++l) {
       GpuLayer& g = w_.layers[l];
       // Attention block.
       norm_into_x(g.attn_norm, pending, m, gemv, uses_x8(g.wq) || uses_x8(g.wk) || uses_x8(g.wv));
       if (gemv) project_gemv({{&g.wq, q_.get()}, {&g.wk, k_.get()}, {&g.wv, v_.get()}}, xb_.get(), m, true);
       else project_qkv_gemm(g, m);
+      if (c.qkv_bias || c.qk_norm)
+        gpu::qkv_bias_head_norm(q_.get(), k_.get(), v_.get(), g.bq.get(), g.bk.get(), g.bv.get(), g.q_norm.get(),
+                                g.k_norm.get(), m, c.n_heads, c.n_kv_heads, c.head_dim, c.rms_eps, stream_);
       const bool att_x8 = attend(l, s, gemv);
       if (gemv) project_gemv({{&g.wo, xb_.get()}}, att_.get(), m, att_x8);
       else gpu::gemm(g.wo, atth_.get(), xb_.get(), m, mm_.scratch(), stream_);
+      if (c.post_norms) post_norm(g.attn_post_norm, m);
       // Feed-forward block.
       norm_into_x(g.ffn_norm, xb_.get(), m, gemv, uses_x8(g.w_gate) || uses_x8(g.w_up));
       if (gemv) project_gemv({{&g.w_gate, gate_.get()}, {&g.w_up, up_.get()}}, xb_.get(), m, true);
       else project_gemm(g.gate_up, {{&g.w_gate, gate_.get()}, {&g.w_up, up_.get()}}, m);
+      const int64_t n_act = static_cast<int64_t>(m) * w_.hidden;
       if (gemv && uses_x8(g.w_down)) {
-        gpu::swiglu_x8(gate_.get(), up_.get(), mm_.x8(), m, w_.hidden, stream_);
+        if (gelu) gpu::geglu_x8(gate_.get(), up_.get(), mm_.x8(), m, w_.hidden, stream_);
+        else gpu::swiglu_x8(gate_.get(), up_.get(), mm_.x8(), m, w_.hidden, stream_);
         project_gemv({{&g.w_down, xb_.get()}}, gate_.get(), m, true);
-      } else if (gemv) {
-        gpu::swiglu(gate_.get(), up_.get(), nullptr, static_cast<int64_t>(m) * w_.hidden, stream_);
-        project_gemv({{&g.w_down, xb_.get()}}, gate_.get(), m);
       } else {
-        gpu::swiglu(gate_.get(), up_.get(), xh_.get(), static_cast<int64_t>(m) * w_.hidden, stream_);
-        gpu::gemm(g.w_down, xh_.get(), xb_.get(), m, mm_.scratch(), stream_);
+        // f32 in place for the GEMV, f16 into xh_ for the GEMM.
+        uint16_t* act_f16 = gemv ? nullptr : xh_.get();
+        if (gelu) gpu::geglu(gate_.get(), up_.get(), act_f16, n_act, stream_);
+        else gpu::swiglu(gate_.get(), up_.get(), act_f16, n_act, stream_);
+        if (gemv) project_gemv({{&g.w_down, xb_.get()}}, gate_.get(), m);
+        else gpu::gemm(g.w_down, xh_.get(), xb_.get(), m, mm_.scratch(), stream_);
       }
+      if (c.post_norms) post_norm(g.ffn_post_norm, m);
       pending = xb_.get();
     }
     if (pending) gpu::add_inplace(x_.get(), pending, static_cast<int64_t>(m) * c.dim, stream_);
+  }
+
+  // xb_ = rmsnorm(xb_) * w (Gemma's post-attention and post-FFN norms), in
+  // place: the kernel reads a row whole before it writes it.
+  void post_norm(const DeviceBuffer<float>& w, int m) {
+    gpu::rmsnorm(xb_.get(), w.get(), xb_.get(), nullptr, m, cfg_.dim, cfg_.rms_eps, stream_);
   }
 
   // x += add (when add is non-null), then the normed x for the projections
@@ -591,14 +640,15 @@ class CudaEngine final : public Engine {
         // RoPE and the K/V store inside the attention launch; the int8 x of
         // a Q4_0/Q8_0 wo comes out of the attention kernel itself.
         const bool att_x8 = uses_x8(w_.layers[l].wo) && c.head_dim % 32 == 0;
+        // This kernel is the engine's own and takes the attention soft-cap.
         gpu::decode_attention_rope(q_.get(), k_.get(), v_.get(), s.positions, m, c.n_heads, c.n_kv_heads,
-                                   c.head_dim, c.rope_theta, c.rope_freq_scale, k_cache(l), v_cache(l), window(l),
-                                   c.attn_scale(), n_ctx_, att_.get(), stream_, att_x8 ? mm_.x8() : nullptr);
+                                   c.head_dim, rope_[size_t(l)], k_cache(l), v_cache(l), window(l), c.attn_scale(),
+                                   n_ctx_, att_.get(), stream_, att_x8 ? mm_.x8() : nullptr, c.attn_softcap);
         return att_x8;
       }
       case KvMode::ContiguousPrefill: {
         gpu::rope_and_store_kv(q_.get(), k_.get(), v_.get(), s.positions, m, c.n_heads, c.n_kv_heads, c.head_dim,
-                               c.rope_theta, c.rope_freq_scale, k_cache(l), v_cache(l), qh_.get(), stream_);
+                               rope_[size_t(l)], k_cache(l), v_cache(l), qh_.get(), stream_);
         AttnParams p = prefill_params(l);
         p.q = qh_.get();
         p.k = k_cache(l);
@@ -632,7 +682,7 @@ class CudaEngine final : public Engine {
     const PlanOffsets& o = plan_at_;
     gpu::rope_and_store_kv_slots(
         q_.get(), k_.get(), v_.get(), d + o.positions, d + o.slots, m, c.n_heads, c.n_kv_heads, c.head_dim,
-        c.rope_theta, c.rope_freq_scale, k_pool(l), v_pool(l), type_k_, type_v_, kv_.block_size,
+        rope_[size_t(l)], k_pool(l), v_pool(l), type_k_, type_v_, kv_.block_size,
         gemv ? nullptr : qh_.get(), stream_,
         k_smoothed_ ? k_smoothing_.get() + static_cast<size_t>(l) * KSmoothing::kRows * c.kv_dim() : nullptr);
     if (qk_stats_) add_qk_stats(l, plan.positions);
@@ -712,7 +762,7 @@ class CudaEngine final : public Engine {
   // The attention logit soft-cap (ModelConfig::attn_softcap) of the
   // attention kernels the engine does not own: the one place it is set.
   // AttnParams and PagedDecodeParams have no field for it yet, so models
-  // with a soft-cap are refused (ModelConfig::features_beyond_llama); when
+  // with a soft-cap are refused (cuda_engine_missing_features); when
   // they carry it, this becomes `p.softcap = cfg_.attn_softcap;` and the
   // refusal goes.
   template <class P>
@@ -721,7 +771,8 @@ class CudaEngine final : public Engine {
   }
 
   // The final norm and the output projection of `rows` rows of the residual
-  // stream (x, device [rows, dim]) into logits_.
+  // stream (x, device [rows, dim]) into logits_, soft-capped where the
+  // model caps its logits.
   void output_logits(const float* x, int rows) {
     const ModelConfig& c = cfg_;
     const bool gemv = rows <= gemv_max_tokens_;  // one row: the GEMV reads the output matrix once either way
@@ -729,11 +780,13 @@ class CudaEngine final : public Engine {
                  c.rms_eps, stream_);
     if (gemv) project_gemv({{&w_.output, logits_.get()}}, xb_.get(), rows);
     else gpu::gemm(w_.output, xh_.get(), logits_.get(), rows, mm_.scratch(), stream_);
+    if (c.final_softcap > 0)
+      gpu::softcap(logits_.get(), static_cast<int64_t>(rows) * c.n_vocab, c.final_softcap, stream_);
   }
 
   // Calibration only (set_qk_stats): layer l's Q (RoPE'd in place by
   // rope_and_store_kv_slots) and K (not: the store rotates its own copy) to
-  // the host, K rotated there as kernels/cpu/ops.h does.
+  // the host, K rotated there by the layer's RoPE as kernels/cpu/ops.h does.
   void add_qk_stats(int l, const std::vector<int>& positions) {
     const ModelConfig& c = cfg_;
     const int m = static_cast<int>(positions.size());
@@ -742,8 +795,8 @@ class CudaEngine final : public Engine {
     check(cudaMemcpyAsync(k.data(), k_.get(), k.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_), "copy k");
     check(cudaStreamSynchronize(stream_), "sync");
     for (int t = 0; t < m; ++t)
-      rope(&k[static_cast<size_t>(t) * c.kv_dim()], c.n_kv_heads, c.head_dim, positions[static_cast<size_t>(t)],
-           c.rope_theta, c.rope_freq_scale);
+      rope_ext(&k[static_cast<size_t>(t) * c.kv_dim()], c.n_kv_heads, c.head_dim, positions[static_cast<size_t>(t)],
+               rope_[size_t(l)]);
     qk_stats_->add(l, q.data(), k.data(), m);
   }
 
@@ -801,6 +854,8 @@ class CudaEngine final : public Engine {
   cudaGraphExec_t graph_exec_ = nullptr;
   int n_ctx_ = 0, n_batch_ = 512;
   std::vector<int> windows_;  // per layer, 0 = full attention (layer_windows)
+  std::vector<float> rope_factors_;  // the per-pair divisors in use (rope_freqs, longrope's long or short), or empty
+  std::vector<RopeSpec> rope_;       // per layer (choose_rope); factors point into rope_factors_
   int window(int layer) const { return windows_[size_t(layer)]; }
   // AttnParams::window_left of a layer: keys [q - window_left, q], -1 = all.
   int window_left(int layer) const { return window(layer) > 0 ? window(layer) - 1 : -1; }
@@ -854,8 +909,12 @@ bool cuda_device_available() {
 std::string cuda_model_unsupported_reason(const Model& model) {
   if (std::string layer = cuda_engine_unsupported_layer(model.config()); !layer.empty()) return layer;
   const ModelWeights& w = model.weights();
-  std::vector<const WeightView*> all = {&w.tok_embd, &w.output};
-  for (const auto& l : w.layers)
+  // The layers' matrices as they go up (fused ones split: layer_matrices).
+  std::vector<LayerMatrices> layers;
+  for (const auto& lw : w.layers) layers.push_back(layer_matrices(model.config(), lw));
+  std::vector<const WeightView*> all = {&w.tok_embd};
+  if (!model.config().tied_embeddings) all.push_back(&w.output);
+  for (const auto& l : layers)
     for (const WeightView* v : {&l.wq, &l.wk, &l.wv, &l.wo}) all.push_back(v);
   for (const WeightView* v : all) {
     const std::string why = gpu::upload_unsupported_reason(qmatrix(*v));
@@ -863,7 +922,7 @@ std::string cuda_model_unsupported_reason(const Model& model) {
   }
   // The feed-forward matrices go up padded to padded_hidden().
   const int64_t h = padded_hidden(model.config());
-  for (const auto& l : w.layers) {
+  for (const auto& l : layers) {
     for (const WeightView* v : {&l.w_gate, &l.w_up}) {
       const std::string why = gpu::upload_unsupported_reason(QMatrix{v->type, v->data, v->row_bytes, v->ne0, h});
       if (!why.empty()) return v->name + ": " + why;
