@@ -1,7 +1,8 @@
 // CUDA backend: the same forward pass as the CPU engine (src/cpu_engine.cpp),
 // on the GPU, for every layer description of models/arch.h but what
-// src/engine_support.h lists as missing (one layer loop, run_layers). Weights are uploaded once in their GGUF type (repacked for
-// 16-byte loads, kernels/cuda/gpu_ops.h). Up to gemv_max_tokens_ tokens run
+// src/engine_support.h lists as missing (one layer loop, run_layers).
+// Weights are uploaded once in their GGUF type (repacked for 16-byte loads,
+// kernels/cuda/gpu_ops.h). Up to gemv_max_tokens_ tokens run
 // through the quantized GEMV kernels with f32 activations (decode, short
 // prompts); longer chunks through the tensor-core GEMM with f16 activations
 // and the prefill attention backends (src/attention.h). The single-token
