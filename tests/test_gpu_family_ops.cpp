@@ -25,6 +25,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/gpu_ops.h"
+#include "paged_kv.h"
 #endif
 
 using namespace runlm;
@@ -224,7 +225,7 @@ TEST(GpuFamilyOps, RopeIntoQuantizedKvPool) {
     auto ds = upload(slots);
     auto dt = upload(table);
     auto dcu = upload(std::vector<int32_t>{0, total_k});
-    const size_t pool_bytes = size_t(n_pages) * block_size * kv_row_bytes(KvType::Q8_0, kv_dim, hd);
+    const size_t pool_bytes = size_t(n_pages) * size_t(kv_pool_layout(KvType::Q8_0, block_size, n_kv, hd).page);
     DevBuf kp(pool_bytes), vp(size_t(n_pages) * block_size * kv_dim * 2);
     gpu::rope_and_store_kv_slots(dq->as<float>(), dk->as<float>(), dv->as<float>(), dp->as<int>(), ds->as<int>(), n,
                                  n_heads, n_kv, hd, rc.spec, kp.p, vp.p, KvType::Q8_0, KvType::F16, block_size,
