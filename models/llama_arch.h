@@ -86,8 +86,9 @@ struct ModelConfig {
   bool ffn_norm_post_attention = false;  // the FFN norm is post_attention_norm.weight (gpt-oss)
   bool moe() const { return n_expert > 0; }
 
-  // Whether anything differs from the plain Llama layer (the features the
-  // CUDA engine implements): the names of those that do, empty if none.
+  // Whether anything differs from the plain Llama layer: the names of the
+  // parts that do, empty if none (what each engine lacks of them:
+  // src/engine_support.h).
   std::vector<std::string> features_beyond_llama() const;
 
   bool layer_uses_window(int layer) const { return swa_layers.empty() || swa_layers[size_t(layer)] != 0; }

@@ -1,6 +1,8 @@
 // CUDA backend: the same forward pass as the CPU engine (src/cpu_engine.cpp),
-// on the GPU. Weights are uploaded once in their GGUF type (repacked for
-// 16-byte loads, kernels/cuda/gpu_ops.h). Up to gemv_max_tokens_ tokens run
+// on the GPU, for every layer description of models/arch.h but what
+// src/engine_support.h lists as missing (one layer loop, run_layers).
+// Weights are uploaded once in their GGUF type (repacked for 16-byte loads,
+// kernels/cuda/gpu_ops.h). Up to gemv_max_tokens_ tokens run
 // through the quantized GEMV kernels with f32 activations (decode, short
 // prompts); longer chunks through the tensor-core GEMM with f16 activations
 // and the prefill attention backends (src/attention.h). The single-token
@@ -226,12 +228,42 @@ class CudaEngine final : public Engine {
     n_ctx_ = opt.n_ctx > 0 ? opt.n_ctx : cfg_.ctx_train;
     n_batch_ = std::max(1, opt.n_batch);
     windows_ = layer_windows(cfg_, opt.sliding_window);
+    choose_rope();
     upload_gpu_weights(model_, w_);
     allocate_buffers();
     mm_.build_groups(w_.layers, xh_.get(), q_.get(), k_.get(), v_.get(), gate_.get(), up_.get());
     kv_.allocate(cfg_, type_k_, type_v_, n_ctx_, opt);
     if (kv_.blocks) choose_prefill_kv();
     choose_decode_kernel(opt.verbose);
+  }
+
+  // Each layer's RoPE (kernels/cpu/ops.h RopeSpec), as the CPU engine
+  // chooses it: the local base and scale on sliding-window layers where the
+  // model has them; longrope's factors follow the context size, as
+  // llama.cpp chooses them (long above the original context). The kernels
+  // read the spec on the host at each launch (rope.cuh's table).
+  void choose_rope() {
+    const ModelConfig& c = cfg_;
+    const ModelWeights& mw = model_.weights();
+    auto decode = [](const WeightView& w) {
+      std::vector<float> v(static_cast<size_t>(w.ne0));
+      get_row(qmatrix(w), 0, v.data());
+      return v;
+    };
+    if (c.rope_factors == RopeFactors::Freqs) rope_factors_ = decode(mw.rope_long);
+    if (c.rope_factors == RopeFactors::LongShort)
+      rope_factors_ = decode(n_ctx_ > c.rope_orig_ctx ? mw.rope_long : mw.rope_short);
+    for (int l = 0; l < c.n_layers; ++l) {
+      const bool local = c.local_rope && c.layer_uses_window(l);
+      RopeSpec rs;
+      rs.neox = c.rope_style == RopeStyle::NeoX;
+      rs.n_rot = c.n_rot;
+      rs.theta = local ? c.rope_theta_local : c.rope_theta;
+      rs.freq_scale = local ? c.rope_freq_scale_local : c.rope_freq_scale;
+      rs.factors = rope_factors_.empty() ? nullptr : rope_factors_.data();
+      rs.attn_factor = c.rope_attn_factor;
+      rope_.push_back(rs);
+    }
   }
 
   // The decode attention kernel (the selector, kernels/cuda/paged_attention.h)
@@ -375,19 +407,21 @@ class CudaEngine final : public Engine {
     check(cudaMemcpyAsync(positions_.get(), h_pos, m * sizeof(int), cudaMemcpyHostToDevice, stream_), "copy pos");
   }
 
+  // One contiguous-cache chunk of at most n_batch_ tokens of the one
+  // sequence; the logits of its last token (all of them: all_logits) into
+  // out when out is non-null.
   void run_chunk(const int* tokens, int m, int pos, float* out, bool all_logits) {
     stage_inputs(tokens, m, pos);
-    const bool gemv_path = m <= gemv_max_tokens_;
     if (m == 1 && out && !all_logits) {
       // The decode step: one graph for every position.
       if (!graph_exec_) capture_decode_graph();
       check(cudaGraphLaunch(graph_exec_, stream_), "cudaGraphLaunch");
-    } else if (gemv_path) {
-      layers_gemv(m, pos);
-      logits_gemv(m, all_logits);
     } else {
-      layers_gemm(m, pos);
-      logits_gemm(m, all_logits);
+      run_layers(contiguous_step(m, pos));
+      if (out) {
+        const int first = all_logits ? 0 : m - 1;
+        output_logits(x_.get() + static_cast<size_t>(first) * cfg_.dim, m - first);
+      }
     }
     if (!out) {
       check(cudaStreamSynchronize(stream_), "sync");
@@ -399,7 +433,6 @@ class CudaEngine final : public Engine {
           "copy logits");
     check(cudaStreamSynchronize(stream_), "sync");
   }
-
   // Copies the plan's integer arrays to the device in one transfer.
   struct PlanOffsets {
     size_t tokens, positions, slots, dec_cu_q, dec_seq_lens, dec_tables, pre_cu_q, pre_cu_k, pre_tables, logit_rows;
@@ -449,140 +482,312 @@ class CudaEngine final : public Engine {
   }
 
   // The transformer over a planned batch (see forward_batch).
+
+  // ---- the forward pass -----------------------------------------------------
+  //
+  // One layer loop (run_layers) serves every step. A step is its tokens and
+  // positions (device arrays) and how attention reads and writes K/V:
+  //   ContiguousDecode: at most gemv_max_tokens_ tokens of the one sequence
+  //     in the contiguous cache; decode_attention_rope rotates, stores and
+  //     attends in one launch (and writes wo's int8 x). The single-token
+  //     step is captured in a CUDA graph (capture_decode_graph).
+  //   ContiguousPrefill: a longer chunk; rope_and_store_kv, then the prefill
+  //     attention backend over the keys [0, pos + m).
+  //   Paged: a BatchPlan over the paged pools; rope_and_store_kv_slots, the
+  //     paged decode kernel for the short items, the prefill backend for the
+  //     long ones (see run_items).
+  // Each weight product picks the GEMV (f32 or int8 x, m <= gemv_max_tokens_)
+  // or the GEMM (f16 x) from the step's token count.
+  enum class KvMode { ContiguousDecode, ContiguousPrefill, Paged };
+  struct Step {
+    int m = 0;
+    const int* tokens = nullptr;     // device [m]
+    const int* positions = nullptr;  // device [m]
+    KvMode kv = KvMode::ContiguousDecode;
+    int pos = 0;                     // contiguous: the first position
+    const BatchPlan* plan = nullptr; // Paged
+  };
+
+  // A contiguous chunk staged by stage_inputs. A prefill chunk's query and
+  // key prefix sums go to the device here, before the layers.
+  Step contiguous_step(int m, int pos) {
+    Step s;
+    s.m = m;
+    s.tokens = tokens_.get();
+    s.positions = positions_.get();
+    s.pos = pos;
+    s.kv = m <= gemv_max_tokens_ ? KvMode::ContiguousDecode : KvMode::ContiguousPrefill;
+    if (s.kv == KvMode::ContiguousPrefill) {
+      int* h_cu = host_io_ + 2 * n_batch_;
+      h_cu[0] = 0;
+      h_cu[1] = m;
+      h_cu[2] = 0;
+      h_cu[3] = pos + m;
+      check(cudaMemcpyAsync(cu_seqlens_.get(), h_cu, 4 * sizeof(int), cudaMemcpyHostToDevice, stream_), "copy cu");
+    }
+    return s;
+  }
+
+  // The transformer over a planned batch (see run_items).
   void run_batch(const BatchPlan& plan) {
     const ModelConfig& c = cfg_;
     const int m = static_cast<int>(plan.tokens.size());
-    const bool gemv_path = m <= gemv_max_tokens_;
-    const float scale = c.attn_scale();
     int32_t* d = plan_dev_.get();
     const PlanOffsets& o = plan_at_;
-    const int pre_tokens = m - plan.dec_tokens;
-    const int total_k = plan.pre_cu_k.back();
     if (plan.n_dec() > 0) {
-      const size_t ws = paged_decode_workspace_bytes(plan.n_dec(), plan.dec_tokens, c.n_heads, c.head_dim, plan.max_dec_len);
+      const size_t ws =
+          paged_decode_workspace_bytes(plan.n_dec(), plan.dec_tokens, c.n_heads, c.head_dim, plan.max_dec_len);
       decode_ws_.reserve(std::max<size_t>(ws, 1));
     }
     // The pools feed the prefill backend in place through the block tables
     // (AttnParams' paged mode, typed pools dequantized in the kernel) or, for
     // a backend that cannot read them (fa3 with typed pools), through
     // gather_kv's contiguous f16 copy: choose_prefill_kv.
-    const bool paged_prefill = paged_prefill_;
-    if (plan.n_pre() > 0 && !paged_prefill) {
-      k_gather_.reserve(static_cast<size_t>(total_k) * c.kv_dim());
-      v_gather_.reserve(static_cast<size_t>(total_k) * c.kv_dim());
+    if (plan.n_pre() > 0 && !paged_prefill_) {
+      const size_t total_k = static_cast<size_t>(plan.pre_cu_k.back());
+      k_gather_.reserve(total_k * c.kv_dim());
+      v_gather_.reserve(total_k * c.kv_dim());
     }
-    // x += add (the previous residual branch, folded into the norm), then
-    // short steps: f32 (and int8 for gemv_x8) into project_gemv; long: f16.
-    auto norm = [&](const DeviceBuffer<float>& w, const float* add) {
-      if (gemv_path) norm_for_gemv(w, add, m, true);
-      else gpu::rmsnorm_fused(x_.get(), add, w.get(), nullptr, xh_.get(), nullptr, m, c.dim, c.rms_eps, stream_);
-    };
-
-    gpu::embed_rows(w_.tok_embd, d + o.tokens, m, x_.get(), stream_);
-    const float* pending = nullptr;  // the previous layer's down projection, not yet added to x
-    for (int l = 0; l < c.n_layers; ++l) {
-      GpuLayer& g = w_.layers[l];
-      norm(g.attn_norm, pending);
-      if (gemv_path) project_gemv({{&g.wq, q_.get()}, {&g.wk, k_.get()}, {&g.wv, v_.get()}}, xb_.get(), m, true);
-      else project_qkv_gemm(g, m);
-      gpu::rope_and_store_kv_slots(q_.get(), k_.get(), v_.get(), d + o.positions, d + o.slots, m, c.n_heads,
-                                   c.n_kv_heads, c.head_dim, c.rope_theta, c.rope_freq_scale, k_pool(l), v_pool(l),
-                                   type_k_, type_v_, kv_.block_size, gemv_path ? nullptr : qh_.get(), stream_,
-                                   k_smoothed_
-                                       ? k_smoothing_.get() + static_cast<size_t>(l) * KSmoothing::kRows * c.kv_dim()
-                                       : nullptr);
-      if (qk_stats_) add_qk_stats(l, plan.positions);
-      if (plan.n_dec() > 0) {
-        PagedDecodeParams p;
-        p.q = q_.get();
-        p.out = att_.get();
-        p.cu_q = d + o.dec_cu_q;
-        p.n_seqs = plan.n_dec();
-        p.total_q = plan.dec_tokens;
-        p.max_q_per_seq = plan.max_dec_q;
-        p.max_seq_len = plan.max_dec_len;
-        p.n_heads = c.n_heads;
-        p.window = window(l);
-        p.scale = scale;
-        p.kv.k_pool = k_pool(l);
-        p.kv.v_pool = v_pool(l);
-        p.kv.k_type = type_k_;
-        p.kv.v_type = type_v_;
-        p.kv.block_tables = d + o.dec_tables;
-        p.kv.max_blocks_per_seq = o.dec_max_blocks;
-        p.kv.seq_lens = d + o.dec_seq_lens;
-        p.kv.block_size = kv_.block_size;
-        p.kv.n_kv_heads = c.n_kv_heads;
-        p.kv.head_dim = c.head_dim;
-        paged_decode_attention(p, decode_ws_.get(), decode_ws_.size(), stream_);
-      }
-      if (plan.n_pre() > 0) {
-        AttnParams p;
-        if (paged_prefill) {
-          p.k = k_pool(l);
-          p.v = v_pool(l);
-          p.block_tables = d + o.pre_tables;
-          p.max_blocks_per_seq = o.pre_max_blocks;
-          p.block_size = kv_.block_size;
-          p.num_pages = static_cast<int>(kv_.n_slots / kv_.block_size);
-          p.k_type = type_k_;
-          p.v_type = type_v_;
-        } else {
-          gpu::gather_kv(k_pool(l), v_pool(l), type_k_, type_v_, d + o.pre_tables, o.pre_max_blocks, d + o.pre_cu_k,
-                         plan.n_pre(), total_k, kv_.block_size, c.kv_dim(), k_gather_.get(), v_gather_.get(), stream_);
-          p.k = k_gather_.get();
-          p.v = v_gather_.get();
-        }
-        p.q = qh_.get() + static_cast<size_t>(plan.dec_tokens) * c.q_dim();
-        p.out = atth_.get() + static_cast<size_t>(plan.dec_tokens) * c.q_dim();
-        p.cu_seqlens_q = d + o.pre_cu_q;
-        p.cu_seqlens_k = d + o.pre_cu_k;
-        p.batch = plan.n_pre();
-        p.total_q = pre_tokens;
-        p.total_k = total_k;
-        p.max_seqlen_q = plan.max_pre_q;
-        p.max_seqlen_k = plan.max_pre_k;
-        p.n_heads = c.n_heads;
-        p.n_kv_heads = c.n_kv_heads;
-        p.head_dim = c.head_dim;
-        p.dtype = DType::F16;
-        p.causal = true;
-        p.window_left = window_left(l);
-        p.scale = scale;
-        p.stream = stream_;
-        attention_dispatch(attn_, p);
-      }
-      if (gemv_path) {
-        project_gemv({{&g.wo, xb_.get()}}, att_.get(), m);  // only short items: att_ holds every row
-      } else {
-        if (plan.dec_tokens > 0)
-          gpu::to_f16(att_.get(), atth_.get(), static_cast<int64_t>(plan.dec_tokens) * c.q_dim(), stream_);
-        gpu::gemm(g.wo, atth_.get(), xb_.get(), m, mm_.scratch(), stream_);
-      }
-      norm(g.ffn_norm, xb_.get());
-      if (gemv_path) project_gemv({{&g.w_gate, gate_.get()}, {&g.w_up, up_.get()}}, xb_.get(), m, true);
-      else project_gemm(g.gate_up, {{&g.w_gate, gate_.get()}, {&g.w_up, up_.get()}}, m);
-      gpu::swiglu(gate_.get(), up_.get(), gemv_path ? nullptr : xh_.get(), static_cast<int64_t>(m) * w_.hidden,
-                  stream_);
-      if (gemv_path) project_gemv({{&g.w_down, xb_.get()}}, gate_.get(), m);
-      else gpu::gemm(g.w_down, xh_.get(), xb_.get(), m, mm_.scratch(), stream_);
-      pending = xb_.get();
-    }
-    if (pending) gpu::add_inplace(x_.get(), pending, static_cast<int64_t>(m) * c.dim, stream_);
+    Step s;
+    s.m = m;
+    s.tokens = d + o.tokens;
+    s.positions = d + o.positions;
+    s.kv = KvMode::Paged;
+    s.plan = &plan;
+    run_layers(s);
 
     const int rows = static_cast<int>(plan.logit_rows.size());
     if (rows == 0) return;
     gpu::gather_rows(x_.get(), d + o.logit_rows, rows, c.dim, rows_.get(), stream_);
-    const bool gemv_logits = rows <= gemv_max_tokens_;
-    gpu::rmsnorm(rows_.get(), w_.output_norm.get(), gemv_logits ? xb_.get() : nullptr, gemv_logits ? nullptr : xh_.get(),
-                 rows, c.dim, c.rms_eps, stream_);
-    if (gemv_logits) project_gemv({{&w_.output, logits_.get()}}, xb_.get(), rows);
+    output_logits(rows_.get(), rows);
+  }
+
+  // The layers over one step: x_ holds the residual stream of its m tokens
+  // after them. Per layer, as the CPU engine (src/cpu_engine.cpp):
+  //   h = rmsnorm(x); q, k, v = Wq h [+ bq], Wk h [+ bk], Wv h [+ bv];
+  //   [per-head rmsnorm of q and k]; rope + store K/V;
+  //   x += [post_norm](Wo attention(q, K, V));
+  //   h = rmsnorm(x); x += [post_norm](Wdown (act(Wgate h) * Wup h)),
+  // the bracketed parts where the model has them, act SiLU or GELU-tanh.
+  // Each residual add is folded into the RMSNorm after it (rmsnorm_fused;
+  // the last one into the final add), and on the GEMV path the norms and
+  // the activation write the int8 x of the GEMVs that read it.
+  void run_layers(const Step& s) {
+    const ModelConfig& c = cfg_;
+    const int m = s.m;
+    const bool gemv = m <= gemv_max_tokens_;
+    gpu::embed_rows(w_.tok_embd, s.tokens, m, x_.get(), stream_, c.embd_scale);
+    const float* pending = nullptr;  // the previous layer's down projection, not yet added to x
+    const bool gelu = c.ffn_act == FfnActivation::GeluTanh;
+    for (int l = 0; l < c.n_layers; ++l) {
+      GpuLayer& g = w_.layers[l];
+      // Attention block.
+      norm_into_x(g.attn_norm, pending, m, gemv, uses_x8(g.wq) || uses_x8(g.wk) || uses_x8(g.wv));
+      if (gemv) project_gemv({{&g.wq, q_.get()}, {&g.wk, k_.get()}, {&g.wv, v_.get()}}, xb_.get(), m, true);
+      else project_qkv_gemm(g, m);
+      if (c.qkv_bias || c.qk_norm)
+        gpu::qkv_bias_head_norm(q_.get(), k_.get(), v_.get(), g.bq.get(), g.bk.get(), g.bv.get(), g.q_norm.get(),
+                                g.k_norm.get(), m, c.n_heads, c.n_kv_heads, c.head_dim, c.rms_eps, stream_);
+      const bool att_x8 = attend(l, s, gemv);
+      if (gemv) project_gemv({{&g.wo, xb_.get()}}, att_.get(), m, att_x8);
+      else gpu::gemm(g.wo, atth_.get(), xb_.get(), m, mm_.scratch(), stream_);
+      if (c.post_norms) post_norm(g.attn_post_norm, m);
+      // Feed-forward block.
+      norm_into_x(g.ffn_norm, xb_.get(), m, gemv, uses_x8(g.w_gate) || uses_x8(g.w_up));
+      if (gemv) project_gemv({{&g.w_gate, gate_.get()}, {&g.w_up, up_.get()}}, xb_.get(), m, true);
+      else project_gemm(g.gate_up, {{&g.w_gate, gate_.get()}, {&g.w_up, up_.get()}}, m);
+      const int64_t n_act = static_cast<int64_t>(m) * w_.hidden;
+      if (gemv && uses_x8(g.w_down)) {
+        if (gelu) gpu::geglu_x8(gate_.get(), up_.get(), mm_.x8(), m, w_.hidden, stream_);
+        else gpu::swiglu_x8(gate_.get(), up_.get(), mm_.x8(), m, w_.hidden, stream_);
+        project_gemv({{&g.w_down, xb_.get()}}, gate_.get(), m, true);
+      } else {
+        // f32 in place for the GEMV, f16 into xh_ for the GEMM.
+        uint16_t* act_f16 = gemv ? nullptr : xh_.get();
+        if (gelu) gpu::geglu(gate_.get(), up_.get(), act_f16, n_act, stream_);
+        else gpu::swiglu(gate_.get(), up_.get(), act_f16, n_act, stream_);
+        if (gemv) project_gemv({{&g.w_down, xb_.get()}}, gate_.get(), m);
+        else gpu::gemm(g.w_down, xh_.get(), xb_.get(), m, mm_.scratch(), stream_);
+      }
+      if (c.post_norms) post_norm(g.ffn_post_norm, m);
+      pending = xb_.get();
+    }
+    if (pending) gpu::add_inplace(x_.get(), pending, static_cast<int64_t>(m) * c.dim, stream_);
+  }
+
+  // xb_ = rmsnorm(xb_) * w (Gemma's post-attention and post-FFN norms), in
+  // place: the kernel reads a row whole before it writes it.
+  void post_norm(const DeviceBuffer<float>& w, int m) {
+    gpu::rmsnorm(xb_.get(), w.get(), xb_.get(), nullptr, m, cfg_.dim, cfg_.rms_eps, stream_);
+  }
+
+  // x += add (when add is non-null), then the normed x for the projections
+  // that read it: f32 into xb_ (and int8 into mm_.x8() when want_x8) for the
+  // GEMV, f16 into xh_ for the GEMM.
+  void norm_into_x(const DeviceBuffer<float>& w, const float* add, int m, bool gemv, bool want_x8) {
+    if (gemv) norm_for_gemv(w, add, m, want_x8);
+    else gpu::rmsnorm_fused(x_.get(), add, w.get(), nullptr, xh_.get(), nullptr, m, cfg_.dim, cfg_.rms_eps, stream_);
+  }
+
+  // Layer l's attention for the step, from the projections in q_, k_, v_
+  // (f32, before RoPE): K and V are rotated and stored into the cache, and
+  // the output lands in att_ (f32, GEMV path) or atth_ (f16, GEMM path).
+  // Returns whether wo's int8 x was written too (mm_.x8()).
+  bool attend(int l, const Step& s, bool gemv) {
+    const ModelConfig& c = cfg_;
+    const int m = s.m;
+    switch (s.kv) {
+      case KvMode::ContiguousDecode: {
+        // RoPE and the K/V store inside the attention launch; the int8 x of
+        // a Q4_0/Q8_0 wo comes out of the attention kernel itself.
+        const bool att_x8 = uses_x8(w_.layers[l].wo) && c.head_dim % 32 == 0;
+        // This kernel is the engine's own and takes the attention soft-cap.
+        gpu::decode_attention_rope(q_.get(), k_.get(), v_.get(), s.positions, m, c.n_heads, c.n_kv_heads,
+                                   c.head_dim, rope_[size_t(l)], k_cache(l), v_cache(l), window(l), c.attn_scale(),
+                                   n_ctx_, att_.get(), stream_, att_x8 ? mm_.x8() : nullptr, c.attn_softcap);
+        return att_x8;
+      }
+      case KvMode::ContiguousPrefill: {
+        gpu::rope_and_store_kv(q_.get(), k_.get(), v_.get(), s.positions, m, c.n_heads, c.n_kv_heads, c.head_dim,
+                               rope_[size_t(l)], k_cache(l), v_cache(l), qh_.get(), stream_);
+        AttnParams p = prefill_params(l);
+        p.q = qh_.get();
+        p.k = k_cache(l);
+        p.v = v_cache(l);
+        p.out = atth_.get();
+        p.cu_seqlens_q = cu_seqlens_.get();
+        p.cu_seqlens_k = cu_seqlens_.get() + 2;
+        p.batch = 1;
+        p.total_q = m;
+        p.total_k = s.pos + m;
+        p.max_seqlen_q = m;
+        p.max_seqlen_k = s.pos + m;
+        attention_dispatch(attn_, p);
+        return false;
+      }
+      case KvMode::Paged:
+        attend_paged(l, *s.plan, gemv);
+        return false;
+    }
+    return false;
+  }
+
+  // attend() over the paged pools: the short items (first plan.dec_tokens
+  // rows) through the paged decode kernel into att_, the long ones through
+  // the prefill backend into atth_ (after the short items' rows, which the
+  // GEMM path converts to f16 beside them).
+  void attend_paged(int l, const BatchPlan& plan, bool gemv) {
+    const ModelConfig& c = cfg_;
+    const int m = static_cast<int>(plan.tokens.size());
+    int32_t* d = plan_dev_.get();
+    const PlanOffsets& o = plan_at_;
+    gpu::rope_and_store_kv_slots(
+        q_.get(), k_.get(), v_.get(), d + o.positions, d + o.slots, m, c.n_heads, c.n_kv_heads, c.head_dim,
+        rope_[size_t(l)], k_pool(l), v_pool(l), type_k_, type_v_, kv_.block_size,
+        gemv ? nullptr : qh_.get(), stream_,
+        k_smoothed_ ? k_smoothing_.get() + static_cast<size_t>(l) * KSmoothing::kRows * c.kv_dim() : nullptr);
+    if (qk_stats_) add_qk_stats(l, plan.positions);
+    if (plan.n_dec() > 0) {
+      PagedDecodeParams p;
+      p.q = q_.get();
+      p.out = att_.get();
+      p.cu_q = d + o.dec_cu_q;
+      p.n_seqs = plan.n_dec();
+      p.total_q = plan.dec_tokens;
+      p.max_q_per_seq = plan.max_dec_q;
+      p.max_seq_len = plan.max_dec_len;
+      p.n_heads = c.n_heads;
+      p.window = window(l);
+      p.scale = c.attn_scale();
+      p.kv.k_pool = k_pool(l);
+      p.kv.v_pool = v_pool(l);
+      p.kv.k_type = type_k_;
+      p.kv.v_type = type_v_;
+      p.kv.block_tables = d + o.dec_tables;
+      p.kv.max_blocks_per_seq = o.dec_max_blocks;
+      p.kv.seq_lens = d + o.dec_seq_lens;
+      p.kv.block_size = kv_.block_size;
+      p.kv.n_kv_heads = c.n_kv_heads;
+      p.kv.head_dim = c.head_dim;
+      set_attn_softcap(p);
+      paged_decode_attention(p, decode_ws_.get(), decode_ws_.size(), stream_);
+      if (!gemv) gpu::to_f16(att_.get(), atth_.get(), static_cast<int64_t>(plan.dec_tokens) * c.q_dim(), stream_);
+    }
+    if (plan.n_pre() > 0) {
+      const int total_k = plan.pre_cu_k.back();
+      AttnParams p = prefill_params(l);
+      if (paged_prefill_) {
+        p.k = k_pool(l);
+        p.v = v_pool(l);
+        p.block_tables = d + o.pre_tables;
+        p.max_blocks_per_seq = o.pre_max_blocks;
+        p.block_size = kv_.block_size;
+        p.num_pages = static_cast<int>(kv_.n_slots / kv_.block_size);
+        p.k_type = type_k_;
+        p.v_type = type_v_;
+      } else {
+        gpu::gather_kv(k_pool(l), v_pool(l), type_k_, type_v_, d + o.pre_tables, o.pre_max_blocks, d + o.pre_cu_k,
+                       plan.n_pre(), total_k, kv_.block_size, c.kv_dim(), k_gather_.get(), v_gather_.get(), stream_);
+        p.k = k_gather_.get();
+        p.v = v_gather_.get();
+      }
+      p.q = qh_.get() + static_cast<size_t>(plan.dec_tokens) * c.q_dim();
+      p.out = atth_.get() + static_cast<size_t>(plan.dec_tokens) * c.q_dim();
+      p.cu_seqlens_q = d + o.pre_cu_q;
+      p.cu_seqlens_k = d + o.pre_cu_k;
+      p.batch = plan.n_pre();
+      p.total_q = m - plan.dec_tokens;
+      p.total_k = total_k;
+      p.max_seqlen_q = plan.max_pre_q;
+      p.max_seqlen_k = plan.max_pre_k;
+      attention_dispatch(attn_, p);
+    }
+  }
+
+  // The prefill attention problem of layer l, without its tensors and lengths.
+  AttnParams prefill_params(int l) const {
+    const ModelConfig& c = cfg_;
+    AttnParams p;
+    p.n_heads = c.n_heads;
+    p.n_kv_heads = c.n_kv_heads;
+    p.head_dim = c.head_dim;
+    p.dtype = DType::F16;
+    p.causal = true;
+    p.window_left = window_left(l);
+    p.scale = c.attn_scale();
+    p.stream = stream_;
+    set_attn_softcap(p);
+    return p;
+  }
+
+  // The attention logit soft-cap (ModelConfig::attn_softcap) of the
+  // attention kernels the engine does not own: the one place it is set.
+  // AttnParams and PagedDecodeParams have no field for it yet, so models
+  // with a soft-cap are refused (cuda_engine_missing_features); when
+  // they carry it, this becomes `p.softcap = cfg_.attn_softcap;` and the
+  // refusal goes.
+  template <class P>
+  void set_attn_softcap(P& p) const {
+    (void)p;
+  }
+
+  // The final norm and the output projection of `rows` rows of the residual
+  // stream (x, device [rows, dim]) into logits_, soft-capped where the
+  // model caps its logits.
+  void output_logits(const float* x, int rows) {
+    const ModelConfig& c = cfg_;
+    const bool gemv = rows <= gemv_max_tokens_;  // one row: the GEMV reads the output matrix once either way
+    gpu::rmsnorm(x, w_.output_norm.get(), gemv ? xb_.get() : nullptr, gemv ? nullptr : xh_.get(), rows, c.dim,
+                 c.rms_eps, stream_);
+    if (gemv) project_gemv({{&w_.output, logits_.get()}}, xb_.get(), rows);
     else gpu::gemm(w_.output, xh_.get(), logits_.get(), rows, mm_.scratch(), stream_);
+    if (c.final_softcap > 0)
+      gpu::softcap(logits_.get(), static_cast<int64_t>(rows) * c.n_vocab, c.final_softcap, stream_);
   }
 
   // Calibration only (set_qk_stats): layer l's Q (RoPE'd in place by
   // rope_and_store_kv_slots) and K (not: the store rotates its own copy) to
-  // the host, K rotated there as kernels/cpu/ops.h does.
+  // the host, K rotated there by the layer's RoPE as kernels/cpu/ops.h does.
   void add_qk_stats(int l, const std::vector<int>& positions) {
     const ModelConfig& c = cfg_;
     const int m = static_cast<int>(positions.size());
@@ -591,16 +796,23 @@ class CudaEngine final : public Engine {
     check(cudaMemcpyAsync(k.data(), k_.get(), k.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_), "copy k");
     check(cudaStreamSynchronize(stream_), "sync");
     for (int t = 0; t < m; ++t)
-      rope(&k[static_cast<size_t>(t) * c.kv_dim()], c.n_kv_heads, c.head_dim, positions[static_cast<size_t>(t)],
-           c.rope_theta, c.rope_freq_scale);
+      rope_ext(&k[static_cast<size_t>(t) * c.kv_dim()], c.n_kv_heads, c.head_dim, positions[static_cast<size_t>(t)],
+               rope_[size_t(l)]);
     qk_stats_->add(l, q.data(), k.data(), m);
   }
 
+  // The single-token decode step (contiguous cache) as one graph: every
+  // kernel reads the token and its position from tokens_ / positions_.
   void capture_decode_graph() {
+    Step s;
+    s.m = 1;
+    s.tokens = tokens_.get();
+    s.positions = positions_.get();
+    s.kv = KvMode::ContiguousDecode;
     cudaGraph_t graph;
     check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "begin capture");
-    layers_gemv(1, -1);
-    logits_gemv(1, false);
+    run_layers(s);
+    output_logits(x_.get(), 1);
     check(cudaStreamEndCapture(stream_, &graph), "end capture");
     check(cudaGraphInstantiate(&graph_exec_, graph, 0), "graph instantiate");
     cudaGraphDestroy(graph);
@@ -610,42 +822,6 @@ class CudaEngine final : public Engine {
   void* v_pool(int l) const { return kv_.v_pool(l); }
   uint16_t* k_cache(int l) const { return static_cast<uint16_t*>(k_pool(l)); }
   uint16_t* v_cache(int l) const { return static_cast<uint16_t*>(v_pool(l)); }
-
-  // Transformer layers for m <= 16 tokens; `pos` is unused on the device
-  // (positions come from positions_), kept for readability of callers.
-  void layers_gemv(int m, int /*pos*/) {
-    const ModelConfig& c = cfg_;
-    const float scale = c.attn_scale();
-    gpu::embed_rows(w_.tok_embd, tokens_.get(), m, x_.get(), stream_);
-    // Each residual add is folded into the RMSNorm after it (rmsnorm_fused),
-    // and the norms and SwiGLU write the int8 x of the GEMVs that read it.
-    const float* pending = nullptr;  // the previous layer's down projection, not yet added to x
-    for (int l = 0; l < c.n_layers; ++l) {
-      GpuLayer& g = w_.layers[l];
-      norm_for_gemv(g.attn_norm, pending, m, uses_x8(g.wq) || uses_x8(g.wk) || uses_x8(g.wv));
-      project_gemv({{&g.wq, q_.get()}, {&g.wk, k_.get()}, {&g.wv, v_.get()}}, xb_.get(), m, true);
-      // The int8 x of a Q4_0/Q8_0 wo comes out of the attention kernel itself.
-      const bool att_x8 = uses_x8(g.wo) && c.head_dim % 32 == 0;
-      void* att_out_x8 = att_x8 ? mm_.x8() : nullptr;
-      // RoPE and the K/V store inside the attention launch.
-      gpu::decode_attention_rope(q_.get(), k_.get(), v_.get(), positions_.get(), m, c.n_heads, c.n_kv_heads,
-                                 c.head_dim, c.rope_theta, c.rope_freq_scale, k_cache(l), v_cache(l), window(l),
-                                 scale, n_ctx_, att_.get(), stream_, att_out_x8);
-      project_gemv({{&g.wo, xb_.get()}}, att_.get(), m, att_x8);
-      norm_for_gemv(g.ffn_norm, xb_.get(), m, uses_x8(g.w_gate) || uses_x8(g.w_up));
-      project_gemv({{&g.w_gate, gate_.get()}, {&g.w_up, up_.get()}}, xb_.get(), m, true);
-      if (uses_x8(g.w_down)) {
-        gpu::swiglu_x8(gate_.get(), up_.get(), mm_.x8(), m, w_.hidden, stream_);
-        project_gemv({{&g.w_down, xb_.get()}}, gate_.get(), m, true);
-      } else {
-        gpu::swiglu(gate_.get(), up_.get(), nullptr, static_cast<int64_t>(m) * w_.hidden, stream_);
-        project_gemv({{&g.w_down, xb_.get()}}, gate_.get(), m);
-      }
-      pending = xb_.get();
-    }
-    if (pending) gpu::add_inplace(x_.get(), pending, static_cast<int64_t>(m) * cfg_.dim, stream_);
-  }
-
   bool uses_x8(const gpu::GpuMatrix& w) const { return weight_paths(w.type).gemv == GemvPath::X8; }
 
   // The weight products (src/cuda_matmul.h): short steps by GEMV from f32 x
@@ -672,75 +848,6 @@ class CudaEngine final : public Engine {
                        cfg_.rms_eps, stream_);
   }
 
-  void logits_gemv(int m, bool all_logits) {
-    const ModelConfig& c = cfg_;
-    const int first = all_logits ? 0 : m - 1;
-    const int rows = m - first;
-    gpu::rmsnorm(x_.get() + static_cast<size_t>(first) * c.dim, w_.output_norm.get(), xb_.get(), nullptr, rows, c.dim,
-                 c.rms_eps, stream_);
-    project_gemv({{&w_.output, logits_.get()}}, xb_.get(), rows);
-  }
-
-  // Transformer layers for a long chunk: f16 activations into tensor-core
-  // GEMMs, prefill attention over the cached keys [0, pos + m).
-  void layers_gemm(int m, int pos) {
-    const ModelConfig& c = cfg_;
-    void* scratch = mm_.scratch();
-    int* h_cu = host_io_ + 2 * n_batch_;
-    h_cu[0] = 0;
-    h_cu[1] = m;
-    h_cu[2] = 0;
-    h_cu[3] = pos + m;
-    check(cudaMemcpyAsync(cu_seqlens_.get(), h_cu, 4 * sizeof(int), cudaMemcpyHostToDevice, stream_), "copy cu");
-
-    gpu::embed_rows(w_.tok_embd, tokens_.get(), m, x_.get(), stream_);
-    for (int l = 0; l < c.n_layers; ++l) {
-      GpuLayer& g = w_.layers[l];
-      gpu::rmsnorm(x_.get(), g.attn_norm.get(), nullptr, xh_.get(), m, c.dim, c.rms_eps, stream_);
-      project_qkv_gemm(g, m);
-      gpu::rope_and_store_kv(q_.get(), k_.get(), v_.get(), positions_.get(), m, c.n_heads, c.n_kv_heads, c.head_dim,
-                             c.rope_theta, c.rope_freq_scale, k_cache(l), v_cache(l), qh_.get(), stream_);
-      AttnParams p;
-      p.q = qh_.get();
-      p.k = k_cache(l);
-      p.v = v_cache(l);
-      p.out = atth_.get();
-      p.cu_seqlens_q = cu_seqlens_.get();
-      p.cu_seqlens_k = cu_seqlens_.get() + 2;
-      p.batch = 1;
-      p.total_q = m;
-      p.total_k = pos + m;
-      p.max_seqlen_q = m;
-      p.max_seqlen_k = pos + m;
-      p.n_heads = c.n_heads;
-      p.n_kv_heads = c.n_kv_heads;
-      p.head_dim = c.head_dim;
-      p.dtype = DType::F16;
-      p.causal = true;
-      p.window_left = window_left(l);
-      p.scale = c.attn_scale();
-      p.stream = stream_;
-      attention_dispatch(attn_, p);
-      gpu::gemm(g.wo, atth_.get(), xb_.get(), m, scratch, stream_);
-      gpu::add_inplace(x_.get(), xb_.get(), static_cast<int64_t>(m) * c.dim, stream_);
-      gpu::rmsnorm(x_.get(), g.ffn_norm.get(), nullptr, xh_.get(), m, c.dim, c.rms_eps, stream_);
-      project_gemm(g.gate_up, {{&g.w_gate, gate_.get()}, {&g.w_up, up_.get()}}, m);
-      gpu::swiglu(gate_.get(), up_.get(), xh_.get(), static_cast<int64_t>(m) * w_.hidden, stream_);
-      gpu::gemm(g.w_down, xh_.get(), xb_.get(), m, scratch, stream_);
-      gpu::add_inplace(x_.get(), xb_.get(), static_cast<int64_t>(m) * c.dim, stream_);
-    }
-  }
-
-  void logits_gemm(int m, bool all_logits) {
-    const ModelConfig& c = cfg_;
-    if (!all_logits) {
-      logits_gemv(m, false);  // one row: the GEMV reads the output matrix once either way
-      return;
-    }
-    gpu::rmsnorm(x_.get(), w_.output_norm.get(), nullptr, xh_.get(), m, c.dim, c.rms_eps, stream_);
-    gpu::gemm(w_.output, xh_.get(), logits_.get(), m, mm_.scratch(), stream_);
-  }
-
   const Model& model_;
   const ModelConfig& cfg_;
   AttnBackend attn_;
@@ -748,6 +855,8 @@ class CudaEngine final : public Engine {
   cudaGraphExec_t graph_exec_ = nullptr;
   int n_ctx_ = 0, n_batch_ = 512;
   std::vector<int> windows_;  // per layer, 0 = full attention (layer_windows)
+  std::vector<float> rope_factors_;  // the per-pair divisors in use (rope_freqs, longrope's long or short), or empty
+  std::vector<RopeSpec> rope_;       // per layer (choose_rope); factors point into rope_factors_
   int window(int layer) const { return windows_[size_t(layer)]; }
   // AttnParams::window_left of a layer: keys [q - window_left, q], -1 = all.
   int window_left(int layer) const { return window(layer) > 0 ? window(layer) - 1 : -1; }
@@ -801,8 +910,12 @@ bool cuda_device_available() {
 std::string cuda_model_unsupported_reason(const Model& model) {
   if (std::string layer = cuda_engine_unsupported_layer(model.config()); !layer.empty()) return layer;
   const ModelWeights& w = model.weights();
-  std::vector<const WeightView*> all = {&w.tok_embd, &w.output};
-  for (const auto& l : w.layers)
+  // The layers' matrices as they go up (fused ones split: layer_matrices).
+  std::vector<LayerMatrices> layers;
+  for (const auto& lw : w.layers) layers.push_back(layer_matrices(model.config(), lw));
+  std::vector<const WeightView*> all = {&w.tok_embd};
+  if (!model.config().tied_embeddings) all.push_back(&w.output);
+  for (const auto& l : layers)
     for (const WeightView* v : {&l.wq, &l.wk, &l.wv, &l.wo}) all.push_back(v);
   for (const WeightView* v : all) {
     const std::string why = gpu::upload_unsupported_reason(qmatrix(*v));
@@ -810,7 +923,7 @@ std::string cuda_model_unsupported_reason(const Model& model) {
   }
   // The feed-forward matrices go up padded to padded_hidden().
   const int64_t h = padded_hidden(model.config());
-  for (const auto& l : w.layers) {
+  for (const auto& l : layers) {
     for (const WeightView* v : {&l.w_gate, &l.w_up}) {
       const std::string why = gpu::upload_unsupported_reason(QMatrix{v->type, v->data, v->row_bytes, v->ne0, h});
       if (!why.empty()) return v->name + ": " + why;

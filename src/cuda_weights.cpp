@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "common.h"
 #include "ops.h"
 
 namespace runlm {
@@ -29,7 +30,41 @@ void upload_vector_into(const WeightView& v, DeviceBuffer<float>& dst) {
   check(cudaMemcpy(dst.get(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice), "upload");
 }
 
+// Rows [first, first + n) of w.
+WeightView row_slice(const WeightView& w, int64_t first, int64_t n, const char* part) {
+  RUNLM_CHECK(first >= 0 && first + n <= w.ne1, "%s: %lld rows, the %s needs rows [%lld, %lld)", w.name.c_str(),
+              static_cast<long long>(w.ne1), part, static_cast<long long>(first), static_cast<long long>(first + n));
+  WeightView s = w;
+  s.name = w.name + " (" + part + ")";
+  s.data = w.row(first);
+  s.ne1 = n;
+  return s;
+}
+
 }  // namespace
+
+LayerMatrices layer_matrices(const ModelConfig& c, const LayerWeights& lw) {
+  LayerMatrices m;
+  if (c.fused_qkv) {
+    m.wq = row_slice(lw.wqkv, 0, c.q_dim(), "q part");
+    m.wk = row_slice(lw.wqkv, c.q_dim(), c.kv_dim(), "k part");
+    m.wv = row_slice(lw.wqkv, int64_t{c.q_dim()} + c.kv_dim(), c.kv_dim(), "v part");
+  } else {
+    m.wq = lw.wq;
+    m.wk = lw.wk;
+    m.wv = lw.wv;
+  }
+  m.wo = lw.wo;
+  if (c.fused_gate_up) {
+    m.w_gate = row_slice(lw.w_up, 0, c.hidden_dim, "gate part");
+    m.w_up = row_slice(lw.w_up, c.hidden_dim, c.hidden_dim, "up part");
+  } else {
+    m.w_gate = lw.w_gate;
+    m.w_up = lw.w_up;
+  }
+  m.w_down = lw.w_down;
+  return m;
+}
 
 void upload_gpu_weights(const Model& model, GpuWeights& gw) {
   const ModelConfig& cfg = model.config();
@@ -41,16 +76,30 @@ void upload_gpu_weights(const Model& model, GpuWeights& gw) {
   gw.layers.resize(cfg.n_layers);
   for (int l = 0; l < cfg.n_layers; ++l) {
     const LayerWeights& lw = w.layers[l];
+    const LayerMatrices lm = layer_matrices(cfg, lw);
     GpuLayer& g = gw.layers[l];
-    g.wq = gpu::upload_matrix(qmatrix(lw.wq));
-    g.wk = gpu::upload_matrix(qmatrix(lw.wk));
-    g.wv = gpu::upload_matrix(qmatrix(lw.wv));
-    g.wo = gpu::upload_matrix(qmatrix(lw.wo));
-    g.w_gate = upload_padded(lw.w_gate, gw.hidden, lw.w_gate.ne0);
-    g.w_up = upload_padded(lw.w_up, gw.hidden, lw.w_up.ne0);
-    g.w_down = upload_padded(lw.w_down, lw.w_down.ne1, gw.hidden);
+    g.wq = gpu::upload_matrix(qmatrix(lm.wq));
+    g.wk = gpu::upload_matrix(qmatrix(lm.wk));
+    g.wv = gpu::upload_matrix(qmatrix(lm.wv));
+    g.wo = gpu::upload_matrix(qmatrix(lm.wo));
+    g.w_gate = upload_padded(lm.w_gate, gw.hidden, lm.w_gate.ne0);
+    g.w_up = upload_padded(lm.w_up, gw.hidden, lm.w_up.ne0);
+    g.w_down = upload_padded(lm.w_down, lm.w_down.ne1, gw.hidden);
     upload_vector_into(lw.attn_norm, g.attn_norm);
     upload_vector_into(lw.ffn_norm, g.ffn_norm);
+    if (cfg.qkv_bias) {
+      upload_vector_into(lw.bq, g.bq);
+      upload_vector_into(lw.bk, g.bk);
+      upload_vector_into(lw.bv, g.bv);
+    }
+    if (cfg.qk_norm) {
+      upload_vector_into(lw.q_norm, g.q_norm);
+      upload_vector_into(lw.k_norm, g.k_norm);
+    }
+    if (cfg.post_norms) {
+      upload_vector_into(lw.attn_post_norm, g.attn_post_norm);
+      upload_vector_into(lw.ffn_post_norm, g.ffn_post_norm);
+    }
   }
 }
 

@@ -24,6 +24,10 @@ struct GemmGroup {
 struct GpuLayer {
   gpu::GpuMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
   DeviceBuffer<float> attn_norm, ffn_norm;
+  // Present where the model's layer has them (ModelConfig's flags), else empty.
+  DeviceBuffer<float> bq, bk, bv;                     // qkv_bias
+  DeviceBuffer<float> q_norm, k_norm;                 // qk_norm, [head_dim]
+  DeviceBuffer<float> attn_post_norm, ffn_post_norm;  // post_norms
   GemmGroup qkv, kv, gate_up;  // kv: when q's shape differs (GQA)
 };
 
@@ -39,6 +43,17 @@ struct GpuWeights {
 
 // The host view of a GGUF weight as the upload takes it.
 inline QMatrix qmatrix(const WeightView& w) { return QMatrix{w.type, w.data, w.row_bytes, w.ne0, w.ne1}; }
+
+// A layer's seven projection matrices as the GPU holds them. A fused
+// attn_qkv (q rows, then k, then v) and a fused ffn_up (gate rows, then up)
+// are split into their parts by rows: every GGUF type quantizes along a row,
+// so a run of rows is a matrix of the type on its own. Split once at upload,
+// they take the same GEMV/GEMM paths and batched groups as separate
+// matrices, with no strided outputs or split kernels at run time.
+struct LayerMatrices {
+  WeightView wq, wk, wv, wo, w_gate, w_up, w_down;
+};
+LayerMatrices layer_matrices(const ModelConfig& c, const LayerWeights& lw);
 
 // Uploads every weight of the model into gw. Throws when the device runs out
 // of memory; what was uploaded so far stays in gw, for free_gpu_weights.

@@ -27,7 +27,11 @@
 // row another block of the same launch writes. The block of token t and the
 // first query head of a KV group writes that group's row pos[t] to the
 // cache. Rotation and rounding are rope.cuh's, as rope_store_kernel's: the
-// cache rows are bit-identical either way.
+// cache rows are bit-identical either way. Any RoPE of rope.cuh (NeoX,
+// partial, per-pair factors, attention factor).
+//
+// softcap > 0: each score (after the scale) becomes softcap * tanh(s /
+// softcap), the Gemma-2 attention logit soft-cap, as the CPU engine does.
 #include <cfloat>
 #include <type_traits>
 
@@ -60,7 +64,7 @@ __global__ void __launch_bounds__(kWarps * 32)
                        const int* __restrict__ pos0, int n_heads, int n_kv_heads, int head_dim, int window,
                        float scale, int max_ctx, float* __restrict__ out, int8_t* __restrict__ out_q,
                        float2* __restrict__ out_ds, const float* __restrict__ k_new, const float* __restrict__ v_new,
-                       RopeFreqs freqs) {
+                       RopeTable rope, float softcap) {
   allow_next_kernel();
   __shared__ float s_m[kWarps], s_l[kWarps];
   __shared__ float s_o[kWarps][kMaxHeadDim];
@@ -94,21 +98,41 @@ __global__ void __launch_bounds__(kWarps * 32)
     const int pairs = head_dim / 2;
     for (int j = threadIdx.x; j < (t + 1) * pairs; j += blockDim.x) {
       const int u = j / pairs, i = j % pairs;
-      const float2 cs = rope_cos_sin(new_first + u, freqs.f[i]);
-      const int64_t src = (int64_t(u) * n_kv_heads + kvh) * head_dim + 2 * i;
-      const float2 kr = rope_rotate(k_new[src], k_new[src + 1], cs.x, cs.y);
+      int e0, e1;  // the pair's elements: adjacent (e1 = e0 + 1), NeoX halves, or kept dimensions
+      const bool rotated = rope_pair(rope, i, e0, e1);
+      const float2 cs = rotated ? rope_cos_sin(new_first + u, rope, i) : make_float2(1.0f, 0.0f);
+      const int64_t src = (int64_t(u) * n_kv_heads + kvh) * head_dim;
+      float2 kr = make_float2(k_new[src + e0], k_new[src + e1]);
+      if (rotated) kr = rope_rotate(kr.x, kr.y, cs.x, cs.y);
       const __half2 kh = __floats2half2_rn(kr.x, kr.y);
-      const __half2 vh = __floats2half2_rn(v_new[src], v_new[src + 1]);
-      *reinterpret_cast<__half2*>(&s_new.k[u][2 * i]) = kh;
-      *reinterpret_cast<__half2*>(&s_new.v[u][2 * i]) = vh;
-      if (u == t) {
-        const float2 qr = rope_rotate(q_row[2 * i], q_row[2 * i + 1], cs.x, cs.y);
-        s_new.q[2 * i] = qr.x;
-        s_new.q[2 * i + 1] = qr.y;
-        if (h % group == 0) {  // one block per (token, KV head) stores the row
-          *reinterpret_cast<__half2*>(k_cache + p * kv_stride + int64_t(kvh) * head_dim + 2 * i) = kh;
-          *reinterpret_cast<__half2*>(v_cache + p * kv_stride + int64_t(kvh) * head_dim + 2 * i) = vh;
+      const __half2 vh = __floats2half2_rn(v_new[src + e0], v_new[src + e1]);
+      __half* kc = k_cache + p * kv_stride + int64_t(kvh) * head_dim;
+      __half* vc = v_cache + p * kv_stride + int64_t(kvh) * head_dim;
+      const bool store = u == t && h % group == 0;  // one block per (token, KV head) stores the row
+      if (e1 == e0 + 1) {  // adjacent: one 4-byte store each
+        *reinterpret_cast<__half2*>(&s_new.k[u][e0]) = kh;
+        *reinterpret_cast<__half2*>(&s_new.v[u][e0]) = vh;
+        if (store) {
+          *reinterpret_cast<__half2*>(kc + e0) = kh;
+          *reinterpret_cast<__half2*>(vc + e0) = vh;
         }
+      } else {
+        s_new.k[u][e0] = __low2half(kh);
+        s_new.k[u][e1] = __high2half(kh);
+        s_new.v[u][e0] = __low2half(vh);
+        s_new.v[u][e1] = __high2half(vh);
+        if (store) {
+          kc[e0] = __low2half(kh);
+          kc[e1] = __high2half(kh);
+          vc[e0] = __low2half(vh);
+          vc[e1] = __high2half(vh);
+        }
+      }
+      if (u == t) {
+        float2 qr = make_float2(q_row[e0], q_row[e1]);
+        if (rotated) qr = rope_rotate(qr.x, qr.y, cs.x, cs.y);
+        s_new.q[e0] = qr.x;
+        s_new.q[e1] = qr.y;
       }
     }
     __syncthreads();  // s_new is read by every warp below
@@ -169,6 +193,10 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int off = 16; off > 0; off >>= 1)
 #pragma unroll
       for (int i = 0; i < kKeysPerStep; ++i) s[i] += __shfl_xor_sync(0xffffffffu, s[i], off);
+    if (softcap > 0.0f) {
+#pragma unroll
+      for (int i = 0; i < kKeysPerStep; ++i) s[i] = softcap * tanhf(s[i] / softcap);  // after the scale, as the CPU
+    }
     float step_max = m;
 #pragma unroll
     for (int i = 0; i < kKeysPerStep; ++i) {
@@ -228,7 +256,7 @@ template <bool kRope>
 void launch_decode_attention(const float* q, uint16_t* k_cache, uint16_t* v_cache, int n, const int* pos0,
                              int n_heads, int n_kv_heads, int head_dim, int window, float scale, int max_ctx,
                              float* out, Stream stream, void* out_x8, const float* k_new, const float* v_new,
-                             const RopeFreqs& freqs) {
+                             const RopeTable& rope, float softcap) {
   if (n <= 0) return;
   RUNLM_CHECK(n <= kMaxTokens, "decode_attention: n=%d query tokens unsupported; supported: 1..%d", n, kMaxTokens);
   RUNLM_CHECK(n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0,
@@ -237,6 +265,7 @@ void launch_decode_attention(const float* q, uint16_t* k_cache, uint16_t* v_cach
               head_dim, kMaxHeadDim);
   RUNLM_CHECK(!kRope || head_dim % 2 == 0, "decode_attention_rope: head_dim=%d unsupported; supported: even",
               head_dim);
+  RUNLM_CHECK(softcap >= 0.0f, "decode_attention: softcap=%g must be >= 0", static_cast<double>(softcap));
   RUNLM_CHECK(!out_x8 || head_dim % kX8Block == 0,
               "decode_attention: int8 output needs head_dim a multiple of %d, got %d", kX8Block, head_dim);
   int8_t* out_q = out_x8 ? x8_q(out_x8) : nullptr;
@@ -248,7 +277,7 @@ void launch_decode_attention(const float* q, uint16_t* k_cache, uint16_t* v_cach
 #define RUNLM_ATTN_LAUNCH(P)                                                                              \
   decode_attn_kernel<P, kRope><<<grid, kWarps * 32, 0, s>>>(q, kc, vc, pos0, n_heads, n_kv_heads, head_dim, \
                                                              window, scale, max_ctx, out, out_q, out_ds, k_new, \
-                                                             v_new, freqs)
+                                                             v_new, rope, softcap)
   if (head_dim <= 32) RUNLM_ATTN_LAUNCH(1);
   else if (head_dim <= 64) RUNLM_ATTN_LAUNCH(2);
   else if (head_dim <= 128) RUNLM_ATTN_LAUNCH(4);
@@ -261,19 +290,28 @@ void launch_decode_attention(const float* q, uint16_t* k_cache, uint16_t* v_cach
 
 void decode_attention(const float* q, const uint16_t* k_cache, const uint16_t* v_cache, int n, const int* pos0,
                       int n_heads, int n_kv_heads, int head_dim, int window, float scale, int max_ctx,
-                      float* out, Stream stream, void* out_x8) {
+                      float* out, Stream stream, void* out_x8, float softcap) {
   // The kernel writes the cache only in the rope version.
   launch_decode_attention<false>(q, const_cast<uint16_t*>(k_cache), const_cast<uint16_t*>(v_cache), n, pos0, n_heads,
                                  n_kv_heads, head_dim, window, scale, max_ctx, out, stream, out_x8, nullptr, nullptr,
-                                 RopeFreqs{});
+                                 RopeTable{}, softcap);
+}
+
+void decode_attention_rope(const float* q, const float* k, const float* v, const int* pos, int n, int n_heads,
+                           int n_kv_heads, int head_dim, const RopeSpec& rope, uint16_t* k_cache, uint16_t* v_cache,
+                           int window, float scale, int max_ctx, float* out, Stream stream, void* out_x8,
+                           float softcap) {
+  RUNLM_CHECK(head_dim % 2 == 0, "decode_attention_rope: head_dim=%d unsupported; supported: even", head_dim);
+  launch_decode_attention<true>(q, k_cache, v_cache, n, pos, n_heads, n_kv_heads, head_dim, window, scale, max_ctx,
+                                out, stream, out_x8, k, v, rope_table(head_dim, rope), softcap);
 }
 
 void decode_attention_rope(const float* q, const float* k, const float* v, const int* pos, int n, int n_heads,
                            int n_kv_heads, int head_dim, float theta, float freq_scale, uint16_t* k_cache,
                            uint16_t* v_cache, int window, float scale, int max_ctx, float* out, Stream stream,
                            void* out_x8) {
-  launch_decode_attention<true>(q, k_cache, v_cache, n, pos, n_heads, n_kv_heads, head_dim, window, scale, max_ctx,
-                                out, stream, out_x8, k, v, rope_freqs(head_dim, theta, freq_scale));
+  decode_attention_rope(q, k, v, pos, n, n_heads, n_kv_heads, head_dim, plain_rope(theta, freq_scale), k_cache,
+                        v_cache, window, scale, max_ctx, out, stream, out_x8, 0.0f);
 }
 
 }  // namespace runlm::gpu

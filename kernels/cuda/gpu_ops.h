@@ -168,8 +168,9 @@ void gemm_batched(const void* const* w, const uint16_t* const* x, float* const* 
 // sampling as runlm::argmax does it on the host.
 void argmax_rows(const float* x, int rows, int cols, int* out, Stream stream);
 
-// Row of an embedding table (any supported type) for each token -> f32 [n, cols].
-void embed_rows(const GpuMatrix& table, const int* tokens, int n, float* out, Stream stream);
+// Row of an embedding table (any supported type) for each token -> f32 [n, cols],
+// times scale (Gemma's sqrt(dim); 1 leaves the values exact).
+void embed_rows(const GpuMatrix& table, const int* tokens, int n, float* out, Stream stream, float scale = 1.0f);
 
 // Half-precision activations (GEMM inputs, q, the KV cache, attention
 // output) are IEEE f16, as llama.cpp's CUDA backend keeps them.
@@ -179,11 +180,17 @@ void embed_rows(const GpuMatrix& table, const int* tokens, int n, float* out, St
 void rmsnorm(const float* x, const float* w, float* out_f32, uint16_t* out_f16, int n_rows, int n_cols, float eps,
              Stream stream);
 
-// Rotary embedding on adjacent pairs (as kernels/cpu/ops.h rope) of q
-// [n, n_heads, head_dim] and k [n, n_kv_heads, head_dim] at positions
-// pos[i], then K and V are written into the caches k_cache/v_cache
+// Rotary embedding of q [n, n_heads, head_dim] and k [n, n_kv_heads,
+// head_dim] at positions pos[i] as `rope` describes it (kernels/cpu/ops.h
+// RopeSpec, read on the host at the launch: adjacent or NeoX pairs, n_rot
+// rotated dimensions (0: all), per-pair frequency divisors, attention
+// factor), then K and V are written into the caches k_cache/v_cache
 // ([n_ctx, n_kv_heads, head_dim], f16) at row pos[i]. q is left rotated in
 // place (f32) and also written as f16 to q_out when q_out is non-null.
+void rope_and_store_kv(float* q, const float* k, const float* v, const int* pos, int n, int n_heads,
+                       int n_kv_heads, int head_dim, const RopeSpec& rope, uint16_t* k_cache, uint16_t* v_cache,
+                       uint16_t* q_out, Stream stream);
+// The Llama rotation (adjacent pairs, the whole head) with base theta.
 void rope_and_store_kv(float* q, const float* k, const float* v, const int* pos, int n, int n_heads,
                        int n_kv_heads, int head_dim, float theta, float freq_scale, uint16_t* k_cache,
                        uint16_t* v_cache, uint16_t* q_out, Stream stream);
@@ -198,12 +205,32 @@ void rope_and_store_kv(float* q, const float* k, const float* v, const int* pos,
 // RoPE, K is stored as (k - shift) * k_mul (a q4_0 K's scale fit weighted by
 // k_weight) and q (in place and q_out) is q * q_mul.
 void rope_and_store_kv_slots(float* q, const float* k, const float* v, const int* pos, const int* slots, int n,
+                             int n_heads, int n_kv_heads, int head_dim, const RopeSpec& rope, void* k_cache,
+                             void* v_cache, KvType k_type, KvType v_type, int block_size, uint16_t* q_out,
+                             Stream stream, const float* k_smoothing = nullptr);
+void rope_and_store_kv_slots(float* q, const float* k, const float* v, const int* pos, const int* slots, int n,
                              int n_heads, int n_kv_heads, int head_dim, float theta, float freq_scale,
                              void* k_cache, void* v_cache, KvType k_type, KvType v_type, int block_size,
                              uint16_t* q_out, Stream stream, const float* k_smoothing = nullptr);
 
+// Before RoPE, in place on the projections (q [n, n_heads, head_dim], k and
+// v [n, n_kv_heads, head_dim], f32): each head row gets its bias added (bq
+// [n_heads * head_dim], bk/bv [n_kv_heads * head_dim]; nullptr: none), then
+// the q and k heads are RMS-normed over head_dim with weights q_norm / k_norm
+// ([head_dim]; nullptr: none). Qwen2's biases, Qwen3's and Gemma 3's q/k norms.
+void qkv_bias_head_norm(float* q, float* k, float* v, const float* bq, const float* bk, const float* bv,
+                        const float* q_norm, const float* k_norm, int n, int n_heads, int n_kv_heads, int head_dim,
+                        float eps, Stream stream);
+
 // gate = silu(gate) * up, f32, and an f16 copy to out_f16 when non-null.
 void swiglu(float* gate, const float* up, uint16_t* out_f16, int64_t n, Stream stream);
+// gate = gelu_tanh(gate) * up (Gemma's FFN, kernels/cpu/ops.h geglu), likewise.
+void geglu(float* gate, const float* up, uint16_t* out_f16, int64_t n, Stream stream);
+// geglu's values quantized for gemv_x8 (as swiglu_x8).
+void geglu_x8(const float* gate, const float* up, void* out_x8, int n_rows, int64_t n_cols, Stream stream);
+
+// x = cap * tanh(x / cap) for n values, cap > 0 (the final logit soft-cap).
+void softcap(float* x, int64_t n, float cap, Stream stream);
 
 // f32 -> f16 conversion of n values.
 void to_f16(const float* x, uint16_t* out, int64_t n, Stream stream);
@@ -216,17 +243,23 @@ void to_f16(const float* x, uint16_t* out, int64_t n, Stream stream);
 // reads kv head h / (n_heads / n_kv_heads). The paged cache has the
 // flash-decoding kernels of paged_attention.h. out_x8 (optional,
 // x8_bytes(n, n_heads * head_dim), head_dim % 32 == 0): out quantized for
-// gemv_x8 as quantize_x8 would, in the same launch.
+// gemv_x8 as quantize_x8 would, in the same launch. softcap > 0: each
+// score s (after the scale) becomes softcap * tanh(s / softcap).
 void decode_attention(const float* q, const uint16_t* k_cache, const uint16_t* v_cache, int n, const int* pos0,
                       int n_heads, int n_kv_heads, int head_dim, int window, float scale, int max_ctx,
-                      float* out, Stream stream, void* out_x8 = nullptr);
+                      float* out, Stream stream, void* out_x8 = nullptr, float softcap = 0.0f);
 
 // rope_and_store_kv (f16 cache, positions pos[0] + i) and decode_attention
 // in one launch: q, k, v are the projections before RoPE (q
 // [n, n_heads, head_dim], k/v [n, n_kv_heads, head_dim], f32; q is not
 // written). The cache rows pos[0] .. pos[0] + n - 1 are written bit-equal to
 // what rope_and_store_kv writes, out (and out_x8) as decode_attention gives
-// after it. head_dim even.
+// after it. head_dim even; any RoPE of rope_and_store_kv.
+void decode_attention_rope(const float* q, const float* k, const float* v, const int* pos, int n, int n_heads,
+                           int n_kv_heads, int head_dim, const RopeSpec& rope, uint16_t* k_cache, uint16_t* v_cache,
+                           int window, float scale, int max_ctx, float* out, Stream stream, void* out_x8 = nullptr,
+                           float softcap = 0.0f);
+// The Llama rotation with base theta, no soft-cap.
 void decode_attention_rope(const float* q, const float* k, const float* v, const int* pos, int n, int n_heads,
                            int n_kv_heads, int head_dim, float theta, float freq_scale, uint16_t* k_cache,
                            uint16_t* v_cache, int window, float scale, int max_ctx, float* out, Stream stream,

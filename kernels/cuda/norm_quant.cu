@@ -1,6 +1,6 @@
 // The ops right before the decode GEMVs, writing the activations those
 // GEMVs read: RMSNorm with the residual add folded in (f32, f16 and/or
-// int8 out) and SwiGLU into int8. Folding saves a launch and a pass over x
+// int8 out) and SwiGLU / GeGLU into int8. Folding saves a launch and a pass over x
 // per op; at decode those small kernels are launch-bound (~2 us each), so
 // fewer of them is the point. Both let the next GEMV start early
 // (allow_next_kernel, launch_pdl).
@@ -83,6 +83,19 @@ __global__ void swiglu_x8_kernel(const float* __restrict__ gate, const float* __
   warp_quantize_x8(swiglu_value(gate[i], up[i]), q + i, ds + i / kX8Block);
 }
 
+// geglu's value (fused_ops.cu, kernels/cpu/ops.h), quantized for gemv_x8.
+__global__ void geglu_x8_kernel(const float* __restrict__ gate, const float* __restrict__ up, int64_t n,
+                                int8_t* __restrict__ q, float2* __restrict__ ds) {
+  allow_next_kernel();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  constexpr float kSqrt2OverPi = 0.79788456080286535588f;
+  constexpr float kCoef = 0.044715f;
+  const float g = gate[i];
+  warp_quantize_x8(0.5f * g * (1.0f + tanhf(kSqrt2OverPi * g * (1.0f + kCoef * g * g))) * up[i], q + i,
+                   ds + i / kX8Block);
+}
+
 }  // namespace
 
 void rmsnorm_fused(float* x, const float* add, const float* w, float* out_f32, uint16_t* out_f16, void* out_x8,
@@ -114,6 +127,20 @@ void swiglu_x8(const float* gate, const float* up, void* out_x8, int n_rows, int
   const int64_t n = int64_t(n_rows) * n_cols;
   swiglu_x8_kernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0,
                      static_cast<cudaStream_t>(stream)>>>(gate, up, n, x8_q(out_x8), x8_ds(out_x8, n_rows, n_cols));
+  cudaCheckLaunch();
+}
+
+}  // namespace runlm::gpu
+
+namespace runlm::gpu {
+
+void geglu_x8(const float* gate, const float* up, void* out_x8, int n_rows, int64_t n_cols, Stream stream) {
+  if (n_rows <= 0) return;
+  RUNLM_CHECK(n_cols > 0 && n_cols % kX8Block == 0, "geglu_x8: n_cols=%lld; needs a multiple of 32",
+              static_cast<long long>(n_cols));
+  const int64_t n = int64_t(n_rows) * n_cols;
+  geglu_x8_kernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0,
+                    static_cast<cudaStream_t>(stream)>>>(gate, up, n, x8_q(out_x8), x8_ds(out_x8, n_rows, n_cols));
   cudaCheckLaunch();
 }
 

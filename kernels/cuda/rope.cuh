@@ -3,26 +3,57 @@
 // rotates and stores the step's keys itself (decode_attention.cu). Sharing
 // the frequency table, the angle reduction and the rotation keeps the two
 // paths bit-identical, so a cache row is the same whichever kernel wrote it.
+//
+// The rotation is kernels/cpu/ops.h's rope_ext (RopeSpec): pair i of the
+// first n_rot dimensions of a head turns by pos * freq_scale *
+// theta^(-2i/n_rot) / factors[i], cos and sin times attn_factor; the pairs
+// are adjacent (2i, 2i+1) or NeoX halves (i, i + n_rot/2); dimensions from
+// n_rot on are kept as they are.
 #pragma once
 
 #include <cmath>
+
+#include "common.h"
+#include "cpu/ops.h"  // RopeSpec
 
 namespace runlm::gpu {
 
 constexpr int kMaxRopePairs = 128;  // head_dim <= 256
 
-// Per-pair frequencies freq_scale * theta^(-2i/head_dim), computed in double
-// on the host and passed by value, so a captured graph keeps them.
-struct RopeFreqs {
+// A layer's RoPE as the kernels take it, by value (so a captured graph keeps
+// it): the per-pair frequencies freq_scale * theta^(-2i/n_rot) / factors[i],
+// computed in double on the host. The per-pair divisors of rope_freqs and
+// longrope are folded in here rather than read from a device array: the
+// table is passed to every launch anyway, and the kernels read nothing more.
+struct RopeTable {
   double f[kMaxRopePairs];
+  int n_rot = 0;   // rotated dimensions of a head (even, <= head_dim)
+  int neox = 0;    // NeoX halves instead of adjacent pairs
+  float attn_factor = 1.0f;
 };
 
-inline RopeFreqs rope_freqs(int head_dim, float theta, float freq_scale) {
-  RopeFreqs f{};
-  for (int i = 0; i < head_dim / 2 && i < kMaxRopePairs; ++i)
-    f.f[i] = static_cast<double>(freq_scale) *
-             std::pow(static_cast<double>(theta), -static_cast<double>(2 * i) / head_dim);
-  return f;
+inline RopeTable rope_table(int head_dim, const RopeSpec& spec) {
+  RopeTable t{};
+  t.n_rot = spec.n_rot > 0 ? spec.n_rot : head_dim;
+  RUNLM_CHECK(t.n_rot % 2 == 0 && t.n_rot <= head_dim && t.n_rot / 2 <= kMaxRopePairs,
+              "RoPE: %d rotated dimensions of head_dim %d unsupported; supported: even, <= head_dim, <= %d", t.n_rot,
+              head_dim, 2 * kMaxRopePairs);
+  t.neox = spec.neox ? 1 : 0;
+  t.attn_factor = spec.attn_factor;
+  for (int i = 0; i < t.n_rot / 2; ++i) {
+    t.f[i] = static_cast<double>(spec.freq_scale) *
+             std::pow(static_cast<double>(spec.theta), -static_cast<double>(2 * i) / t.n_rot);
+    if (spec.factors) t.f[i] /= static_cast<double>(spec.factors[i]);
+  }
+  return t;
+}
+
+// The Llama rotation: adjacent pairs over the whole head.
+inline RopeSpec plain_rope(float theta, float freq_scale) {
+  RopeSpec s;
+  s.theta = theta;
+  s.freq_scale = freq_scale;
+  return s;  // n_rot 0: the whole head
 }
 
 #ifdef __CUDACC__
@@ -36,6 +67,27 @@ __device__ __forceinline__ float2 rope_cos_sin(int pos, double freq) {
   float s, c;
   sincosf(static_cast<float>(r), &s, &c);
   return make_float2(c, s);
+}
+
+// rope_cos_sin of rotated pair i, times the table's attn_factor (1: exact).
+__device__ __forceinline__ float2 rope_cos_sin(int pos, const RopeTable& t, int i) {
+  const float2 cs = rope_cos_sin(pos, t.f[i]);
+  return make_float2(__fmul_rn(cs.x, t.attn_factor), __fmul_rn(cs.y, t.attn_factor));
+}
+
+// The elements (e0, e1) of pair j of a head (j < head_dim / 2): pairs below
+// n_rot / 2 rotate (adjacent or NeoX, as above); the rest cover the kept
+// dimensions n_rot.. two by two. Returns whether pair j rotates.
+__device__ __forceinline__ bool rope_pair(const RopeTable& t, int j, int& e0, int& e1) {
+  const int half = t.n_rot / 2;
+  if (j >= half) {
+    e0 = t.n_rot + 2 * (j - half);
+    e1 = e0 + 1;
+    return false;
+  }
+  e0 = t.neox ? j : 2 * j;
+  e1 = t.neox ? j + half : 2 * j + 1;
+  return true;
 }
 
 // The pair (a, b) rotated by the angle with cosine c and sine s. Explicit
