@@ -267,7 +267,8 @@ TEST(CudaEngine, Llama7BShapeLogitsMatchTheCpu) {
     }
     std::printf("%s: GPU vs CPU relative logit error: prefill %.2e, decode %.2e\n", type, prefill, decode);
     EXPECT_LT(prefill, 1e-2) << type;
-    const bool int8_x = std::string(type) == "q4_0" || std::string(type) == "q8_0";
+    // Every quantized type decodes with int8 activations (src/cuda_matmul.cpp's weight_paths).
+    const bool int8_x = std::string(type) != "f16";
     EXPECT_LT(decode, int8_x ? 2.5e-2 : 2e-3) << type;
   }
 }

@@ -39,6 +39,10 @@ namespace {
   } while (0)
 
 constexpr double kLogitTolerance = 2e-2;  // of max |logit|
+// Quantized weights decode with int8 activations (one scale per 32 values,
+// as llama.cpp's MMVQ): on the Gemma shapes, whose soft-caps and GELU
+// amplify it, that rounding reaches 2.1e-2 of max |logit| (H100, 2026-11-27).
+constexpr double kInt8LogitTolerance = 3e-2;
 constexpr int kGreedyTokens = 32;
 
 // Shapes with head_dim 32 or 64 (every prefill attention backend takes them).
@@ -171,6 +175,7 @@ void check_family(const Family& f, const std::string& type) {
   auto cpu = engine_on(Device::Cpu, *m);
   auto gpu = engine_on(Device::Cuda, *m);
   const size_t nv = size_t(c.n_vocab);
+  const double tolerance = type == "f32" ? kLogitTolerance : kInt8LogitTolerance;
 
   // Every position of a 40-token prompt (GEMM path, prefill attention), then
   // of an 8-token one (GEMV path, decode_attention_rope over 8 tokens).
@@ -180,7 +185,7 @@ void check_family(const Family& f, const std::string& type) {
     std::vector<float> lc(ids.size() * nv, NAN), lg(ids.size() * nv, NAN);
     cpu->forward(ids.data(), n, 0, lc.data(), true);
     gpu->forward(ids.data(), n, 0, lg.data(), true);
-    EXPECT_LT(relative_max_diff(lg, lc), kLogitTolerance);
+    EXPECT_LT(relative_max_diff(lg, lc), tolerance);
   }
   // Single-token steps after the 8-token prompt (the captured decode graph),
   // past the sliding window of the Gemma shapes.
@@ -194,7 +199,7 @@ void check_family(const Family& f, const std::string& type) {
       gpu->forward(&tok, 1, p, lg.data(), false);
       worst = std::max(worst, relative_max_diff(lg, lc));
     }
-    EXPECT_LT(worst, kLogitTolerance) << "single-token decode steps";
+    EXPECT_LT(worst, tolerance) << "single-token decode steps";
   }
 
   // Greedy generation, contiguous cache.
