@@ -322,6 +322,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
           for (int c = 0; c < 2; ++c) load_v(u, j, c, 0, NB / 2);
       }
+      rows8_softcap(sc, p.softcap);
       if (edge) rows8_mask_tile(sc, base + 16 * u, t, key_lo, key_hi);
       float pr[2][2];
       rows8_softmax_step(sc, t, m, d, pr, [&](float c0, float c1) { rescale_o_blocks(o, c0, c1); });
@@ -509,6 +510,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
         }
       }
     float sc[2][2] = {{acc[0][0], acc[0][1]}, {acc[1][0], acc[1][1]}};
+    rows8_softcap(sc, p.softcap);
     if (key0 < lo_max || key0 + 16 > hi_min) rows8_mask_tile(sc, key0, t, key_lo, key_hi);  // warp-uniform
     float pr[2][2];
     rows8_softmax_step(sc, t, m, d, pr, [&](float c0, float c1) { rescale_o_tiles(o, c0, c1); });
