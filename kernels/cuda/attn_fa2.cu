@@ -24,13 +24,14 @@
 // place (same size); f16 is read from the stage as in kPaged. fa3 keeps
 // reading typed pools through gather_kv: its TMA copies raw tiles.
 // Soft-cap (AttnParams::softcap > 0): a separate instantiation (kSoftcap)
-// caps each tile's raw scores with tanhf before the mask; every mode, head
-// dim, window and KV type the kernel runs takes it.
+// caps each tile's raw scores (softcap_tanh) before the mask; every mode,
+// head dim, window and KV type the kernel runs takes it.
 #include <cfloat>
 #include <cstdlib>
 #include <type_traits>
 
 #include "cuda/attn_kernels.h"
+#include "cuda/attn_softcap.cuh"
 #include "cuda/common.cuh"
 #include "cuda/kv_codec.cuh"
 #include "cuda/mma_sm80.cuh"
@@ -530,15 +531,14 @@ __global__ void __launch_bounds__(Fa2Traits<D>::kWarps * 32, Fa2Traits<D>::kMinB
 
       // Soft-cap before the mask (tanh(-inf) would unmask a key): s * scale ->
       // cap * tanh(. / cap) -> * log2(e), folded into two multiplies around
-      // tanhf; a.scale_log2 is then 1. tanhf, not tanh.approx: its 2^-11
-      // relative error is 0.035 of a score at cap 50, far above the tests' bound.
+      // the tanh (softcap_tanh); a.scale_log2 is then 1.
       if constexpr (kSoftcap) {
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
           for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s[mt][nt][e] = a.cap_out * tanhf(s[mt][nt][e] * a.cap_in);
+            for (int e = 0; e < 4; ++e) s[mt][nt][e] = a.cap_out * softcap_tanh(s[mt][nt][e] * a.cap_in);
       }
 
       // Mask only tiles that straddle a boundary (sequence end, diagonal, window edge).

@@ -396,13 +396,14 @@ void ensure_smem_attr(KernelFn fn, int smem_bytes) {
   if (n_done < 64) done[n_done++] = {dev, fn};
 }
 
-KernelFn pick_mma_sm80_kernel(KvType k, KvType v, int hd) {
+// softcap: the quantized-load kernel's soft-capped instance (its kSoftcap).
+KernelFn pick_mma_sm80_kernel(KvType k, KvType v, int hd, bool softcap) {
   KernelFn fn = nullptr;
   switch (k) {
-    case KvType::F16: fn = pick_mma_sm80_kernel_kf16(v, hd); break;
-    case KvType::Q8_0: fn = pick_mma_sm80_kernel_kq8_0(v, hd); break;
-    case KvType::Q4_0: fn = pick_mma_sm80_kernel_kq4_0(v, hd); break;
-    case KvType::FP8: fn = pick_mma_sm80_kernel_kfp8(v, hd); break;
+    case KvType::F16: fn = pick_mma_sm80_kernel_kf16(v, hd, softcap); break;
+    case KvType::Q8_0: fn = pick_mma_sm80_kernel_kq8_0(v, hd, softcap); break;
+    case KvType::Q4_0: fn = pick_mma_sm80_kernel_kq4_0(v, hd, softcap); break;
+    case KvType::FP8: fn = pick_mma_sm80_kernel_kfp8(v, hd, softcap); break;
     default: break;
   }
   RUNLM_CHECK(fn, "paged_decode_attention: no tensor-core kernel for K=%s V=%s head_dim=%d", kv_type_name(k),
@@ -502,7 +503,7 @@ Plan make_plan(const PagedDecodeParams& p, int forced_partition, DecodeKernel fo
     case DecodeKernel::MmaQuantSm80:
       pl.rows_per_cta = kMmaRows;
       pl.n_chunks = ceil_div(rows, kMmaRows);
-      pl.fn = pick_mma_sm80_kernel(p.kv.k_type, p.kv.v_type, p.kv.head_dim);
+      pl.fn = pick_mma_sm80_kernel(p.kv.k_type, p.kv.v_type, p.kv.head_dim, p.softcap > 0.0f);
       break;
     default:
       pl.rows_per_cta = rows_per_cta(rows);

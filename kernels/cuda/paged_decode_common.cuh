@@ -9,6 +9,7 @@
 #include <cfloat>
 #include <cstdint>
 
+#include "cuda/attn_softcap.cuh"
 #include "cuda/attn_state.h"
 #include "cuda/common.cuh"
 #include "cuda/kv_codec.cuh"
@@ -37,10 +38,10 @@ constexpr int kMaxHeadDim = 256;
 // every kernel folds scale * log2(e) into q, so its score is x = s * scale *
 // log2(e), and cap * tanh(s * scale / cap) * log2(e) = c * tanh(x / c) with c
 // = cap * log2(e): the same order (scale, cap, then log2(e)) without
-// unfolding the scale. tanhf, not tanh.approx (2^-11 relative: 0.035 of a
-// score at cap 50, far too coarse for the tests' 1e-2 on the output).
-// Applied before the mask: tanh(-inf) would turn a masked key into -c.
-__device__ __forceinline__ float softcap_log2(float x, float c, float inv_c) { return c * tanhf(x * inv_c); }
+// unfolding the scale (softcap_apply, attn_softcap.cuh: its error, and why
+// not tanhf). Applied before the mask: tanh(-inf) would turn a masked key
+// into -c.
+__device__ __forceinline__ float softcap_log2(float x, float c, float inv_c) { return softcap_apply(x, c, inv_c); }
 
 // The two constants of softcap_log2 for PagedDecodeParams::softcap (> 0).
 struct SoftcapLog2 {

@@ -19,8 +19,8 @@
 // decodes them to contiguous f16 with gather_kv first; fa2 and naive read
 // them in place.
 // Soft-cap (AttnParams::softcap > 0) is a template switch (kSoftcap), so the
-// kernels without it keep their machine code: the consumers' scores are
-// capped with tanhf before the mask and the online softmax (mainloop.cuh).
+// kernels without it compile as before: the consumers' scores are
+// capped (softcap_tanh) before the mask and the online softmax (mainloop.cuh).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 

@@ -16,6 +16,7 @@
 // the same code.
 #pragma once
 
+#include "cuda/attn_softcap.cuh"
 #include "cuda/fa3/kernel_traits.cuh"
 #include "cuda/sm90.cuh"
 #include "cuda/fa3/softmax.cuh"
@@ -270,12 +271,11 @@ __device__ __forceinline__ void consumer_mma_block(uint32_t base, const Args& a,
   // window edge for this warpgroup's rows), softmax; returns O's factors.
   auto softmax_tile = [&](int t, float (&corr)[2]) {
     // Soft-cap before the mask (tanh(-inf) would unmask a key): s * scale ->
-    // cap * tanh(. / cap) -> * log2(e) as two multiplies around tanhf
-    // (a.scale_log2 is then 1). tanhf, not tanh.approx: 2^-11 relative is
-    // 0.035 of a score at cap 50, far above the tests' bound.
+    // cap * tanh(. / cap) -> * log2(e) as two multiplies around the tanh
+    // (softcap_tanh, attn_softcap.cuh); a.scale_log2 is then 1.
     if constexpr (kSoftcap) {
 #pragma unroll
-      for (int i = 0; i < BN / 2; ++i) sacc[i] = a.cap_out * tanhf(sacc[i] * a.cap_in);
+      for (int i = 0; i < BN / 2; ++i) sacc[i] = a.cap_out * softcap_tanh(sacc[i] * a.cap_in);
     }
     const int n0 = t * BN;
     const bool need_mask = n0 + BN > r.sk || (a.causal && n0 + BN - 1 > m0w + r.offset) ||
