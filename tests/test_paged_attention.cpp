@@ -5,8 +5,8 @@
 // (kernels/cuda/attn_state.h) against whole-set softmax. With CUDA and a
 // device: the GPU kernels against the reference over a grid of
 // (batch, lengths that are not page multiples, block sizes, head dims,
-// GQA/MQA/MHA, query tokens per sequence, window, shuffled tables, split or
-// not), graph capture, NaN rows for out-of-bound lengths, and parameter
+// GQA/MQA/MHA, query tokens per sequence, window, soft-cap, shuffled tables,
+// split or not), graph capture, NaN rows for out-of-bound lengths, and parameter
 // errors. (runlm bench-decode times the kernels.)
 #include <gtest/gtest.h>
 

@@ -224,7 +224,11 @@ void launch_fa3_paged(const AttnParams& p) {
       // (H100: causal 512 / 1024 keys 202.9 / 311.1 TFLOP/s at 176 against
       // 228.1 / 333.1 at 128; 2048 even; 4096+ 176 wins by 3%).
       if (p.causal && p.max_seqlen_k < 4096) return launch_fa3_cap<T, 128, 128, kPaged>(p);
-      return launch_fa3_cap<T, 128, DefaultBN<128>::value, kPaged>(p);
+      // Soft-capped problems keep 128-key tiles too: the 176-key tile's
+      // soft-capped consumers spilled 72 bytes (paged; ptxas -v), the 128-key
+      // one none. Not timed against each other.
+      if (p.softcap > 0.0f) return launch_fa3<T, 128, 128, kPaged, true>(p);
+      return launch_fa3<T, 128, DefaultBN<128>::value, kPaged, false>(p);
     case 256: return launch_fa3_cap<T, 256, DefaultBN<256>::value, kPaged>(p);
     default: fail("fa3: head_dim=%d unsupported; supported: head_dim {64,128,256}", p.head_dim);
   }
