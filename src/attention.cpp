@@ -2,6 +2,7 @@
 // CUDA too: there every GPU backend is an Error saying so.
 #include "attention.h"
 
+#include <cfloat>
 #include <cstdio>
 #include <mutex>
 
@@ -66,6 +67,8 @@ void validate(const AttnParams& p) {
               dtype_name(p.dtype));
   RUNLM_CHECK(p.window_left >= -1, "attention: window_left=%d must be -1 (none) or >= 0", p.window_left);
   RUNLM_CHECK(p.scale == p.scale && p.scale > 0.0f, "attention: scale=%g must be > 0", p.scale);
+  RUNLM_CHECK(p.softcap >= 0.0f && p.softcap <= FLT_MAX, "attention: softcap=%g must be 0 (none) or finite and > 0",
+              p.softcap);
   // Offsets into the tensors are computed in 64 bits by the kernels, but
   // row indices are int32 (cu_seqlens), as in FlashAttention.
   RUNLM_CHECK(static_cast<int64_t>(p.total_q) * p.n_heads < (int64_t(1) << 31),
@@ -120,11 +123,13 @@ const std::vector<AttnBackendInfo>& attn_backends() {
       // staged tile to f16 in shared memory; fa3's TMA copies raw tiles
       // straight into the wgmma layout, so it reads f16/bf16 pools in the
       // dtype only (the engine gathers typed pools to f16 for it).
-      {AttnBackend::Naive, "naive", {}, 256, true, true, true, true, 80, 1000, kNaiveLaunch, {}, true},
-      {AttnBackend::Fa2, "fa2", {64, 128, 256}, 256, true, true, true, true, 80, 1000, kFa2Launch,
+      // Soft-cap: naive caps the row it materialises; fa2 and fa3 have an
+      // instantiation that caps each score tile in registers (kSoftcap).
+      {AttnBackend::Naive, "naive", {}, 256, true, true, true, true, true, 80, 1000, kNaiveLaunch, {}, true},
+      {AttnBackend::Fa2, "fa2", {64, 128, 256}, 256, true, true, true, true, true, 80, 1000, kFa2Launch,
        {8, 16, 32, 64, 128, 256}, true},
       // fa3 is built for sm_90a only (wgmma, setmaxnreg): that code runs on 9.0 alone.
-      {AttnBackend::Fa3, "fa3", {64, 128, 256}, 256, true, true, true, true, 90, 90, kFa3Launch,
+      {AttnBackend::Fa3, "fa3", {64, 128, 256}, 256, true, true, true, true, true, 90, 90, kFa3Launch,
        {8, 16, 32, 64, 128, 256}, false},
   };
   return kTable;
@@ -167,6 +172,7 @@ std::string attn_unsupported_reason(AttnBackend b, const AttnParams& p, int sm) 
     return strfmt("%s: dtype=%s unsupported", r.name, dtype_name(p.dtype));
   if (p.causal && !r.causal) return strfmt("%s: causal unsupported", r.name);
   if (p.window_left >= 0 && !r.window) return strfmt("%s: window unsupported", r.name);
+  if (p.softcap > 0.0f && !r.softcap) return strfmt("%s: softcap=%g unsupported", r.name, p.softcap);
   if (p.block_tables && !r.block_sizes.empty()) {
     bool ok = false;
     for (int bs : r.block_sizes) ok |= bs == p.block_size;

@@ -12,8 +12,12 @@
 //     chunked prefill and later chat turns reuse the keys already cached.
 //   - window_left = W >= 0 hides keys at positions < p - W (a window of N
 //     tokens is window_left = N-1); -1 means no window.
+//   - softcap = c > 0 (Gemma 2's attention logit soft-cap): each scaled score
+//     s = scale * q.k becomes c * tanh(s / c) before the mask and the
+//     softmax; 0 = none. Every backend takes it (AttnBackendInfo::softcap).
 //   - a query row that sees no key at all gets out = 0 and lse = -inf.
-//   - lse (optional) is the natural-log sum of exp(scale * q.k) per row.
+//   - lse (optional) is the natural-log sum of exp(s) per row over its visible
+//     keys, s the (soft-capped) scaled score.
 //
 // Paged K/V (optional, block_tables != nullptr): k and v point to one layer's
 // f16/bf16 pools of src/paged_kv.h instead of contiguous rows. The pools hold
@@ -73,6 +77,7 @@ struct AttnParams {
   bool causal = false;
   int window_left = -1;         // -1 = no window
   float scale = 0.0f;           // softmax scale, usually 1/sqrt(head_dim)
+  float softcap = 0;            // attention logit soft-cap c: s -> c * tanh(s / c); 0 = none
   void* stream = nullptr;       // cudaStream_t
   // Paged K/V (see the top of this file); block_tables == nullptr: contiguous.
   const int32_t* block_tables = nullptr;  // [batch, max_blocks_per_seq] page indices, device
@@ -98,6 +103,7 @@ struct AttnBackendInfo {
   int max_head_dim;
   bool bf16, fp16;
   bool causal, window;
+  bool softcap;                  // takes AttnParams::softcap > 0
   int min_sm;                    // compute capability * 10, e.g. 80, 90
   int max_sm;                    // highest compute capability it runs on (sm_90a code runs on 9.0 only)
   AttnLaunchFn launch;           // nullptr when built without CUDA

@@ -6,7 +6,9 @@
 // for causal. Prints a table, or one JSON object per line with -o json.
 // --block-size N reads K and V as paged pools (AttnParams' paged mode): the
 // same rows scattered over pages of N keys in a shuffled order, one block
-// table per shape; 0 (default) is the contiguous layout.
+// table per shape; 0 (default) is the contiguous layout. --softcap X times
+// the attention logit soft-cap (Gemma 2: 50): every score s becomes
+// X * tanh(s / X); the reference rows apply it too.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -86,6 +88,7 @@ int cmd_bench_attn(int argc, char** argv) {
       ("r,repeats", "timed repeats (median reported)", cxxopts::value<int>()->default_value("10"))
       ("o,output", "table or json", cxxopts::value<std::string>()->default_value("table"))
       ("block-size", "paged K/V with pages of this many keys (0 = contiguous)", cxxopts::value<int>()->default_value("0"))
+      ("softcap", "attention logit soft-cap (0 = none; Gemma 2: 50)", cxxopts::value<float>()->default_value("0"))
       ("h,help", "show help");
   auto args = parse_options(opts, argc, argv);
   if (args.count("help")) {
@@ -110,6 +113,9 @@ int cmd_bench_attn(int argc, char** argv) {
   for (int d : hdims)
     RUNLM_CHECK(d >= 1 && hidden % d == 0, "bench-attn: --hdim %d does not divide --hidden %d", d, hidden);
   for (int s : seqlens) RUNLM_CHECK(s >= 1 && s <= total, "bench-attn: --seqlen %d must be in 1..%d", s, total);
+  const float softcap = args["softcap"].as<float>();
+  RUNLM_CHECK(softcap >= 0.0f && std::isfinite(softcap), "bench-attn: --softcap %g must be 0 (none) or finite and > 0",
+              softcap);
   const int block_size = args["block-size"].as<int>();
   RUNLM_CHECK(block_size >= 0, "bench-attn: --block-size %d must be >= 0", block_size);
   for (int s : seqlens)
@@ -200,6 +206,7 @@ int cmd_bench_attn(int argc, char** argv) {
         p.dtype = dtype;
         p.causal = sh.causal;
         p.scale = 1.0f / std::sqrt(float(hd));
+        p.softcap = softcap;
         if (block_size > 0) {
           // Sequence b's key j is token row b * seq + j (seq is a multiple of block_size).
           const int per_seq = seq / block_size;
@@ -226,6 +233,7 @@ int cmd_bench_attn(int argc, char** argv) {
         r.head_dim = hd;
         r.causal = sh.causal;
         r.scale = p.scale;
+        r.softcap = softcap;
         std::vector<std::pair<int64_t, int>> rows = {{0, 0}, {p.total_q - 1, sh.heads - 1}};
         std::mt19937 pick(uint32_t(hd * 131 + seq * 7 + causal));
         while (rows.size() < 24) rows.push_back({int64_t(pick() % uint32_t(p.total_q)), int(pick() % uint32_t(sh.heads))});
@@ -240,9 +248,9 @@ int cmd_bench_attn(int argc, char** argv) {
               std::printf(
                   "{\"what\": \"bench-attn\", \"backend\": \"%s\", \"hdim\": %d, \"seqlen\": %d, \"batch\": %d, "
                   "\"heads\": %d, \"causal\": %s, \"dtype\": \"%s\", \"ms\": %.4f, \"TFLOPs\": %.1f, \"rel_err\": %.2e, "
-                  "\"status\": \"%s\", \"gpu\": \"%s\", \"block_size\": %d}\n",
+                  "\"status\": \"%s\", \"gpu\": \"%s\", \"block_size\": %d, \"softcap\": %g}\n",
                   name, hd, seq, sh.batch, sh.heads, sh.causal ? "true" : "false", dtype_name(dtype), ms, tflops, err,
-                  status, prop.name, block_size);
+                  status, prop.name, block_size, softcap);
             } else {
               std::printf("%-6d %5d %6d %5d %5d %-7s %9.3f %9.1f %9.2e %s\n", hd, seq, sh.batch, sh.heads, causal, name,
                           ms, tflops, err, status);

@@ -7,7 +7,8 @@
 // Sequence 0 of every point is first checked against the CPU reference
 // (paged_decode_attention_ref); a kernel outside its tolerance is an error.
 // Timing: a CUDA graph of 20 launches rotating over distinct page sets (so a
-// small problem does not run from L2), median of 7 replays.
+// small problem does not run from L2), median of 7 replays. --softcap X runs
+// the kernels (and the reference check) with the attention logit soft-cap.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -157,6 +158,7 @@ int cmd_bench_decode(int argc, char** argv) {
       ("heads", "query heads / KV heads", cxxopts::value<std::string>()->default_value("32/8"))
       ("hdim", "head dim", cxxopts::value<int>()->default_value("128"))
       ("block-size", "page size in slots", cxxopts::value<int>()->default_value("16"))
+      ("softcap", "attention logit soft-cap (0 = none; Gemma 2: 50)", cxxopts::value<float>()->default_value("0"))
       ("kernel", "auto (the selector's choice) or a kernel to force: simt, mma_sm80, mma_quant_sm80, mma_f16, "
                  "tma_sm90", cxxopts::value<std::string>()->default_value("auto"))
       ("o,output", "table or json", cxxopts::value<std::string>()->default_value("table"))
@@ -192,6 +194,9 @@ int cmd_bench_decode(int argc, char** argv) {
                 "bench-decode: --heads '%s' is not H/KV with KV dividing H", args["heads"].as<std::string>().c_str());
   }
   const int hd = args["hdim"].as<int>(), bs = args["block-size"].as<int>();
+  const float softcap = args["softcap"].as<float>();
+  RUNLM_CHECK(softcap >= 0.0f && std::isfinite(softcap),
+              "bench-decode: --softcap %g must be 0 (none) or finite and > 0", softcap);
   RUNLM_CHECK(bs >= 8 && bs <= 256 && (bs & (bs - 1)) == 0,
               "bench-decode: --block-size %d unsupported; supported: powers of two in 8..256", bs);
   for (const Point& p : points)
@@ -274,6 +279,7 @@ int cmd_bench_decode(int argc, char** argv) {
       p.max_seq_len = L;
       p.n_heads = n_heads;
       p.scale = 1.0f / std::sqrt(float(hd));
+      p.softcap = softcap;
       p.kv.k_pool = kpool.p;
       p.kv.v_pool = vpool.p;
       p.kv.k_type = p.kv.v_type = t;
@@ -329,9 +335,10 @@ int cmd_bench_decode(int argc, char** argv) {
       if (out_fmt == "json")
         std::printf("{\"bench\": \"decode\", \"device\": \"%s\", \"kv\": \"%s\", \"B\": %d, \"L\": %d, \"n_heads\": %d, "
                     "\"n_kv_heads\": %d, \"head_dim\": %d, \"block_size\": %d, \"partition\": %d, \"us\": %.2f, "
-                    "\"mb_read\": %.1f, \"gbps\": %.1f, \"tokens_per_s\": %.0f, \"vs_f16\": %.3f, \"kernel\": \"%s\"}\n",
+                    "\"mb_read\": %.1f, \"gbps\": %.1f, \"tokens_per_s\": %.0f, \"vs_f16\": %.3f, \"kernel\": \"%s\", "
+                    "\"softcap\": %g}\n",
                     prop.name, kv_type_name(t), B, L, n_heads, n_kv, hd, bs, paged_decode_auto_partition(p, forced),
-                    secs * 1e6, bytes / 1e6, bytes / secs / 1e9, tps, vs, decode_kernel_name(ran));
+                    secs * 1e6, bytes / 1e6, bytes / secs / 1e9, tps, vs, decode_kernel_name(ran), softcap);
       else
         std::printf("%5d %6d %6s %10.2f %10.1f %10.1f %12.0f %8.2f  %s\n", B, L, kv_type_name(t), secs * 1e6,
                     bytes / 1e6, bytes / secs / 1e9, tps, vs, decode_kernel_name(ran));

@@ -709,7 +709,7 @@ class CudaEngine final : public Engine {
       p.kv.block_size = kv_.block_size;
       p.kv.n_kv_heads = c.n_kv_heads;
       p.kv.head_dim = c.head_dim;
-      set_attn_softcap(p);
+      p.softcap = c.attn_softcap;
       paged_decode_attention(p, decode_ws_.get(), decode_ws_.size(), stream_);
       if (!gemv) gpu::to_f16(att_.get(), atth_.get(), static_cast<int64_t>(plan.dec_tokens) * c.q_dim(), stream_);
     }
@@ -756,19 +756,8 @@ class CudaEngine final : public Engine {
     p.window_left = window_left(l);
     p.scale = c.attn_scale();
     p.stream = stream_;
-    set_attn_softcap(p);
+    p.softcap = c.attn_softcap;
     return p;
-  }
-
-  // The attention logit soft-cap (ModelConfig::attn_softcap) of the
-  // attention kernels the engine does not own: the one place it is set.
-  // AttnParams and PagedDecodeParams have no field for it yet, so models
-  // with a soft-cap are refused (cuda_engine_missing_features); when
-  // they carry it, this becomes `p.softcap = cfg_.attn_softcap;` and the
-  // refusal goes.
-  template <class P>
-  void set_attn_softcap(P& p) const {
-    (void)p;
   }
 
   // The final norm and the output projection of `rows` rows of the residual

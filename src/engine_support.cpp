@@ -12,7 +12,6 @@ constexpr int kCudaMaxHeadDim = 256;
 
 std::vector<std::string> cuda_engine_missing_features(const ModelConfig& c) {
   std::vector<std::string> f;
-  if (c.attn_softcap != 0.0f) f.push_back("attention logit soft-cap");
   if (c.rope_yarn) f.push_back("YaRN RoPE");
   if (c.moe()) f.push_back("mixture of experts");
   if (c.attn_sinks) f.push_back("attention sinks");

@@ -134,7 +134,9 @@ struct PagedKvView {
 // tokens (1 for plain decode, a few for chunked-prefill tails or speculative
 // decoding), the last n_q(s) of its seq_lens[s] positions; query i of s sits
 // at position seq_lens[s] - n_q(s) + i and attends causally to keys at
-// positions [max(0, p - window + 1) (window > 0) or 0, p].
+// positions [max(0, p - window + 1) (window > 0) or 0, p]. softcap > 0 caps
+// each scaled score s at softcap * tanh(s / softcap) before the mask and the
+// softmax (Gemma 2's attention logit soft-cap); 0 = none.
 struct PagedDecodeParams {
   const float* q = nullptr;          // [total_q, n_heads, head_dim] f32, rotated
   float* out = nullptr;              // [total_q, n_heads, head_dim] f32
@@ -146,6 +148,7 @@ struct PagedDecodeParams {
   int n_heads = 0;
   int window = 0;                    // 0 = full attention
   float scale = 0;
+  float softcap = 0;                 // 0 = none
   PagedKvView kv;
 };
 

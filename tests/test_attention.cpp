@@ -41,6 +41,7 @@ struct Problem {
   int n_heads = 1, n_kv_heads = 1, head_dim = 4;
   bool causal = false;
   int window_left = -1;
+  float softcap = 0.0f;  // AttnParams::softcap
   std::vector<float> q, k, v;
   int total_q() const { return cu_q.back(); }
   int total_k() const { return cu_k.back(); }
@@ -108,6 +109,7 @@ void run_ref(const Problem& p, std::vector<float>& out, std::vector<float>& lse)
   r.causal = p.causal;
   r.window_left = p.window_left;
   r.scale = p.scale();
+  r.softcap = p.softcap;
   attention_ref(r);
 }
 
@@ -136,7 +138,9 @@ void dense_formula(const Problem& p, std::vector<double>& out, std::vector<doubl
           for (int c = 0; c < d; ++c)
             s += double(p.q[(size_t(qi) * p.n_heads + h) * d + c]) *
                  p.k[(size_t(p.cu_k[b] + j) * p.n_kv_heads + g) * d + c];
-          const double w = std::exp(s * p.scale());
+          s *= p.scale();
+          if (p.softcap > 0) s = p.softcap * std::tanh(s / p.softcap);
+          const double w = std::exp(s);
           z += w;
           for (int c = 0; c < d; ++c) o[c] += w * p.v[(size_t(p.cu_k[b] + j) * p.n_kv_heads + g) * d + c];
         }
@@ -323,6 +327,50 @@ const std::vector<AttnShapeCase>& paged_cases() {
   return k;
 }
 
+// Soft-capped problems (AttnParams::softcap): a cap near the scores' own
+// size (q_gain 1: scores ~N(0, 1)), so that most of them are bent, causal
+// with and without a window and non-causal; and Gemma-2-like layers (cap 50,
+// GQA 2:1, a global and a sliding-window layer) with q scaled up so the
+// scores reach the cap's range (~N(0, 12^2)).
+struct SoftcapCase {
+  AttnShapeCase shape;
+  float softcap, q_gain;
+};
+
+const std::vector<SoftcapCase>& softcap_cases() {
+  static const std::vector<SoftcapCase> k = {
+      {{"gqa_causal_cap1", {130, 63, 257}, {130, 63, 257}, 8, 2, true, -1}, 1.0f, 1.0f},
+      {{"gqa_causal_window_offset_cap2", {300, 5}, {650, 400}, 4, 2, true, 100}, 2.0f, 1.0f},
+      {{"mha_noncausal_offset_cap1", {64, 10}, {300, 90}, 2, 2, false, -1}, 1.0f, 1.0f},
+      {{"gemma2_global_cap50", {300, 37}, {300, 200}, 4, 2, true, -1}, 50.0f, 12.0f},
+      {{"gemma2_local_cap50", {300, 37}, {300, 200}, 4, 2, true, 127}, 50.0f, 12.0f},
+  };
+  return k;
+}
+
+// The problem of soft-cap case c at head_dim hd, inputs rounded to t (q
+// after its gain).
+Problem make_softcap_problem(const SoftcapCase& c, int hd, DType t, uint32_t seed) {
+  const AttnShapeCase& s = c.shape;
+  Problem p = make_problem(s.lq, s.lk, s.n_heads, s.n_kv_heads, hd, s.causal, s.window_left, seed, &t);
+  for (float& x : p.q) {
+    x *= c.q_gain;
+    x = t == DType::BF16 ? bf16_to_fp32(fp32_to_bf16(x)) : fp16_to_fp32(fp32_to_fp16(x));
+  }
+  p.softcap = c.softcap;
+  return p;
+}
+
+// Relative L2 distance of two outputs.
+double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- CPU reference
@@ -356,6 +404,38 @@ TEST(AttentionRef, MatchesDenseFormula) {
       }
     }
   }
+}
+
+// The soft-cap: the reference against the dense formula (which caps each
+// scaled score itself), caps small and large against the scores.
+TEST(AttentionRef, SoftcapMatchesDenseFormula) {
+  uint32_t seed = 50;
+  for (float cap : {0.5f, 2.0f, 50.0f})
+    for (int wl : {-1, 2}) {
+      Problem p = make_problem({3, 6}, {7, 6}, 4, 2, 8, true, wl, seed++);
+      for (float& x : p.q) x *= 4.0f;  // scores up to ~10: the small caps saturate
+      p.softcap = cap;
+      std::vector<float> out, lse;
+      run_ref(p, out, lse);
+      std::vector<double> eo, el;
+      dense_formula(p, eo, el);
+      for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], eo[i], 1e-5) << "cap " << cap << " elem " << i;
+      for (size_t i = 0; i < lse.size(); ++i) ASSERT_NEAR(lse[i], el[i], 1e-5) << "cap " << cap << " lse " << i;
+    }
+}
+
+// Every soft-cap case moves the output well past the GPU tests' bound
+// (relative L2 1e-2): a backend that ignored the cap would fail them.
+TEST(AttentionRef, SoftcapCasesAreSensitive) {
+  for (const SoftcapCase& c : softcap_cases())
+    for (int hd : {64, 256}) {
+      Problem p = make_softcap_problem(c, hd, DType::BF16, 900u + hd);
+      std::vector<float> capped, plain, lse;
+      run_ref(p, capped, lse);
+      p.softcap = 0.0f;
+      run_ref(p, plain, lse);
+      EXPECT_GT(rel_l2(plain, capped), 0.05) << c.shape.name << " d" << hd;
+    }
 }
 
 TEST(AttentionRef, CausalIsBottomRightAligned) {
@@ -459,6 +539,49 @@ TEST(AttentionDispatch, UnsupportedReasons) {
   for (AttnBackend b : {AttnBackend::Naive, AttnBackend::Fa2, AttnBackend::Fa3})
     EXPECT_NE(attn_unsupported_reason(b, p, 0).find("built without CUDA"), std::string::npos);
 #endif
+}
+
+// Soft-cap is in every backend's row: a Gemma-2-like prefill (head_dim 256,
+// cap 50, a window, GQA, f16 or bf16) runs on each of them on sm_90.
+TEST(AttentionDispatch, SoftcapSupported) {
+  AttnParams p;
+  p.head_dim = 256;
+  p.softcap = 50.0f;
+  p.causal = true;
+  p.window_left = 4095;
+  p.n_heads = 8;
+  p.n_kv_heads = 4;
+  for (const AttnBackendInfo& r : attn_backends()) EXPECT_TRUE(r.softcap) << r.name;
+  for (DType t : {DType::F16, DType::BF16}) {
+    p.dtype = t;
+#ifdef RUNLM_CUDA
+    for (AttnBackend b : {AttnBackend::Naive, AttnBackend::Fa2, AttnBackend::Fa3})
+      EXPECT_EQ(attn_unsupported_reason(b, p, 90), "") << attn_backend_name(b);
+#else
+    EXPECT_NE(attn_unsupported_reason(AttnBackend::Fa2, p, 90).find("built without CUDA"), std::string::npos);
+#endif
+  }
+}
+
+TEST(AttentionDispatch, InvalidSoftcapThrows) {
+  int dummy[4] = {};
+  AttnParams p;
+  p.q = p.k = p.v = dummy;
+  p.out = dummy;
+  p.cu_seqlens_q = p.cu_seqlens_k = dummy;
+  p.batch = 1;
+  p.n_heads = p.n_kv_heads = 2;
+  p.head_dim = 64;
+  p.scale = 0.125f;
+  for (float bad : {-1.0f, std::nanf(""), kInf}) {
+    p.softcap = bad;
+    try {
+      attention_dispatch(AttnBackend::Naive, p);
+      ADD_FAILURE() << "softcap " << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("attention: softcap="), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(AttentionDispatch, InvalidParamsThrow) {
@@ -828,7 +951,7 @@ TEST(AttentionGpuDispatch, UnsupportedCombosThrow) {
   DType t = DType::BF16;
   Problem sr = make_problem({9}, {9}, 2, 1, 8, true, -1, 78, &t);
   EXPECT_EQ(attn_resolve(AttnBackend::Auto, AttnParams{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                                                       1, 9, 9, 9, 9, 2, 1, 8, DType::BF16, true, -1, 0.3f, nullptr}),
+                                                       1, 9, 9, 9, 9, 2, 1, 8, DType::BF16, true, -1, 0.3f, 0.0f, nullptr}),
             AttnBackend::Naive);
   const GpuRun g = run_gpu(AttnBackend::Auto, sr, t);
   std::vector<float> out, lse;
@@ -837,7 +960,7 @@ TEST(AttentionGpuDispatch, UnsupportedCombosThrow) {
   // On sm_90 with head_dim 128, auto is fa3.
   if (device_sm() == 90) {
     EXPECT_EQ(attn_resolve(AttnBackend::Auto, AttnParams{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                                                         1, 9, 9, 9, 9, 2, 1, 128, DType::BF16, true, -1, 0.3f, nullptr}),
+                                                         1, 9, 9, 9, 9, 2, 1, 128, DType::BF16, true, -1, 0.3f, 0.0f, nullptr}),
               AttnBackend::Fa3);
   }
 }
@@ -940,6 +1063,121 @@ TEST(AttentionGpuFa3Loop, DefaultTileChoices) {
     const RefResult& ref = cached_ref_of(cases, 5100u, DType::BF16, 128, ci);
     expect_matches_ref(run_gpu(AttnBackend::Fa3, ref.prob, DType::BF16), ref);
   }
+}
+
+// ---------------------------------------------------------------- soft-cap on the GPU
+
+// The reference of soft-cap case ci at (dtype, head_dim), computed once.
+const RefResult& cached_softcap_ref(DType t, int hd, int ci) {
+  static std::map<std::tuple<int, int, int>, std::unique_ptr<RefResult>> cache;
+  const auto key = std::make_tuple(int(t), hd, ci);
+  auto it = cache.find(key);
+  if (it != cache.end()) return *it->second;
+  auto r = std::make_unique<RefResult>();
+  r->prob = make_softcap_problem(softcap_cases()[ci], hd, t, 7000u + 17u * ci + hd + (t == DType::BF16 ? 0u : 7u));
+  run_ref(r->prob, r->out, r->lse);
+  return *cache.emplace(key, std::move(r)).first->second;
+}
+
+using SoftcapParam = std::tuple<AttnBackend, DType, int, int>;  // backend, dtype, head_dim, case
+
+class AttentionGpuSoftcap : public ::testing::TestWithParam<SoftcapParam> {};
+
+// Contiguous K/V, outputs poisoned (run_gpu), against the soft-capped
+// reference: relative L2 < 1e-2, lse within 2e-3 (expect_matches_ref).
+// AttentionRef.SoftcapCasesAreSensitive checks that the cap moves every
+// case's output by more than 5x that bound.
+TEST_P(AttentionGpuSoftcap, MatchesReference) {
+  std::string why;
+  if (!have_cuda_device(&why)) GTEST_SKIP() << why;
+  const auto [backend, t, hd, ci] = GetParam();
+  const RefResult& ref = cached_softcap_ref(t, hd, ci);
+  AttnParams probe;
+  probe.head_dim = hd;
+  probe.dtype = t;
+  probe.causal = ref.prob.causal;
+  probe.window_left = ref.prob.window_left;
+  probe.softcap = ref.prob.softcap;
+  const std::string unsupported = attn_unsupported_reason(backend, probe, device_sm());
+  if (!unsupported.empty()) {
+    try {
+      run_gpu(backend, ref.prob, t);
+      FAIL() << "dispatch ran an unsupported combination: " << unsupported;
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()), unsupported);
+    }
+    return;
+  }
+  expect_matches_ref(run_gpu(backend, ref.prob, t), ref);
+}
+
+std::string softcap_param_name(const ::testing::TestParamInfo<SoftcapParam>& info) {
+  const auto [backend, t, hd, ci] = info.param;
+  return std::string(attn_backend_name(backend)) + "_" + dtype_name(t) + "_d" + std::to_string(hd) + "_" +
+         softcap_cases()[ci].shape.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Softcap, AttentionGpuSoftcap,
+                         ::testing::Combine(::testing::Values(AttnBackend::Naive, AttnBackend::Fa2, AttnBackend::Fa3),
+                                            ::testing::Values(DType::BF16, DType::F16), ::testing::Values(64, 128, 256),
+                                            ::testing::Range(0, 5)),
+                         softcap_param_name);
+
+// Soft-cap on paged K/V: f16 pools (every backend) and q8_0 / q4_0 pools
+// read in place (naive, fa2; fa3 must refuse them, naming the types), the
+// windowed cases (released pages) at head_dims 64, 128, 256, outputs
+// poisoned, against the soft-capped reference (on the decoded values for
+// the typed pools).
+TEST(AttentionPagedGpuSoftcap, MatchesReference) {
+  std::string why;
+  if (!have_cuda_device(&why)) GTEST_SKIP() << why;
+  const DType f16 = DType::F16;
+  const int sm = device_sm();
+  for (int ci : {1, 4})  // gqa_causal_window_offset_cap2, gemma2_local_cap50
+    for (int hd : {64, 128, 256}) {
+      const Problem p = make_softcap_problem(softcap_cases()[ci], hd, f16, 7500u + 13u * ci + hd);
+      RefResult ref;
+      ref.prob = p;
+      run_ref(p, ref.out, ref.lse);
+      const PagedKv kv = make_paged(p, f16, 16, 7600u + ci + hd);
+      for (AttnBackend b : {AttnBackend::Naive, AttnBackend::Fa2, AttnBackend::Fa3}) {
+        SCOPED_TRACE(std::string(attn_backend_name(b)) + " f16 pool d" + std::to_string(hd) + " " +
+                     softcap_cases()[ci].shape.name);
+        AttnParams probe;
+        probe.head_dim = hd;
+        probe.dtype = f16;
+        probe.softcap = p.softcap;
+        probe.block_tables = kv.tables.data();  // only tested for null
+        probe.block_size = kv.block_size;
+        if (!attn_unsupported_reason(b, probe, sm).empty()) continue;  // fa3 off sm_90
+        expect_matches_ref(run_gpu(b, p, f16, &kv), ref);
+      }
+      for (KvType kt : {KvType::Q8_0, KvType::Q4_0}) {
+        Problem decoded;
+        const PagedKv tkv = make_typed_paged(p, kt, kt, 16, 7700u + ci + hd, &decoded);
+        RefResult tref;
+        tref.prob = decoded;
+        run_ref(decoded, tref.out, tref.lse);
+        for (AttnBackend b : {AttnBackend::Naive, AttnBackend::Fa2, AttnBackend::Fa3}) {
+          SCOPED_TRACE(std::string(attn_backend_name(b)) + " " + kv_type_name(kt) + " pool d" + std::to_string(hd) +
+                       " " + softcap_cases()[ci].shape.name);
+          AttnParams probe;
+          probe.head_dim = hd;
+          probe.dtype = f16;
+          probe.softcap = p.softcap;
+          probe.block_tables = tkv.tables.data();
+          probe.block_size = tkv.block_size;
+          probe.k_type = probe.v_type = kt;
+          const std::string unsupported = attn_unsupported_reason(b, probe, sm);
+          if (!unsupported.empty()) {
+            EXPECT_EQ(b, AttnBackend::Fa3) << unsupported;
+            EXPECT_THROW(run_gpu(b, decoded, f16, &tkv), Error);
+            continue;
+          }
+          expect_matches_ref(run_gpu(b, decoded, f16, &tkv), tref);
+        }
+      }
+    }
 }
 
 // ---------------------------------------------------------------- paged K/V on the GPU

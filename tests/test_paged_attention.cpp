@@ -5,8 +5,8 @@
 // (kernels/cuda/attn_state.h) against whole-set softmax. With CUDA and a
 // device: the GPU kernels against the reference over a grid of
 // (batch, lengths that are not page multiples, block sizes, head dims,
-// GQA/MQA/MHA, query tokens per sequence, window, shuffled tables, split or
-// not), graph capture, NaN rows for out-of-bound lengths, and parameter
+// GQA/MQA/MHA, query tokens per sequence, window, soft-cap, shuffled tables,
+// split or not), graph capture, NaN rows for out-of-bound lengths, and parameter
 // errors. (runlm bench-decode times the kernels.)
 #include <gtest/gtest.h>
 
@@ -44,14 +44,15 @@ namespace {
 
 // Dense attention in double for one query row over keys [first, pos] of a
 // contiguous cache [len][n_kv_heads][hd] of floats.
+// softcap > 0 caps each scaled score at softcap * tanh(score / softcap).
 void dense_row(const float* q, const std::vector<float>& k, const std::vector<float>& v, int n_kv, int hd, int kvh,
-               int first, int pos, double scale, double* out) {
+               int first, int pos, double scale, double* out, double softcap = 0) {
   std::vector<double> s;
   double mx = -INFINITY;
   for (int t = first; t <= pos; ++t) {
     double d = 0;
     for (int j = 0; j < hd; ++j) d += double(q[j]) * k[(size_t(t) * n_kv + kvh) * hd + j];
-    s.push_back(d * scale);
+    s.push_back(softcap > 0 ? softcap * std::tanh(d * scale / softcap) : d * scale);
     mx = std::max(mx, s.back());
   }
   double sum = 0;
@@ -64,10 +65,12 @@ void dense_row(const float* q, const std::vector<float>& k, const std::vector<fl
 }
 
 // The reference against dense_row on a tiny case: two sequences, contiguous
-// table (page j of sequence s is s * pages + j), n_q 1 and 3, window on/off.
+// table (page j of sequence s is s * pages + j), n_q 1 and 3, window on/off,
+// soft-cap off, near the scores' size (0.7) and far above it (50).
 TEST(PagedAttentionRef, MatchesDenseFormula) {
   const int n_heads = 4, n_kv = 2, hd = 8, bs = 4;
   const std::vector<int> lens = {7, 13}, nq = {1, 3};
+  for (float softcap : {0.0f, 0.7f, 50.0f})
   for (int window : {0, 5}) {
     std::mt19937 rng(11 + window);
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
@@ -93,6 +96,7 @@ TEST(PagedAttentionRef, MatchesDenseFormula) {
     p.n_heads = n_heads;
     p.window = window;
     p.scale = 1.0f / std::sqrt(float(hd));
+    p.softcap = softcap;
     p.kv.k_pool = kpool.data();
     p.kv.v_pool = vpool.data();
     p.kv.k_type = KvType::F32;
@@ -115,9 +119,10 @@ TEST(PagedAttentionRef, MatchesDenseFormula) {
         for (int h = 0; h < n_heads; ++h) {
           double want[hd];
           const size_t at = (size_t(cu_q[s] + i) * n_heads + h) * hd;
-          dense_row(&q[at], k, v, n_kv, hd, h / (n_heads / n_kv), first, pos, p.scale, want);
+          dense_row(&q[at], k, v, n_kv, hd, h / (n_heads / n_kv), first, pos, p.scale, want, softcap);
           for (int j = 0; j < hd; ++j)
-            EXPECT_NEAR(out[at + j], want[j], 1e-5) << "window " << window << " seq " << s << " q " << i << " h " << h;
+            EXPECT_NEAR(out[at + j], want[j], 1e-5)
+                << "softcap " << softcap << " window " << window << " seq " << s << " q " << i << " h " << h;
         }
       }
     }
@@ -187,6 +192,8 @@ struct Case {
   bool shuffle = true;
   bool stale_tail = false;  // slots past each sequence's length in its last page: NaN / inf / garbage (stale_tail_slots)
   float score_steps = 0;    // > 0: scores rise in steps of this / 4 along each sequence (step_scores)
+  float softcap = 0;        // PagedDecodeParams::softcap
+  float q_gain = 1;         // q drawn from [-3, 3] * q_gain (scores ~q_gain in size)
   uint32_t seed = 1;
 };
 
@@ -212,6 +219,7 @@ struct HostProblem {
     p.n_heads = c.n_heads;
     p.window = c.window;
     p.scale = 1.0f / std::sqrt(float(c.hd));
+    p.softcap = c.softcap;
     p.kv.k_pool = k;
     p.kv.v_pool = v;
     p.kv.k_type = c.k_type;
@@ -340,7 +348,7 @@ HostProblem make_problem(const Case& c) {
   }
   hp.total_q = hp.cu_q.back();
   hp.q.resize(size_t(hp.total_q) * c.n_heads * c.hd);
-  for (float& x : hp.q) x = 3.0f * u(rng);
+  for (float& x : hp.q) x = 3.0f * c.q_gain * u(rng);
   if (c.score_steps > 0) step_scores(c, hp.tables, hp.max_blocks, hp.lk, hp.kpool, hp.q, rng);
   return hp;
 }
@@ -381,6 +389,106 @@ std::vector<float> reference(const HostProblem& hp) {
   }
   for (auto& th : threads) th.join();
   return out;
+}
+
+// Soft-capped decode (PagedDecodeParams::softcap): K/V type pairs that
+// reach every kernel (f16 and bf16 pairs: mma_f16 at 64 / 128, simt at 256;
+// quantized pairs: tma_sm90 at 128 on sm_90, mma_quant_sm80, mma_sm80 at
+// 256; mixed pairs: mma_sm80), head_dims 64, 128, 256, with and without a
+// window, GQA 16/8 (n_kv_heads a multiple of 8 for tma_sm90), 1 and 2 query
+// tokens. A cap of 1 against scores of ~N(0, 1) bends most of them.
+std::vector<Case> softcap_cases() {
+  const std::pair<KvType, KvType> pairs[] = {{KvType::F16, KvType::F16},   {KvType::BF16, KvType::BF16},
+                                             {KvType::Q8_0, KvType::Q8_0}, {KvType::Q4_0, KvType::Q4_0},
+                                             {KvType::FP8, KvType::FP8},   {KvType::F16, KvType::Q8_0},
+                                             {KvType::Q8_0, KvType::F16}};
+  std::vector<Case> r;
+  uint32_t seed = 1600;
+  for (auto [kt, vt] : pairs)
+    for (int hd : {64, 128, 256})
+      for (int window : {0, 300}) {
+        Case c;
+        c.lens = {2, 17, 300, 1100};  // >= the query tokens
+        c.nq.assign(c.lens.size(), 1 + int(seed % 2));
+        c.n_heads = 16;
+        c.n_kv = 8;
+        c.hd = hd;
+        c.window = window;
+        c.k_type = kt;
+        c.v_type = vt;
+        c.softcap = 1.0f;
+        c.seed = seed++;
+        r.push_back(c);
+      }
+  return r;
+}
+
+// Gemma-2-like decode: head_dim 256, cap 50, GQA 2:1, a global layer and a
+// sliding-window layer (4096) over sequences longer than the window, f16
+// and q8_0 pools. q's gain of 6 puts the largest scores (~25) where the
+// cap bends them.
+std::vector<Case> gemma2_cases() {
+  std::vector<Case> r;
+  uint32_t seed = 1700;
+  for (KvType t : {KvType::F16, KvType::Q8_0})
+    for (int window : {0, 4096}) {
+      Case c;
+      c.lens = {3, 700, 5000};
+      c.nq = {1, 2, 1};
+      c.n_heads = 8;
+      c.n_kv = 4;
+      c.hd = 256;
+      c.window = window;
+      c.k_type = c.v_type = t;
+      c.softcap = 50.0f;
+      c.q_gain = 6.0f;
+      c.seed = seed++;
+      r.push_back(c);
+    }
+  return r;
+}
+
+// Worst per-row relative error ||out - ref|| / ||ref||; any non-finite value
+// counts as infinite.
+double worst_row_error(const std::vector<float>& out, const std::vector<float>& ref, int hd, std::string* where) {
+  double worst = 0;
+  for (size_t r = 0; r * hd < ref.size(); ++r) {
+    double num = 0, den = 0;
+    bool finite = true;
+    for (int j = 0; j < hd; ++j) {
+      const double o = out[r * hd + j], w = ref[r * hd + j];
+      finite = finite && std::isfinite(o);
+      num += (o - w) * (o - w);
+      den += w * w;
+    }
+    const double e = finite ? std::sqrt(num / std::max(den, 1e-30)) : INFINITY;
+    if (e > worst) {
+      worst = e;
+      *where = "row " + std::to_string(r);
+    }
+  }
+  return worst;
+}
+
+// The cap moves some row of the reference's output past the GPU tests'
+// per-row bound (at most 3e-3, times q_gain on tensor cores, check_case) by
+// more than 5x, so a kernel that ignored it would fail them. One case per
+// head_dim and window (the types do not change the scores' size) and the
+// Gemma cases.
+TEST(PagedAttentionRef, SoftcapCasesAreSensitive) {
+  std::vector<Case> cases;
+  for (const Case& c : softcap_cases())
+    if (c.k_type == KvType::F16 && c.v_type == KvType::F16) cases.push_back(c);
+  for (const Case& c : gemma2_cases())
+    if (c.k_type == KvType::F16) cases.push_back(c);
+  for (Case c : cases) {
+    const HostProblem capped = make_problem(c);
+    c.softcap = 0;
+    const HostProblem plain = make_problem(c);
+    std::string where;
+    EXPECT_GT(worst_row_error(reference(plain), reference(capped), c.hd, &where), 5 * 3e-3 * c.q_gain)
+        << "hd " << c.hd << " window " << c.window << " q_gain " << c.q_gain;
+  }
 }
 
 // The reference's own paging: the same sequences in a shuffled and a
@@ -560,28 +668,6 @@ struct DevProblem {
   }
 };
 
-// Worst per-row relative error ||out - ref|| / ||ref||; any non-finite value
-// counts as infinite.
-double worst_row_error(const std::vector<float>& out, const std::vector<float>& ref, int hd, std::string* where) {
-  double worst = 0;
-  for (size_t r = 0; r * hd < ref.size(); ++r) {
-    double num = 0, den = 0;
-    bool finite = true;
-    for (int j = 0; j < hd; ++j) {
-      const double o = out[r * hd + j], w = ref[r * hd + j];
-      finite = finite && std::isfinite(o);
-      num += (o - w) * (o - w);
-      den += w * w;
-    }
-    const double e = finite ? std::sqrt(num / std::max(den, 1e-30)) : INFINITY;
-    if (e > worst) {
-      worst = e;
-      *where = "row " + std::to_string(r);
-    }
-  }
-  return worst;
-}
-
 std::string describe(const Case& c, int partition) {
   char buf[256];
   std::snprintf(buf, sizeof buf, "n_seqs=%zu heads=%d/%d hd=%d bs=%d window=%d kv=%s/%s max_q=%d part=%d seed=%u",
@@ -620,12 +706,14 @@ double row_tolerance(const PagedDecodeParams& p, DecodeKernel kernel) {
 // SIMT kernel, which runs everything), each forced through the launch.
 std::vector<DecodeKernel> kernels_for(const DevProblem& dp) { return decode_kernels_for(dp.params()); }
 
+// q_gain > 1 scales the tensor-core kernels' bound with it: their f16
+// rounding of q moves a score by a fixed fraction of its size.
 void check_case(const Case& c, std::vector<int> partitions = {-1}) {
   const HostProblem hp = make_problem(c);
   const std::vector<float> ref = reference(hp);
   DevProblem dp(hp);
   for (DecodeKernel k : kernels_for(dp)) {
-    const double tol = row_tolerance(dp.params(), k);
+    const double tol = row_tolerance(dp.params(), k) * (decode_kernel_uses_tensor_cores(k) ? c.q_gain : 1.0f);
     for (int part : partitions) {
       const std::vector<float> out = dp.run(part, k);
       std::string where;
@@ -991,6 +1079,35 @@ TEST(PagedAttention, OutOfBoundLengthsGiveNaNRows) {
   }
 }
 
+// Soft-cap on every kernel the case runs on (check_case forces each),
+// split and not, outputs poisoned, against the soft-capped reference.
+TEST(PagedAttention, SoftcapKernelsTypesHeadDimsWindow) {
+  REQUIRE_DEVICE();
+  for (const Case& c : softcap_cases()) check_case(c, {-1, 0, 256});
+}
+
+// The Gemma-2-like layers (gemma2_cases) on every kernel that runs them,
+// and what the selector picks for them: tma_sm90 and mma_quant_sm80 do not
+// take head_dim 256, nor mma_f16; the reason names them and the kernel run
+// instead.
+TEST(PagedAttention, Gemma2LikeLayers) {
+  REQUIRE_DEVICE();
+  for (const Case& c : gemma2_cases()) {
+    check_case(c, {-1, 0});
+    const HostProblem hp = make_problem(c);
+    DevProblem dp(hp);
+    const DecodeKernelChoice ch = select_decode_kernel(dp.params());
+    if (c.k_type == KvType::Q8_0) {
+      EXPECT_EQ(ch.kernel, DecodeKernel::MmaSm80);
+      EXPECT_NE(std::string(ch.reason).find("head_dim 256 unsupported -> mma_sm80"), std::string::npos) << ch.reason;
+      EXPECT_NE(std::string(ch.reason).find("tma_sm90"), std::string::npos) << ch.reason;
+    } else {
+      EXPECT_EQ(ch.kernel, DecodeKernel::Simt);
+      EXPECT_STREQ(ch.reason, "mma_f16 (head_dim 64, 128): head_dim 256 unsupported -> simt");
+    }
+  }
+}
+
 TEST(PagedAttention, UnsupportedParamsThrow) {
   REQUIRE_DEVICE();
   Case c = make_case({40}, 1, 8, 4, 64, 16, 0, 1000);
@@ -1022,6 +1139,11 @@ TEST(PagedAttention, UnsupportedParamsThrow) {
   p = dp.params();
   p.n_heads = 6;
   expect_error(p, "n_heads=6", dp.ws_bytes, -1);
+  for (float bad : {-1.0f, NAN, INFINITY}) {
+    p = dp.params();
+    p.softcap = bad;
+    expect_error(p, "paged_decode_attention: softcap=", dp.ws_bytes, -1);
+  }
   p = dp.params();
   expect_error(p, "partition_size=100", dp.ws_bytes, 100);
   p.max_seq_len = 4096;  // 16 partitions of 256 need room

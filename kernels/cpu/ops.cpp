@@ -264,7 +264,8 @@ void paged_decode_attention_ref(const PagedDecodeParams& p) {
           load_any(kv.k_pool, kv.k_type, lk, slot_of(t), h / group, kbuf.data());
           float d = 0;
           for (int j = 0; j < hd; ++j) d += q[j] * kbuf[j];
-          scores[t - first] = d * p.scale;
+          const float sc = d * p.scale;
+          scores[t - first] = p.softcap > 0 ? p.softcap * std::tanh(sc / p.softcap) : sc;
         }
         softmax(scores.data(), pos - first + 1);
         std::fill(acc.begin(), acc.end(), 0.0f);

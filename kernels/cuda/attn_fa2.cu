@@ -23,11 +23,15 @@
 // layout ldmatrix reads, and one more barrier publishes it. bf16 converts in
 // place (same size); f16 is read from the stage as in kPaged. fa3 keeps
 // reading typed pools through gather_kv: its TMA copies raw tiles.
+// Soft-cap (AttnParams::softcap > 0): a separate instantiation (kSoftcap)
+// caps each tile's raw scores (softcap_tanh) before the mask; every mode,
+// head dim, window and KV type the kernel runs takes it.
 #include <cfloat>
 #include <cstdlib>
 #include <type_traits>
 
 #include "cuda/attn_kernels.h"
+#include "cuda/attn_softcap.cuh"
 #include "cuda/common.cuh"
 #include "cuda/kv_codec.cuh"
 #include "cuda/mma_sm80.cuh"
@@ -47,7 +51,8 @@ struct Fa2Args {
   const int32_t* cu_k;
   int total_q, n_heads, n_kv_heads, window_left;
   bool causal;
-  float scale_log2;  // softmax scale * log2(e)
+  float scale_log2;  // softmax scale * log2(e); 1 under soft-cap (the capped scores are already in base 2)
+  float cap_in, cap_out;  // soft-cap only: s -> cap_out * tanh(s * cap_in), scale / cap and cap * log2(e)
   const int32_t* block_tables;  // paged only: [batch, max_blocks_per_seq]
   int max_blocks_per_seq;
   int log2_bs;                  // paged only: log2(block_size)
@@ -340,7 +345,10 @@ __device__ __forceinline__ float exp_row(float (&s)[kNT][4], int hr, float scale
   return sum;
 }
 
-template <typename T, int D, Fa2Mode kMode>
+// kSoftcap: the attention logit soft-cap (attention.h) is a template switch
+// so that the kernels without it compile as before: d128 runs at the
+// register limit, where any change to the loop moves ptxas's spills.
+template <typename T, int D, Fa2Mode kMode, bool kSoftcap>
 __global__ void __launch_bounds__(Fa2Traits<D>::kWarps * 32, Fa2Traits<D>::kMinBlocks)
     attn_fa2_fwd(Fa2ArgsOf<kMode> a) {
   constexpr bool kPaged = kMode != Fa2Mode::kContig, kTyped = kMode == Fa2Mode::kTyped;
@@ -521,6 +529,18 @@ __global__ void __launch_bounds__(Fa2Traits<D>::kWarps * 32, Fa2Traits<D>::kMinB
         }
       }
 
+      // Soft-cap before the mask (tanh(-inf) would unmask a key): s * scale ->
+      // cap * tanh(. / cap) -> * log2(e), folded into two multiplies around
+      // the tanh (softcap_tanh); a.scale_log2 is then 1.
+      if constexpr (kSoftcap) {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[mt][nt][e] = a.cap_out * softcap_tanh(s[mt][nt][e] * a.cap_in);
+      }
+
       // Mask only tiles that straddle a boundary (sequence end, diagonal, window edge).
       const int n0 = t * BN;
       const bool need_mask = n0 + BN > sk || (a.causal && n0 + BN - 1 > m0 + offset) ||
@@ -683,7 +703,7 @@ int fa2_order(const AttnParams& p, int n_m_blocks) {
   return order == kFa2OrderPair && !fa2_two_pass(p) ? kFa2OrderLpt : order;
 }
 
-template <typename T, int D, Fa2Mode kMode>
+template <typename T, int D, Fa2Mode kMode, bool kSoftcap>
 void launch_fa2(const AttnParams& p) {
   constexpr int BM = fa2_bm<D>();
   size_t smem = fa2_smem_bytes<D>();
@@ -698,8 +718,9 @@ void launch_fa2(const AttnParams& p) {
   Fa2ArgsOf<kMode> a{};
   static_cast<Fa2Args&>(a) = Fa2Args{p.q,       p.k,          p.v,           p.out,         p.lse,    p.cu_seqlens_q,
                                      p.cu_seqlens_k, p.total_q, p.n_heads, p.n_kv_heads, p.window_left, p.causal,
-                                     p.scale * kLog2e, p.block_tables, p.max_blocks_per_seq, log2_bs,
-                                     n_m, p.n_heads * p.batch, fa2_order(p, n_m)};
+                                     kSoftcap ? 1.0f : p.scale * kLog2e, kSoftcap ? p.scale / p.softcap : 0.0f,
+                                     kSoftcap ? p.softcap * kLog2e : 0.0f, p.block_tables, p.max_blocks_per_seq,
+                                     log2_bs, n_m, p.n_heads * p.batch, fa2_order(p, n_m)};
   const int64_t units = int64_t(a.order == kFa2OrderPair ? (n_m + 1) / 2 : n_m) * a.n_hb;
   RUNLM_CHECK(units < (int64_t(1) << 31), "fa2: %lld CTAs unsupported; supported: < 2^31",
               static_cast<long long>(units));
@@ -717,19 +738,26 @@ void launch_fa2(const AttnParams& p) {
                 "fa2: paged K=%s V=%s at head_dim=%d need %zu bytes of shared memory; this device has %d",
                 kv_type_name(a.k_type), kv_type_name(a.v_type), D, smem, max_smem);
   }
-  cudaCheck(cudaFuncSetAttribute(attn_fa2_fwd<T, D, kMode>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  attn_fa2_fwd<T, D, kMode>
+  cudaCheck(cudaFuncSetAttribute(attn_fa2_fwd<T, D, kMode, kSoftcap>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 int(smem)));
+  attn_fa2_fwd<T, D, kMode, kSoftcap>
       <<<grid, Fa2Traits<D>::kWarps * 32, smem, static_cast<cudaStream_t>(p.stream)>>>(a);
   cudaCheckLaunch();
 }
 
+template <typename T, int D, Fa2Mode kMode>
+void launch_fa2_cap(const AttnParams& p) {
+  if (p.softcap > 0.0f) return launch_fa2<T, D, kMode, true>(p);
+  return launch_fa2<T, D, kMode, false>(p);
+}
+
 template <typename T, int D>
 void launch_fa2_dim(const AttnParams& p) {
-  if (!p.block_tables) return launch_fa2<T, D, Fa2Mode::kContig>(p);
-  if (!attn_kv_typed(p)) return launch_fa2<T, D, Fa2Mode::kPaged>(p);
+  if (!p.block_tables) return launch_fa2_cap<T, D, Fa2Mode::kContig>(p);
+  if (!attn_kv_typed(p)) return launch_fa2_cap<T, D, Fa2Mode::kPaged>(p);
   // Typed pools decode to the f16 tiles the mma reads: dtype f16 only, so
   // bf16 attention needs no instantiation of its own.
-  if constexpr (std::is_same_v<T, __half>) return launch_fa2<T, D, Fa2Mode::kTyped>(p);
+  if constexpr (std::is_same_v<T, __half>) return launch_fa2_cap<T, D, Fa2Mode::kTyped>(p);
   fail("fa2: paged K/V types K=%s V=%s with dtype %s unsupported; supported: dtype f16",
        kv_type_name(attn_kv_type(p, false)), kv_type_name(attn_kv_type(p, true)), dtype_name(p.dtype));
 }

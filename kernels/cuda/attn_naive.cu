@@ -1,6 +1,7 @@
 // attn_naive: the simple GPU reference. One CTA per (query row, head): it
 // materialises that row of S = scale * q K^T in shared memory (one warp per
-// key), takes a max-subtracted softmax over it and sums P V, all in fp32.
+// key; soft-capped when p.softcap > 0), takes a max-subtracted softmax over
+// it and sums P V, all in fp32.
 // No tiling: every CTA re-reads its sequence's K and V, so it is
 // memory-bound and slow on long sequences; it exists to be obviously right.
 // Paged K/V (attention.h): each key row's address goes through the block
@@ -33,6 +34,7 @@ struct NaiveArgs {
   int total_q, n_heads, n_kv_heads, head_dim, window_left;
   bool causal;
   float scale;
+  float softcap;                // 0 = none
   const int32_t* block_tables;  // nullptr: contiguous K/V
   int max_blocks_per_seq, block_size;
   bool typed;                   // typed pools: k_type / v_type in layouts lk / lv
@@ -121,7 +123,11 @@ __global__ void __launch_bounds__(kNaiveThreads) attn_naive_kernel(NaiveArgs a) 
       for (int c = lane; c < d; c += 32) acc += qs[c] * Tr::to_float(kr[c]);
     }
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if (lane == 0) s[j] = acc * a.scale;
+    if (lane == 0) {
+      const float sc = acc * a.scale;
+      // Soft-cap (attention.h): the visible keys only, so no mask to order against.
+      s[j] = a.softcap > 0.0f ? a.softcap * tanhf(sc / a.softcap) : sc;
+    }
   }
   __syncthreads();
 
@@ -167,8 +173,8 @@ void launch_typed(const AttnParams& p) {
   if (p.max_seqlen_q == 0) return;
   cudaCheck(cudaFuncSetAttribute(attn_naive_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   NaiveArgs a{p.q, p.k, p.v, p.out, p.lse, p.cu_seqlens_q, p.cu_seqlens_k, p.total_q, p.n_heads, p.n_kv_heads,
-              p.head_dim, p.window_left, p.causal, p.scale, p.block_tables, p.max_blocks_per_seq, p.block_size,
-              false, KvType::F16, KvType::F16, KvPoolLayout{}, KvPoolLayout{}};
+              p.head_dim, p.window_left, p.causal, p.scale, p.softcap, p.block_tables, p.max_blocks_per_seq,
+              p.block_size, false, KvType::F16, KvType::F16, KvPoolLayout{}, KvPoolLayout{}};
   if (p.block_tables && attn_kv_typed(p)) {
     RUNLM_CHECK(p.dtype == DType::F16, "naive: paged K/V types K=%s V=%s with dtype %s unsupported; supported: dtype f16",
                 kv_type_name(attn_kv_type(p, false)), kv_type_name(attn_kv_type(p, true)), dtype_name(p.dtype));

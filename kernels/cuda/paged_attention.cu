@@ -11,7 +11,9 @@
 // automatic split (make_plan) aims at about two waves of the device and
 // prefers 1024-key partitions while they fill a quarter wave.
 //
-// The kernels (select_decode_kernel picks one per launch):
+// The kernels (select_decode_kernel picks one per launch); each takes a
+// sliding window and the attention logit soft-cap (softcap_log2 in
+// paged_decode_common.cuh) at every head_dim and KV type it runs:
 // - simt (paged_decode_simt.cuh): every K/V type pair and head_dim; kBdx =
 //   head_dim / 8 threads cover a key row with one 16-byte load each, online
 //   softmax per key lane, lanes merged by shuffles and shared memory.
@@ -162,6 +164,8 @@ void check_params(const PagedDecodeParams& p) {
   RUNLM_CHECK(int64_t(kv.n_kv_heads) * hd * 2 * bs < (int64_t(1) << 31),
               "paged_decode_attention: n_kv_heads=%d x head_dim=%d x block_size=%d makes a page of 2 GiB or more",
               kv.n_kv_heads, hd, bs);
+  RUNLM_CHECK(p.softcap >= 0.0f && p.softcap <= FLT_MAX,
+              "paged_decode_attention: softcap=%g unsupported; supported: 0 (none) or a finite value > 0", p.softcap);
   RUNLM_CHECK(p.max_q_per_seq >= 1 && p.max_q_per_seq <= 16,
               "paged_decode_attention: max_q_per_seq=%d unsupported; supported: 1..16", p.max_q_per_seq);
   RUNLM_CHECK(p.n_seqs >= 0 && p.n_seqs <= 65535, "paged_decode_attention: n_seqs=%d out of range 0..65535",
@@ -274,6 +278,10 @@ bool kernel_runs(DecodeKernel kernel, const PagedDecodeParams& p, const DeviceAr
   return false;
 }
 
+// Every kernel takes any window and soft-cap (PagedDecodeParams::window,
+// softcap), so the choice is by KV types, head_dim and device only. Where a
+// faster kernel's head_dim rules it out, the reason names it and the kernel
+// chosen instead.
 DecodeKernelChoice select(const PagedDecodeParams& p, const DeviceArch& arch) {
   const KvType k = p.kv.k_type, v = p.kv.v_type;
   const int hd = p.kv.head_dim;
@@ -285,8 +293,13 @@ DecodeKernelChoice select(const PagedDecodeParams& p, const DeviceArch& arch) {
               "K and V each q8_0, fp8 or q4_0 at head_dim 128, pages >= 16, n_kv_heads a multiple of 8, sm_90"};
     if (mma_quant_types(k, v, hd))
       return {DecodeKernel::MmaQuantSm80, "K and V both quantized at head_dim 64 or 128"};
+    if (hd == 256 && quantized(k) && quantized(v))
+      return {DecodeKernel::MmaSm80,
+              "tma_sm90 (head_dim 128 only) and mma_quant_sm80 (64, 128): head_dim 256 unsupported -> mma_sm80"};
     return {DecodeKernel::MmaSm80, "a quantized K or V with an f16 partner, or head_dim 256"};
   }
+  const bool same_plain = k == v && (k == KvType::F16 || k == KvType::BF16);
+  if (same_plain && hd == 256) return {DecodeKernel::Simt, "mma_f16 (head_dim 64, 128): head_dim 256 unsupported -> simt"};
   return {DecodeKernel::Simt, "types or head_dim no tensor-core kernel covers"};
 }
 
@@ -383,13 +396,14 @@ void ensure_smem_attr(KernelFn fn, int smem_bytes) {
   if (n_done < 64) done[n_done++] = {dev, fn};
 }
 
-KernelFn pick_mma_sm80_kernel(KvType k, KvType v, int hd) {
+// softcap: the quantized-load kernel's soft-capped instance (its kSoftcap).
+KernelFn pick_mma_sm80_kernel(KvType k, KvType v, int hd, bool softcap) {
   KernelFn fn = nullptr;
   switch (k) {
-    case KvType::F16: fn = pick_mma_sm80_kernel_kf16(v, hd); break;
-    case KvType::Q8_0: fn = pick_mma_sm80_kernel_kq8_0(v, hd); break;
-    case KvType::Q4_0: fn = pick_mma_sm80_kernel_kq4_0(v, hd); break;
-    case KvType::FP8: fn = pick_mma_sm80_kernel_kfp8(v, hd); break;
+    case KvType::F16: fn = pick_mma_sm80_kernel_kf16(v, hd, softcap); break;
+    case KvType::Q8_0: fn = pick_mma_sm80_kernel_kq8_0(v, hd, softcap); break;
+    case KvType::Q4_0: fn = pick_mma_sm80_kernel_kq4_0(v, hd, softcap); break;
+    case KvType::FP8: fn = pick_mma_sm80_kernel_kfp8(v, hd, softcap); break;
     default: break;
   }
   RUNLM_CHECK(fn, "paged_decode_attention: no tensor-core kernel for K=%s V=%s head_dim=%d", kv_type_name(k),
@@ -489,7 +503,7 @@ Plan make_plan(const PagedDecodeParams& p, int forced_partition, DecodeKernel fo
     case DecodeKernel::MmaQuantSm80:
       pl.rows_per_cta = kMmaRows;
       pl.n_chunks = ceil_div(rows, kMmaRows);
-      pl.fn = pick_mma_sm80_kernel(p.kv.k_type, p.kv.v_type, p.kv.head_dim);
+      pl.fn = pick_mma_sm80_kernel(p.kv.k_type, p.kv.v_type, p.kv.head_dim, p.softcap > 0.0f);
       break;
     default:
       pl.rows_per_cta = rows_per_cta(rows);

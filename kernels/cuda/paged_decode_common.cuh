@@ -9,6 +9,7 @@
 #include <cfloat>
 #include <cstdint>
 
+#include "cuda/attn_softcap.cuh"
 #include "cuda/attn_state.h"
 #include "cuda/common.cuh"
 #include "cuda/kv_codec.cuh"
@@ -30,6 +31,28 @@ constexpr int kCombineThreads = 256;
 constexpr int kCombineWarps = kCombineThreads / 32;
 constexpr int kMaxHeadDim = 256;
 
+
+// ------------------------------------------------------------ soft-cap
+
+// Attention logit soft-cap (Gemma 2) on a score the kernels hold in base 2:
+// every kernel folds scale * log2(e) into q, so its score is x = s * scale *
+// log2(e), and cap * tanh(s * scale / cap) * log2(e) = c * tanh(x / c) with c
+// = cap * log2(e): the same order (scale, cap, then log2(e)) without
+// unfolding the scale (softcap_apply, attn_softcap.cuh: its error, and why
+// not tanhf). Applied before the mask: tanh(-inf) would turn a masked key
+// into -c.
+__device__ __forceinline__ float softcap_log2(float x, float c, float inv_c) { return softcap_apply(x, c, inv_c); }
+
+// The two constants of softcap_log2 for PagedDecodeParams::softcap (> 0).
+struct SoftcapLog2 {
+  float c = 0.0f, inv_c = 0.0f;
+  __device__ __forceinline__ explicit SoftcapLog2(float softcap) {
+    if (softcap > 0.0f) {
+      c = softcap * kLog2e;
+      inv_c = 1.0f / c;
+    }
+  }
+};
 
 // ------------------------------------------------------------ shared geometry
 

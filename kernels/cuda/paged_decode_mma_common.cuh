@@ -87,6 +87,18 @@ __device__ __forceinline__ void rows8_store_warp(const PagedDecodeParams& p, con
   }
 }
 
+// Row g's scores of a 16-key tile (base 2, see softcap_log2) soft-capped in
+// place when PagedDecodeParams::softcap is set; before rows8_mask_tile.
+__device__ __forceinline__ void rows8_softcap(float (&sc)[2][2], float softcap) {
+  if (softcap > 0.0f) {  // uniform: a launch parameter
+    const SoftcapLog2 cap(softcap);
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) sc[j][c] = softcap_log2(sc[j][c], cap.c, cap.inv_c);
+  }
+}
+
 // Row g's scores of a 16-key tile, sc[j][c] = key key0 + 8j + 2t + c (S's
 // C fragment): keys outside the row's [key_lo, key_hi) become -inf. Callers
 // run it only on tiles that cross a row's bounds (rows8_common_keys).

@@ -274,6 +274,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
       }
     }
     float sc[2][2] = {{acc[0][0], acc[0][1]}, {acc[1][0], acc[1][1]}};
+    rows8_softcap(sc, p.softcap);
     if (key0 < lo_max || key0 + 16 > hi_min) rows8_mask_tile(sc, key0, t, key_lo, key_hi);  // warp-uniform
     float pr[2][2];
     rows8_softmax_step(sc, t, m, d, pr, [&](float c0, float c1) { rescale_o_tiles(o, c0, c1); });

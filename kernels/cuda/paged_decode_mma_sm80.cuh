@@ -322,6 +322,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
           for (int c = 0; c < 2; ++c) load_v(u, j, c, 0, NB / 2);
       }
+      rows8_softcap(sc, p.softcap);
       if (edge) rows8_mask_tile(sc, base + 16 * u, t, key_lo, key_hi);
       float pr[2][2];
       rows8_softmax_step(sc, t, m, d, pr, [&](float c0, float c1) { rescale_o_blocks(o, c0, c1); });
@@ -393,8 +394,11 @@ constexpr int quant_kernel_min_ctas() {
 
 // grid, workspace and results as paged_decode_mma_sm80_kernel: each warp
 // walks 32 keys (2 tiles of 16) of every 128-key CTA step, all loads of a
-// step issued before their first use.
-template <typename KP, typename VP, int HD, int kMinCtas>
+// step issued before their first use. kSoftcap: the soft-cap is a template
+// switch here (the other decode kernels branch on p.softcap): under the
+// 168-register cap a runtime branch made ptxas spill 32 bytes at hd 128
+// (q8_0/q8_0) where the kernel had none.
+template <typename KP, typename VP, int HD, int kMinCtas, bool kSoftcap>
 __global__ void __launch_bounds__(kThreads, kMinCtas)
     paged_decode_mma_quant_kernel(const __grid_constant__ PagedDecodeParams p, int partition_size, int n_chunks,
                                int bs_shift, float* __restrict__ ws_o, float* __restrict__ ws_md, int ws_parts) {
@@ -509,6 +513,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
         }
       }
     float sc[2][2] = {{acc[0][0], acc[0][1]}, {acc[1][0], acc[1][1]}};
+    if constexpr (kSoftcap) rows8_softcap(sc, p.softcap);
     if (key0 < lo_max || key0 + 16 > hi_min) rows8_mask_tile(sc, key0, t, key_lo, key_hi);  // warp-uniform
     float pr[2][2];
     rows8_softmax_step(sc, t, m, d, pr, [&](float c0, float c1) { rescale_o_tiles(o, c0, c1); });
@@ -574,10 +579,10 @@ __global__ void __launch_bounds__(kThreads, kMinCtas)
 // kernel where K and V are both quantized at head_dim 64 or 128, the
 // generic one elsewhere; nullptr where not instantiated (V bf16, f16/f16,
 // head_dim 32). Static shared memory only.
-KernelFn pick_mma_sm80_kernel_kf16(KvType v, int head_dim);
-KernelFn pick_mma_sm80_kernel_kq8_0(KvType v, int head_dim);
-KernelFn pick_mma_sm80_kernel_kq4_0(KvType v, int head_dim);
-KernelFn pick_mma_sm80_kernel_kfp8(KvType v, int head_dim);
+KernelFn pick_mma_sm80_kernel_kf16(KvType v, int head_dim, bool softcap);
+KernelFn pick_mma_sm80_kernel_kq8_0(KvType v, int head_dim, bool softcap);
+KernelFn pick_mma_sm80_kernel_kq4_0(KvType v, int head_dim, bool softcap);
+KernelFn pick_mma_sm80_kernel_kfp8(KvType v, int head_dim, bool softcap);
 
 }  // namespace paged
 }  // namespace runlm

@@ -162,6 +162,14 @@ __global__ void __launch_bounds__(kThreads, R <= 4 ? 4 : 1)
 #pragma unroll
         for (int r = 0; r < R; ++r) sc[u][r] += __shfl_xor_sync(0xffffffffu, sc[u][r], off);
 
+    // Soft-cap (uniform: a launch parameter) before the mask (softcap_log2).
+    if (p.softcap > 0.0f) {
+      const SoftcapLog2 cap(p.softcap);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+        for (int r = 0; r < R; ++r) sc[u][r] = softcap_log2(sc[u][r], cap.c, cap.inv_c);
+    }
     // Masks only where some key of the iteration is outside a row's range
     // (a CTA-uniform branch: the edges of the range, windows, causal tails).
     if (base < lo_max || base + kKeysPerIter > hi_min) {

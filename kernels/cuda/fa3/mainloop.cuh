@@ -16,6 +16,7 @@
 // the same code.
 #pragma once
 
+#include "cuda/attn_softcap.cuh"
 #include "cuda/fa3/kernel_traits.cuh"
 #include "cuda/sm90.cuh"
 #include "cuda/fa3/softmax.cuh"
@@ -227,7 +228,7 @@ __device__ __forceinline__ void fence_regs_u32(uint32_t (&r)[N][4]) {
 // Ping-pong between the consumer warpgroups (FA3 section 3.1) measured
 // slower than intra-warpgroup overlap alone on H100 (d128 16k: 585 vs 623
 // TFLOP/s non-causal; 2-6% at d128 8k-16k with this loop) and is not used.
-template <typename T, int D, int BN, bool kPaged>
+template <typename T, int D, int BN, bool kPaged, bool kSoftcap>
 __device__ __forceinline__ void consumer_mma_block(uint32_t base, const Args& a, const TileRange& r, int wgc, int q_iter,
                                                    PipeState& pipe, float (&o)[D / 2], OnlineSoftmax<BN>& sm) {
   using L = Layout<D, BN>;
@@ -269,6 +270,13 @@ __device__ __forceinline__ void consumer_mma_block(uint32_t base, const Args& a,
   // Mask (only tiles that straddle the sequence end, the diagonal or the
   // window edge for this warpgroup's rows), softmax; returns O's factors.
   auto softmax_tile = [&](int t, float (&corr)[2]) {
+    // Soft-cap before the mask (tanh(-inf) would unmask a key): s * scale ->
+    // cap * tanh(. / cap) -> * log2(e) as two multiplies around the tanh
+    // (softcap_tanh, attn_softcap.cuh); a.scale_log2 is then 1.
+    if constexpr (kSoftcap) {
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) sacc[i] = a.cap_out * softcap_tanh(sacc[i] * a.cap_in);
+    }
     const int n0 = t * BN;
     const bool need_mask = n0 + BN > r.sk || (a.causal && n0 + BN - 1 > m0w + r.offset) ||
                            (a.window_left >= 0 && n0 < m0w + 63 + r.offset - a.window_left);

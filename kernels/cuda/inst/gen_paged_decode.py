@@ -70,7 +70,7 @@ def main():
         (out / f"paged_decode_simt_k{kname}.cu").write_text(
             unit(f"SIMT paged decode kernels with K = {kname}", "paged_decode_simt.cuh", body))
     for kname, _, _ in MMA_TYPES:
-        body = [f"KernelFn pick_mma_sm80_kernel_k{kname}(KvType v, int hd) {{"]
+        body = [f"KernelFn pick_mma_sm80_kernel_k{kname}(KvType v, int hd, bool softcap) {{"]
         for vname, vt, _ in MMA_TYPES:
             if kname in PLAIN and vname in PLAIN:
                 continue
@@ -79,7 +79,10 @@ def main():
                 pols = f"{MMA_POLICY[kname]}, {MMA_POLICY[vname]}, {hd}"
                 if hd != 256 and kname in QUANT and vname in QUANT:
                     ctas = f"quant_kernel_min_ctas<{pols}>()" if hd == 128 else "2"
-                    body.append(f"    if (hd == {hd}) return paged_decode_mma_quant_kernel<{pols}, {ctas}>;")
+                    # The soft-capped instance (kSoftcap): 2 CTAs an SM, no register cap of 168.
+                    body.append(f"    if (hd == {hd})")
+                    body.append(f"      return softcap ? paged_decode_mma_quant_kernel<{pols}, 2, true>")
+                    body.append(f"                     : paged_decode_mma_quant_kernel<{pols}, {ctas}, false>;")
                 else:
                     body.append(f"    if (hd == {hd}) return paged_decode_mma_sm80_kernel<{pols}>;")
             body += ["    return nullptr;", "  }"]

@@ -3,7 +3,7 @@
 
 namespace runlm::paged {
 
-KernelFn pick_mma_sm80_kernel_kf16(KvType v, int hd) {
+KernelFn pick_mma_sm80_kernel_kf16(KvType v, int hd, bool softcap) {
   if (v == KvType::Q8_0) {
     if (hd == 64) return paged_decode_mma_sm80_kernel<MmaF16, MmaQ8, 64>;
     if (hd == 128) return paged_decode_mma_sm80_kernel<MmaF16, MmaQ8, 128>;

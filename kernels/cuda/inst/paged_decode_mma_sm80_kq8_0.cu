@@ -3,7 +3,7 @@
 
 namespace runlm::paged {
 
-KernelFn pick_mma_sm80_kernel_kq8_0(KvType v, int hd) {
+KernelFn pick_mma_sm80_kernel_kq8_0(KvType v, int hd, bool softcap) {
   if (v == KvType::F16) {
     if (hd == 64) return paged_decode_mma_sm80_kernel<MmaQ8, MmaF16, 64>;
     if (hd == 128) return paged_decode_mma_sm80_kernel<MmaQ8, MmaF16, 128>;
@@ -11,20 +11,32 @@ KernelFn pick_mma_sm80_kernel_kq8_0(KvType v, int hd) {
     return nullptr;
   }
   if (v == KvType::Q8_0) {
-    if (hd == 64) return paged_decode_mma_quant_kernel<MmaQ8, MmaQ8, 64, 2>;
-    if (hd == 128) return paged_decode_mma_quant_kernel<MmaQ8, MmaQ8, 128, quant_kernel_min_ctas<MmaQ8, MmaQ8, 128>()>;
+    if (hd == 64)
+      return softcap ? paged_decode_mma_quant_kernel<MmaQ8, MmaQ8, 64, 2, true>
+                     : paged_decode_mma_quant_kernel<MmaQ8, MmaQ8, 64, 2, false>;
+    if (hd == 128)
+      return softcap ? paged_decode_mma_quant_kernel<MmaQ8, MmaQ8, 128, 2, true>
+                     : paged_decode_mma_quant_kernel<MmaQ8, MmaQ8, 128, quant_kernel_min_ctas<MmaQ8, MmaQ8, 128>(), false>;
     if (hd == 256) return paged_decode_mma_sm80_kernel<MmaQ8, MmaQ8, 256>;
     return nullptr;
   }
   if (v == KvType::Q4_0) {
-    if (hd == 64) return paged_decode_mma_quant_kernel<MmaQ8, MmaQ4, 64, 2>;
-    if (hd == 128) return paged_decode_mma_quant_kernel<MmaQ8, MmaQ4, 128, quant_kernel_min_ctas<MmaQ8, MmaQ4, 128>()>;
+    if (hd == 64)
+      return softcap ? paged_decode_mma_quant_kernel<MmaQ8, MmaQ4, 64, 2, true>
+                     : paged_decode_mma_quant_kernel<MmaQ8, MmaQ4, 64, 2, false>;
+    if (hd == 128)
+      return softcap ? paged_decode_mma_quant_kernel<MmaQ8, MmaQ4, 128, 2, true>
+                     : paged_decode_mma_quant_kernel<MmaQ8, MmaQ4, 128, quant_kernel_min_ctas<MmaQ8, MmaQ4, 128>(), false>;
     if (hd == 256) return paged_decode_mma_sm80_kernel<MmaQ8, MmaQ4, 256>;
     return nullptr;
   }
   if (v == KvType::FP8) {
-    if (hd == 64) return paged_decode_mma_quant_kernel<MmaQ8, MmaFp8, 64, 2>;
-    if (hd == 128) return paged_decode_mma_quant_kernel<MmaQ8, MmaFp8, 128, quant_kernel_min_ctas<MmaQ8, MmaFp8, 128>()>;
+    if (hd == 64)
+      return softcap ? paged_decode_mma_quant_kernel<MmaQ8, MmaFp8, 64, 2, true>
+                     : paged_decode_mma_quant_kernel<MmaQ8, MmaFp8, 64, 2, false>;
+    if (hd == 128)
+      return softcap ? paged_decode_mma_quant_kernel<MmaQ8, MmaFp8, 128, 2, true>
+                     : paged_decode_mma_quant_kernel<MmaQ8, MmaFp8, 128, quant_kernel_min_ctas<MmaQ8, MmaFp8, 128>(), false>;
     if (hd == 256) return paged_decode_mma_sm80_kernel<MmaQ8, MmaFp8, 256>;
     return nullptr;
   }
