@@ -841,6 +841,7 @@ GpuRun run_gpu(AttnBackend b, const Problem& p, DType t, const PagedKv* paged = 
   a.causal = p.causal;
   a.window_left = p.window_left;
   a.scale = p.scale();
+  a.softcap = p.softcap;
   if (paged) {
     a.block_tables = static_cast<const int32_t*>(dtab.p);
     a.max_blocks_per_seq = paged->max_blocks;
