@@ -77,7 +77,10 @@ PerplexityPlan plan_perplexity(const Tokenizer& tokenizer, const std::string& te
   PerplexityPlan plan;
   plan.options = options;
   const std::string used = utf8_prefix(text, options.n_chars);
-  plan.tokens = tokenizer.encode(used, /*add_bos=*/llama);
+  // Llama mode, as llama-perplexity: BOS before the text and over each
+  // chunk's first token only where the vocabulary adds one (Qwen's does not).
+  const bool bos = llama && tokenizer.add_bos() && tokenizer.bos() >= 0;
+  plan.tokens = tokenizer.encode(used, bos);
   plan.n_text_tokens = static_cast<int64_t>(plan.tokens.size());
   const int64_t n_ctx = options.n_ctx;
   RUNLM_CHECK(plan.n_text_tokens >= n_ctx,
@@ -95,7 +98,7 @@ PerplexityPlan plan_perplexity(const Tokenizer& tokenizer, const std::string& te
   if (!llama && tail >= 2) plan.chunks.push_back(PplChunk{n_full * n_ctx, tail, 0});
   if (options.n_chunks > 0 && plan.chunks.size() > static_cast<size_t>(options.n_chunks))
     plan.chunks.resize(static_cast<size_t>(options.n_chunks));
-  if (llama) plan.bos_per_chunk = tokenizer.bos();
+  if (bos) plan.bos_per_chunk = tokenizer.bos();
   return plan;
 }
 

@@ -53,7 +53,7 @@ struct PplChunk {
 
 struct PerplexityPlan {
   PerplexityOptions options;
-  std::vector<int> tokens;       // the (truncated) text's tokens; Llama mode: BOS first
+  std::vector<int> tokens;       // the (truncated) text's tokens; Llama mode: BOS first where the vocabulary adds one
   std::vector<PplChunk> chunks;
   int bos_per_chunk = -1;        // Llama mode: the BOS id written over each chunk's first token; -1 = none
   int64_t n_text_tokens = 0;     // tokens of the (truncated) text, before --chunks drops any

@@ -12,6 +12,7 @@
 #include "common.h"
 #include "convert.h"
 #include "engine.h"
+#include "gguf.h"
 #include "model.h"
 #include "perplexity.h"
 #include "quantize.h"
@@ -210,6 +211,26 @@ TEST(PerplexityPlan, ReferenceAndLlamaChunking) {
     EXPECT_EQ(ll.chunks[c].first, 32);
     EXPECT_EQ(ll.chunks[c].n_scored(), 64 - 32 - 1);
   }
+}
+
+// Llama mode follows the vocabulary's add_bos as llama-perplexity does: Qwen
+// 2's vocabulary adds no BOS, so neither the text nor any chunk starts with
+// one (an unconditional BOS moved Qwen perplexities by 0.5-1%).
+TEST(PerplexityPlan, LlamaModeAddsBosOnlyWhereTheVocabularyDoes) {
+  const std::string qwen = test_asset("vocab/ggml-vocab-qwen2.gguf");
+  RUNLM_REQUIRE_ASSET(qwen);
+  auto tok = Tokenizer::from_gguf(*GgufFile::open(qwen));
+  ASSERT_FALSE(tok->add_bos());
+  std::string text;
+  for (int i = 0; i < 40; ++i) text += "The quick brown fox jumps over the lazy dog. ";
+  PerplexityOptions o;
+  o.n_ctx = 32;
+  o.mode = PplMode::Llama;
+  const PerplexityPlan ll = plan_perplexity(*tok, text, o);
+  EXPECT_EQ(ll.tokens, tok->encode(text, false));
+  EXPECT_EQ(ll.bos_per_chunk, -1);
+  ASSERT_GE(ll.chunks.size(), 2u);
+  EXPECT_EQ(ll.chunk_tokens(1)[0], ll.tokens[32]);
 }
 
 TEST(PerplexityPlan, CharsCountsCodePoints) {

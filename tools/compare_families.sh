@@ -60,7 +60,7 @@ ppl_llama() {  # last "Final estimate: PPL = X" of llama-perplexity
 ppl_runlm() {
   "$BUILD/runlm" perplexity -m "$1" -f "$WORK/text.txt" --ppl-mode llama --device cpu -c 128 -t 2 \
     > "$WORK/runlm.log" 2>&1 || { tail -20 "$WORK/runlm.log" >&2; return 1; }
-  sed -n 's/^perplexity: \([0-9.]*\).*/\1/p' "$WORK/runlm.log"
+  sed -n 's/.*Final estimate: PPL = \([0-9.]*\).*/\1/p' "$WORK/runlm.log"
 }
 
 printf "%-22s %16s %16s %12s\n" model llama.cpp runlm rel.diff
