@@ -123,7 +123,7 @@ def compare(llama_path, runlm_path):
 def ppl_runlm(runlm, model, text, ctx, chunks, threads):
     out = run([runlm, "perplexity", "-m", model, "-f", text, "--ppl-mode", "llama", "--device", "cpu", "-c", str(ctx),
                "--chunks", str(chunks), "-t", str(threads)])
-    return float(re.search(r"perplexity: ([0-9.]+)", out).group(1))
+    return float(re.search(r"Final estimate: PPL = ([0-9.]+)", out).group(1))
 
 
 def ppl_llama(bindir, model, text, ctx, chunks, threads):
