@@ -18,6 +18,7 @@
 
 #include "common.h"
 #include "engine.h"
+#include "layer_rope.h"
 #include "kv_types.h"
 #include "model.h"
 #include "moe_routing.h"
@@ -113,30 +114,10 @@ class CpuEngine final : public Engine {
     }
     output_norm_ = decode_vector(model.weights().output_norm);
     if (opt.verbose) std::fprintf(stderr, "decode attention: cpu (the CPU engine; attention on the host threads)\n");
-    // RoPE of each layer. Longrope's factors follow the context size, as
-    // llama.cpp chooses them (long above the original context).
-    const ModelWeights& mw = model.weights();
-    if (cfg_.rope_factors == RopeFactors::Freqs) rope_factors_ = decode_vector(mw.rope_long);
-    if (cfg_.rope_factors == RopeFactors::LongShort)
-      rope_factors_ = decode_vector(n_ctx_ > cfg_.rope_orig_ctx ? mw.rope_long : mw.rope_short);
-    for (int l = 0; l < cfg_.n_layers; ++l) {
-      const bool local = cfg_.local_rope && cfg_.layer_uses_window(l);
-      RopeSpec rs;
-      rs.neox = cfg_.rope_style == RopeStyle::NeoX;
-      rs.n_rot = cfg_.n_rot;
-      rs.theta = local ? cfg_.rope_theta_local : cfg_.rope_theta;
-      rs.freq_scale = local ? cfg_.rope_freq_scale_local : cfg_.rope_freq_scale;
-      rs.factors = rope_factors_.empty() ? nullptr : rope_factors_.data();
-      rs.attn_factor = cfg_.rope_attn_factor;
-      if (cfg_.rope_yarn) {
-        rs.ext_factor = 1.0f;
-        rope_yarn_corr_dims(cfg_.n_rot, cfg_.rope_orig_ctx, rs.theta, cfg_.rope_yarn_beta_fast, cfg_.rope_yarn_beta_slow,
-                            rs.corr_dims);
-      }
-      rope_.push_back(rs);
+    rope_ = layer_rope_specs(model, n_ctx_, &rope_factors_);
+    for (const RopeSpec& rs : rope_)
       plain_rope_ = plain_rope_ && !rs.neox && rs.n_rot == cfg_.head_dim && !rs.factors && rs.attn_factor == 1.0f &&
                     rs.ext_factor == 0.0f && rs.theta == cfg_.rope_theta && rs.freq_scale == cfg_.rope_freq_scale;
-    }
   }
 
   const char* backend_name() const override { return "cpu"; }

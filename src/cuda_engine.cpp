@@ -35,6 +35,7 @@
 #include "cuda_weights.h"
 #include "engine.h"
 #include "kv_types.h"
+#include "layer_rope.h"
 #include "engine_support.h"
 #include "model.h"
 #include "ops.h"
@@ -228,7 +229,7 @@ class CudaEngine final : public Engine {
     n_ctx_ = opt.n_ctx > 0 ? opt.n_ctx : cfg_.ctx_train;
     n_batch_ = std::max(1, opt.n_batch);
     windows_ = layer_windows(cfg_, opt.sliding_window);
-    choose_rope();
+    rope_ = layer_rope_specs(model_, n_ctx_, &rope_factors_);  // the kernels read each spec on the host at launch
     upload_gpu_weights(model_, w_);
     allocate_buffers();
     mm_.build_groups(w_.layers, xh_.get(), q_.get(), k_.get(), v_.get(), gate_.get(), up_.get());
@@ -237,34 +238,7 @@ class CudaEngine final : public Engine {
     choose_decode_kernel(opt.verbose);
   }
 
-  // Each layer's RoPE (kernels/cpu/ops.h RopeSpec), as the CPU engine
-  // chooses it: the local base and scale on sliding-window layers where the
-  // model has them; longrope's factors follow the context size, as
-  // llama.cpp chooses them (long above the original context). The kernels
-  // read the spec on the host at each launch (rope.cuh's table).
-  void choose_rope() {
-    const ModelConfig& c = cfg_;
-    const ModelWeights& mw = model_.weights();
-    auto decode = [](const WeightView& w) {
-      std::vector<float> v(static_cast<size_t>(w.ne0));
-      get_row(qmatrix(w), 0, v.data());
-      return v;
-    };
-    if (c.rope_factors == RopeFactors::Freqs) rope_factors_ = decode(mw.rope_long);
-    if (c.rope_factors == RopeFactors::LongShort)
-      rope_factors_ = decode(n_ctx_ > c.rope_orig_ctx ? mw.rope_long : mw.rope_short);
-    for (int l = 0; l < c.n_layers; ++l) {
-      const bool local = c.local_rope && c.layer_uses_window(l);
-      RopeSpec rs;
-      rs.neox = c.rope_style == RopeStyle::NeoX;
-      rs.n_rot = c.n_rot;
-      rs.theta = local ? c.rope_theta_local : c.rope_theta;
-      rs.freq_scale = local ? c.rope_freq_scale_local : c.rope_freq_scale;
-      rs.factors = rope_factors_.empty() ? nullptr : rope_factors_.data();
-      rs.attn_factor = c.rope_attn_factor;
-      rope_.push_back(rs);
-    }
-  }
+
 
   // The decode attention kernel (the selector, kernels/cuda/paged_attention.h)
   // for this engine's cache; with --verbose said once on stderr, with the
@@ -845,7 +819,7 @@ class CudaEngine final : public Engine {
   int n_ctx_ = 0, n_batch_ = 512;
   std::vector<int> windows_;  // per layer, 0 = full attention (layer_windows)
   std::vector<float> rope_factors_;  // the per-pair divisors in use (rope_freqs, longrope's long or short), or empty
-  std::vector<RopeSpec> rope_;       // per layer (choose_rope); factors point into rope_factors_
+  std::vector<RopeSpec> rope_;       // per layer (layer_rope_specs); factors point into rope_factors_
   int window(int layer) const { return windows_[size_t(layer)]; }
   // AttnParams::window_left of a layer: keys [q - window_left, q], -1 = all.
   int window_left(int layer) const { return window(layer) > 0 ? window(layer) - 1 : -1; }
