@@ -27,6 +27,7 @@
 #include "attention.h"
 #include "common.h"
 #include "cuda/gpu_ops.h"
+#include "cuda/moe_ops.h"
 #include "cuda/paged_attention.h"
 #include "cuda_batch_plan.h"
 #include "cuda_device_buffer.h"
@@ -319,6 +320,8 @@ class CudaEngine final : public Engine {
     plan_host_ = nullptr;
     if (logits_host_) cudaFreeHost(logits_host_);
     logits_host_ = nullptr;
+    if (moe_offsets_host_) cudaFreeHost(moe_offsets_host_);
+    moe_offsets_host_ = nullptr;
     if (stream_) cudaStreamDestroy(stream_);
     stream_ = nullptr;
   }
@@ -351,6 +354,7 @@ class CudaEngine final : public Engine {
     positions_.allocate(m);
     cu_seqlens_.allocate(4);
     mm_.allocate(w_, kMaxGemvTokens, static_cast<int64_t>(widest));
+    if (c.moe()) allocate_moe_buffers();
     // Layers whose GEMM reads the weights once (F16 through cuBLAS, Q4_0 and
     // Q8_0 through the fused kernel, gemm_q_fused.cu) beat the GEMV from a few
     // tokens on: a 16-sequence F16 step took 25.6 ms by GEMV, slower per
@@ -359,7 +363,7 @@ class CudaEngine final : public Engine {
     // other types pay a dequantization pass in the GEMM path and keep the
     // GEMV up to 16.
     const GpuLayer& l0 = w_.layers.front();
-    bool gemm_reads_once = true;
+    bool gemm_reads_once = !c.moe();  // the experts' GEMMs wait for a host read of the counts (moe_ffn_gemm)
     for (const gpu::GpuMatrix* w : {&l0.wq, &l0.wk, &l0.wv, &l0.wo, &l0.w_gate, &l0.w_up, &l0.w_down})
       gemm_reads_once = gemm_reads_once && gemm_reads_weights_once(*w);
     gemv_max_tokens_ = gemm_reads_once ? kMaxGemvTokensGemmOnce : kMaxGemvTokens;
@@ -567,6 +571,12 @@ class CudaEngine final : public Engine {
       else gpu::gemm(g.wo, atth_.get(), xb_.get(), m, mm_.scratch(), stream_);
       if (c.post_norms) post_norm(g.attn_post_norm, m);
       // Feed-forward block.
+      if (c.moe()) {
+        moe_ffn(g, m, gemv);
+        if (c.post_norms) post_norm(g.ffn_post_norm, m);
+        pending = xb_.get();
+        continue;
+      }
       norm_into_x(g.ffn_norm, xb_.get(), m, gemv, uses_x8(g.w_gate) || uses_x8(g.w_up));
       if (gemv) project_gemv({{&g.w_gate, gate_.get()}, {&g.w_up, up_.get()}}, xb_.get(), m, true);
       else project_gemm(g.gate_up, {{&g.w_gate, gate_.get()}, {&g.w_up, up_.get()}}, m);
@@ -587,6 +597,159 @@ class CudaEngine final : public Engine {
       pending = xb_.get();
     }
     if (pending) gpu::add_inplace(x_.get(), pending, static_cast<int64_t>(m) * c.dim, stream_);
+  }
+
+  // ---- mixture of experts ----------------------------------------------------
+  //
+  // The feed-forward block of an MoE layer, as the CPU engine's moe_ffn:
+  // h = rmsnorm(x += xb_); the router's logits (+ bias) pick each token's k
+  // experts and weights (gpu::moe_route, on the device); each chosen expert
+  // runs its gated FFN (+ biases) on h; xb_ = the weighted sum of their
+  // outputs in slot order. Decode steps (the GEMV path) read only the chosen
+  // experts through the expert GEMV, with the ids in device memory: nothing
+  // waits on the host, so the single-token step stays in the CUDA graph.
+  // Longer steps group the (token, slot) pairs by expert and run one GEMM per
+  // active expert over its rows (moe_ffn_gemm).
+  void moe_ffn(const GpuLayer& g, int m, bool gemv) {
+    const ModelConfig& c = cfg_;
+    const int k = c.n_expert_used, ne = c.n_expert, dim = c.dim;
+    bool x8_ready = false;  // mm_.x8() holds h as int8
+    if (gemv) {
+      x8_ready = (uses_x8(g.gate_exps.type) || uses_x8(g.up_exps.type)) && dim % 32 == 0;
+      norm_for_gemv(g.ffn_norm, xb_.get(), m, x8_ready);
+    } else {
+      // f32 for the router (moe_router_logits), f16 for the experts' GEMMs.
+      gpu::rmsnorm_fused(x_.get(), xb_.get(), g.ffn_norm.get(), xb_.get(), xh_.get(), nullptr, m, dim, c.rms_eps,
+                         stream_);
+    }
+    moe_router_logits(g, m, x8_ready);
+    gpu::MoeRoute r;
+    r.n_expert = ne;
+    r.n_used = k;
+    r.softmax_first = c.moe_gating == MoeGating::SoftmaxThenTopK;
+    r.normalize = c.moe_norm_weights;
+    r.scale = c.moe_weights_scale;
+    gpu::moe_route(moe_logits_.get(), g.router_b.get(), r, m, moe_ids_.get(), moe_w_.get(), stream_);
+    if (gemv) moe_ffn_gemv(g, m);
+    else moe_ffn_gemm(g, m);
+  }
+
+  // The router's logits of the m normed rows in xb_ (f32) into moe_logits_.
+  // With f32 x where the type has that GEMV (the router stays f32 in GGUF
+  // files; llama-quantize leaves ffn_gate_inp alone): int8 x would round the
+  // logits that choose the experts. GEMV chunks of up to 16 rows on the
+  // GEMM path too: the router is n_expert rows, a small read.
+  // A router of another type reads int8 x: the one the norm wrote when
+  // x8_ready (the experts read it next), else quantized here.
+  void moe_router_logits(const GpuLayer& g, int m, bool x8_ready) {
+    const ModelConfig& c = cfg_;
+    for (int done = 0; done < m; done += kMaxGemvTokens) {
+      const int n = std::min(kMaxGemvTokens, m - done);
+      const float* x = xb_.get() + static_cast<size_t>(done) * c.dim;
+      float* y = moe_logits_.get() + static_cast<size_t>(done) * c.n_expert;
+      if (gpu::gemv_f32x_supports(g.router.type)) gpu::gemv(g.router, x, y, n, stream_);
+      else project_gemv({{&g.router, y}}, x, n, x8_ready);
+    }
+  }
+
+  gpu::MoeActivation moe_activation() const {
+    gpu::MoeActivation a;
+    a.oai = cfg_.ffn_act == FfnActivation::SwigluOai;  // alpha 1.702, limit 7 as kernels/cpu/ops.h swiglu_oai
+    return a;
+  }
+
+  // Decode: pairs p = t * k + s in token order. gate/up read h as int8
+  // (mm_.x8(), written by the norm) or f32 (xb_); the activation writes the
+  // down GEMV's int8 x (moe_x8_) or f32 in place.
+  void moe_ffn_gemv(const GpuLayer& g, int m) {
+    const ModelConfig& c = cfg_;
+    const int k = c.n_expert_used, pairs = m * k;
+    const int32_t* ids = moe_ids_.get();
+    const gpu::ExpertGemvOut gu[2] = {{&g.gate_exps, moe_gate_.get()}, {&g.up_exps, moe_up_.get()}};
+    const bool one_launch = g.gate_exps.type == g.up_exps.type && g.gate_exps.rows == g.up_exps.rows;
+    for (int i = 0; i < 2; i += one_launch ? 2 : 1)
+      expert_gemv(gu + i, one_launch ? 2 : 1, mm_.x8(), xb_.get(), m, ids, pairs, k);
+    const gpu::ExpertGemvOut down{&g.down_exps, moe_y_.get()};
+    const int64_t eh = c.expert_hidden_dim;
+    if (uses_x8(g.down_exps.type)) {
+      gpu::moe_activation_x8(moe_gate_.get(), moe_up_.get(), g.gate_exps_b.get(), g.up_exps_b.get(), ids, pairs, eh,
+                             moe_activation(), moe_x8_.get(), stream_);
+      expert_gemv(&down, 1, moe_x8_.get(), nullptr, pairs, ids, pairs, 1);
+    } else {
+      gpu::moe_activation(moe_gate_.get(), moe_up_.get(), g.gate_exps_b.get(), g.up_exps_b.get(), ids, pairs, eh,
+                          moe_activation(), nullptr, stream_);
+      expert_gemv(&down, 1, nullptr, moe_gate_.get(), pairs, ids, pairs, 1);
+    }
+    gpu::moe_combine(moe_y_.get(), nullptr, ids, moe_w_.get(), g.down_exps_b.get(), m, k, c.dim, xb_.get(), stream_);
+  }
+
+  // The expert GEMV of `outs` by their type's path (int8 x8 or f32 x, x_rows rows).
+  void expert_gemv(const gpu::ExpertGemvOut* outs, int n, const void* x8, const float* x, int x_rows,
+                   const int32_t* ids, int pairs, int x_div) {
+    if (uses_x8(outs[0].w->type)) gpu::expert_gemv_x8(outs, n, x8, x_rows, ids, pairs, x_div, stream_);
+    else gpu::expert_gemv_f32(outs, n, x, ids, pairs, x_div, stream_);
+  }
+
+  // Prefill and batched steps: the pairs grouped by expert on the device
+  // (gpu::moe_group), then per active expert one GEMM over its rows, which
+  // reads (dequantizes) that expert once. The GEMM sizes are the per-expert
+  // counts, so they come to the host: one small copy and a stream sync per
+  // MoE layer, which this path (never graph-captured) accepts for plain
+  // cuBLAS / fused launches sized on the host.
+  void moe_ffn_gemm(const GpuLayer& g, int m) {
+    const ModelConfig& c = cfg_;
+    const int k = c.n_expert_used, ne = c.n_expert, pairs = m * k, dim = c.dim;
+    const int64_t eh = c.expert_hidden_dim;
+    gpu::moe_group(moe_ids_.get(), pairs, ne, moe_offsets_.get(), moe_perm_.get(), moe_row_expert_.get(),
+                   moe_row_of_pair_.get(), stream_);
+    check(cudaMemcpyAsync(moe_offsets_host_, moe_offsets_.get(), static_cast<size_t>(ne + 1) * sizeof(int32_t),
+                          cudaMemcpyDeviceToHost, stream_),
+          "copy expert offsets");
+    gpu::gather_rows_f16(xh_.get(), moe_perm_.get(), k, pairs, dim, moe_xh_.get(), stream_);
+    check(cudaStreamSynchronize(stream_), "sync");
+    const int32_t* off = moe_offsets_host_;
+    for (int e = 0; e < ne; ++e) {
+      const int n = off[e + 1] - off[e];
+      if (n == 0) continue;
+      const uint16_t* xe = moe_xh_.get() + static_cast<size_t>(off[e]) * dim;
+      gpu::gemm(gpu::expert_matrix(g.gate_exps, e), xe, moe_gate_.get() + static_cast<size_t>(off[e]) * eh, n,
+                mm_.scratch(), stream_);
+      gpu::gemm(gpu::expert_matrix(g.up_exps, e), xe, moe_up_.get() + static_cast<size_t>(off[e]) * eh, n,
+                mm_.scratch(), stream_);
+    }
+    gpu::moe_activation(moe_gate_.get(), moe_up_.get(), g.gate_exps_b.get(), g.up_exps_b.get(),
+                        moe_row_expert_.get(), pairs, eh, moe_activation(), moe_acth_.get(), stream_);
+    for (int e = 0; e < ne; ++e) {
+      const int n = off[e + 1] - off[e];
+      if (n == 0) continue;
+      gpu::gemm(gpu::expert_matrix(g.down_exps, e), moe_acth_.get() + static_cast<size_t>(off[e]) * eh,
+                moe_y_.get() + static_cast<size_t>(off[e]) * dim, n, mm_.scratch(), stream_);
+    }
+    gpu::moe_combine(moe_y_.get(), moe_row_of_pair_.get(), moe_ids_.get(), moe_w_.get(), g.down_exps_b.get(), m, k,
+                     dim, xb_.get(), stream_);
+  }
+
+  // Every (token, slot) pair of a full batch: n_batch_ * k rows.
+  void allocate_moe_buffers() {
+    const ModelConfig& c = cfg_;
+    const size_t m = static_cast<size_t>(n_batch_), k = static_cast<size_t>(c.n_expert_used);
+    const size_t pairs = m * k, eh = static_cast<size_t>(c.expert_hidden_dim);
+    moe_logits_.allocate(m * c.n_expert);
+    moe_ids_.allocate(pairs);
+    moe_w_.allocate(pairs);
+    moe_gate_.allocate(pairs * eh);
+    moe_up_.allocate(pairs * eh);
+    moe_y_.allocate(pairs * c.dim);
+    moe_xh_.allocate(pairs * c.dim);
+    moe_acth_.allocate(pairs * eh);
+    if (eh % 32 == 0) moe_x8_.allocate(gpu::x8_bytes(static_cast<int>(std::min(m, size_t{kMaxGemvTokens}) * k),
+                                                     static_cast<int64_t>(eh)));
+    moe_offsets_.allocate(static_cast<size_t>(c.n_expert) + 1);
+    moe_perm_.allocate(pairs);
+    moe_row_expert_.allocate(pairs);
+    moe_row_of_pair_.allocate(pairs);
+    check(cudaMallocHost(&moe_offsets_host_, (static_cast<size_t>(c.n_expert) + 1) * sizeof(int32_t)),
+          "cudaMallocHost");
   }
 
   // xb_ = rmsnorm(xb_) * w (Gemma's post-attention and post-FFN norms), in
@@ -785,7 +948,8 @@ class CudaEngine final : public Engine {
   void* v_pool(int l) const { return kv_.v_pool(l); }
   uint16_t* k_cache(int l) const { return static_cast<uint16_t*>(k_pool(l)); }
   uint16_t* v_cache(int l) const { return static_cast<uint16_t*>(v_pool(l)); }
-  bool uses_x8(const gpu::GpuMatrix& w) const { return weight_paths(w.type).gemv == GemvPath::X8; }
+  bool uses_x8(const gpu::GpuMatrix& w) const { return uses_x8(w.type); }
+  bool uses_x8(DType t) const { return weight_paths(t).gemv == GemvPath::X8; }
 
   // The weight products (src/cuda_matmul.h): short steps by GEMV from f32 x
   // (int8 x where the type's path says so), long ones by GEMM from xh_.
@@ -857,6 +1021,16 @@ class CudaEngine final : public Engine {
   QkStats* qk_stats_ = nullptr;          // set_qk_stats
   DeviceBuffer<float> k_smoothing_;      // [n_layers][KSmoothing::kRows][kv_dim] (KSmoothing::params)
   bool k_smoothed_ = false;
+  // Mixture of experts (allocate_moe_buffers): router logits [n_batch,
+  // n_expert]; per (token, slot) pair the expert id and weight; the experts'
+  // gate / up [pairs, expert_hidden] f32, down outputs [pairs, dim] f32,
+  // grouped inputs [pairs, dim] and activations [pairs, expert_hidden] f16
+  // (GEMM path), the down GEMV's int8 x; the grouping (moe_group).
+  DeviceBuffer<float> moe_logits_, moe_w_, moe_gate_, moe_up_, moe_y_;
+  DeviceBuffer<int32_t> moe_ids_, moe_offsets_, moe_perm_, moe_row_expert_, moe_row_of_pair_;
+  DeviceBuffer<uint16_t> moe_xh_, moe_acth_;
+  DeviceBuffer<uint8_t> moe_x8_;
+  int32_t* moe_offsets_host_ = nullptr;  // pinned [n_expert + 1]
 };
 
 }  // namespace
@@ -880,11 +1054,22 @@ std::string cuda_model_unsupported_reason(const Model& model) {
   if (!model.config().tied_embeddings) all.push_back(&w.output);
   for (const auto& l : layers)
     for (const WeightView* v : {&l.wq, &l.wk, &l.wv, &l.wo}) all.push_back(v);
+  if (model.config().moe()) {
+    for (const auto& lw : w.layers) {
+      const std::string why = gpu::upload_unsupported_reason(qmatrix(lw.gate_inp));
+      if (!why.empty()) return lw.gate_inp.name + ": " + why;
+      for (const WeightView* v : {&lw.gate_exps, &lw.up_exps, &lw.down_exps}) {
+        const std::string e = gpu::upload_unsupported_reason(expert_qmatrix(*v));
+        if (!e.empty()) return v->name + ": " + e;
+      }
+    }
+  }
   for (const WeightView* v : all) {
     const std::string why = gpu::upload_unsupported_reason(qmatrix(*v));
     if (!why.empty()) return v->name + ": " + why;
   }
   // The feed-forward matrices go up padded to padded_hidden().
+  if (model.config().moe()) return "";
   const int64_t h = padded_hidden(model.config());
   for (const auto& l : layers) {
     for (const WeightView* v : {&l.w_gate, &l.w_up}) {

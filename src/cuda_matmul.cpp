@@ -50,9 +50,13 @@ bool gemm_reads_weights_once(const gpu::GpuMatrix& w) {
 void WeightMatmul::allocate(const GpuWeights& w, int gemv_tokens, int64_t widest) {
   x8_.allocate(gpu::x8_bytes(gemv_tokens, widest));
   size_t scratch = 0;
-  for (const auto& l : w.layers)
+  for (const auto& l : w.layers) {
     for (const gpu::GpuMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
-      scratch = std::max(scratch, gpu::gemm_scratch_bytes(*m));
+      if (m->data) scratch = std::max(scratch, gpu::gemm_scratch_bytes(*m));
+    // The prefill path multiplies one expert at a time (gpu::expert_matrix).
+    for (const gpu::GpuExperts* x : {&l.gate_exps, &l.up_exps, &l.down_exps})
+      if (x->data) scratch = std::max(scratch, gpu::gemm_scratch_bytes(gpu::expert_matrix(*x, 0)));
+  }
   scratch = std::max(scratch, gpu::gemm_scratch_bytes(w.output));
   scratch_.allocate(scratch);
 }

@@ -2,6 +2,7 @@
 
 #include "cuda_weights.h"
 
+#include <climits>
 #include <cstring>
 
 #include "common.h"
@@ -23,9 +24,11 @@ gpu::GpuMatrix upload_padded(const WeightView& w, int64_t rows, int64_t cols) {
   return gpu::upload_matrix(QMatrix{w.type, buf.data(), row_bytes, cols, rows});
 }
 
+// Every row of v (a vector, or an [n_expert, rows] bias table), as f32.
 void upload_vector_into(const WeightView& v, DeviceBuffer<float>& dst) {
-  std::vector<float> host(static_cast<size_t>(v.ne0));
-  get_row(qmatrix(v), 0, host.data());
+  const int64_t n_rows = v.ne1 * v.ne2;
+  std::vector<float> host(static_cast<size_t>(v.ne0 * n_rows));
+  for (int64_t r = 0; r < n_rows; ++r) get_row(qmatrix(v), r, &host[static_cast<size_t>(r * v.ne0)]);
   dst.allocate(host.size());
   check(cudaMemcpy(dst.get(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice), "upload");
 }
@@ -42,6 +45,13 @@ WeightView row_slice(const WeightView& w, int64_t first, int64_t n, const char* 
 }
 
 }  // namespace
+
+QMatrix expert_qmatrix(const WeightView& w) { return qmatrix(w.expert(0)); }
+
+gpu::GpuExperts upload_experts(const WeightView& w) {
+  RUNLM_CHECK(w.ne2 >= 1 && w.ne2 <= INT32_MAX, "%s: %lld experts", w.name.c_str(), static_cast<long long>(w.ne2));
+  return gpu::upload_experts(expert_qmatrix(w), static_cast<int>(w.ne2), w.row_bytes * static_cast<size_t>(w.ne1));
+}
 
 LayerMatrices layer_matrices(const ModelConfig& c, const LayerWeights& lw) {
   LayerMatrices m;
@@ -82,9 +92,22 @@ void upload_gpu_weights(const Model& model, GpuWeights& gw) {
     g.wk = gpu::upload_matrix(qmatrix(lm.wk));
     g.wv = gpu::upload_matrix(qmatrix(lm.wv));
     g.wo = gpu::upload_matrix(qmatrix(lm.wo));
-    g.w_gate = upload_padded(lm.w_gate, gw.hidden, lm.w_gate.ne0);
-    g.w_up = upload_padded(lm.w_up, gw.hidden, lm.w_up.ne0);
-    g.w_down = upload_padded(lm.w_down, lm.w_down.ne1, gw.hidden);
+    if (cfg.moe()) {
+      g.router = gpu::upload_matrix(qmatrix(lw.gate_inp));
+      g.gate_exps = upload_experts(lw.gate_exps);
+      g.up_exps = upload_experts(lw.up_exps);
+      g.down_exps = upload_experts(lw.down_exps);
+      if (cfg.moe_biases) {
+        upload_vector_into(lw.gate_inp_b, g.router_b);
+        upload_vector_into(lw.gate_exps_b, g.gate_exps_b);
+        upload_vector_into(lw.up_exps_b, g.up_exps_b);
+        upload_vector_into(lw.down_exps_b, g.down_exps_b);
+      }
+    } else {
+      g.w_gate = upload_padded(lm.w_gate, gw.hidden, lm.w_gate.ne0);
+      g.w_up = upload_padded(lm.w_up, gw.hidden, lm.w_up.ne0);
+      g.w_down = upload_padded(lm.w_down, lm.w_down.ne1, gw.hidden);
+    }
     upload_vector_into(lw.attn_norm, g.attn_norm);
     upload_vector_into(lw.ffn_norm, g.ffn_norm);
     if (cfg.qkv_bias) {
@@ -104,8 +127,11 @@ void upload_gpu_weights(const Model& model, GpuWeights& gw) {
 }
 
 void free_gpu_weights(GpuWeights& w, bool tied_embeddings) {
-  for (auto& l : w.layers)
-    for (gpu::GpuMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) gpu::free_matrix(*m);
+  for (auto& l : w.layers) {
+    for (gpu::GpuMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down, &l.router})
+      gpu::free_matrix(*m);
+    for (gpu::GpuExperts* x : {&l.gate_exps, &l.up_exps, &l.down_exps}) gpu::free_experts(*x);
+  }
   gpu::free_matrix(w.tok_embd);
   if (!tied_embeddings) gpu::free_matrix(w.output);
   w.output = gpu::GpuMatrix{};  // tied: the same allocation as tok_embd

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cuda/gpu_ops.h"
+#include "cuda/moe_ops.h"
 #include "cuda_device_buffer.h"
 #include "model.h"
 
@@ -29,6 +30,14 @@ struct GpuLayer {
   DeviceBuffer<float> q_norm, k_norm;                 // qk_norm, [head_dim]
   DeviceBuffer<float> attn_post_norm, ffn_post_norm;  // post_norms
   GemmGroup qkv, kv, gate_up;  // kv: when q's shape differs (GQA)
+  // Mixture of experts (ModelConfig::moe(), in place of w_gate, w_up,
+  // w_down): the router [n_expert, dim] in its GGUF type, the experts in
+  // theirs (one allocation each, gpu::GpuExperts), and where the model has
+  // them (moe_biases) the router bias [n_expert] and the experts' biases
+  // [n_expert, rows] as f32.
+  gpu::GpuMatrix router;
+  gpu::GpuExperts gate_exps, up_exps, down_exps;
+  DeviceBuffer<float> router_b, gate_exps_b, up_exps_b, down_exps_b;
 };
 
 // The feed-forward width the GPU uses: a multiple of 8 (see upload_padded).
@@ -54,6 +63,12 @@ struct LayerMatrices {
   WeightView wq, wk, wv, wo, w_gate, w_up, w_down;
 };
 LayerMatrices layer_matrices(const ModelConfig& c, const LayerWeights& lw);
+
+// A 3-D expert weight ([n_expert] x [rows, cols] as GGUF stores it): expert
+// 0 as the host view the upload takes (the others follow every ne1 rows),
+// and its upload as one gpu::GpuExperts.
+QMatrix expert_qmatrix(const WeightView& w);
+gpu::GpuExperts upload_experts(const WeightView& w);
 
 // Uploads every weight of the model into gw. Throws when the device runs out
 // of memory; what was uploaded so far stays in gw, for free_gpu_weights.

@@ -8,15 +8,21 @@ namespace {
 // kernels/cuda/rope.cuh's kMaxRopePairs pairs and decode_attention.cu's
 // kMaxHeadDim (this file builds without CUDA, so the number is repeated).
 constexpr int kCudaMaxHeadDim = 256;
+// kernels/cuda/moe_ops.h's kMaxMoeExperts.
+constexpr int kCudaMaxExperts = 256;
 }  // namespace
 
 std::vector<std::string> cuda_engine_missing_features(const ModelConfig& c) {
   std::vector<std::string> f;
   if (c.rope_yarn) f.push_back("YaRN RoPE");
-  if (c.moe()) f.push_back("mixture of experts");
   if (c.attn_sinks) f.push_back("attention sinks");
   if (c.attn_out_bias) f.push_back("attention output bias");
-  if (c.ffn_act == FfnActivation::SwigluOai) f.push_back("clamped SwiGLU (swiglu_oai)");
+  // The experts' kernels (kernels/cuda/moe_ops.h) take SiLU and swiglu_oai,
+  // at most kCudaMaxExperts experts of which at most 32 chosen per token.
+  if (c.ffn_act == FfnActivation::SwigluOai && !c.moe()) f.push_back("clamped SwiGLU (swiglu_oai) outside experts");
+  if (c.moe() && c.ffn_act == FfnActivation::GeluTanh) f.push_back("GELU experts");
+  if (c.n_expert > kCudaMaxExperts) f.push_back(strfmt("%d experts (at most %d)", c.n_expert, kCudaMaxExperts));
+  if (c.moe() && c.n_expert_used > 32) f.push_back(strfmt("%d experts per token (at most 32)", c.n_expert_used));
   if (c.head_dim > kCudaMaxHeadDim) f.push_back(strfmt("head dimension %d (at most %d)", c.head_dim, kCudaMaxHeadDim));
   return f;
 }

@@ -1,6 +1,7 @@
 // Weight upload: repacks a host QMatrix (GGUF blocks) into the device layout
 // of gpu_codec.cuh on the host, then copies it in one allocation. The total
 // stays the GGUF size plus at most 3 x 256 bytes of part alignment.
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <vector>
@@ -8,6 +9,7 @@
 #include "cuda/common.cuh"
 #include "cuda/gpu_codec.cuh"
 #include "cuda/gpu_ops.h"
+#include "cuda/moe_ops.h"
 #include "cpu/quant.h"
 
 namespace runlm::gpu {
@@ -251,6 +253,68 @@ GpuMatrix upload_matrix(const QMatrix& host) {
   m.data = p;
   m.bytes = l.bytes;
   return m;
+}
+
+GpuExperts upload_experts(const QMatrix& host, int n_expert, size_t host_stride) {
+  RUNLM_CHECK(tables_match(), "upload_experts: the GPU's IQ4 / MXFP4 tables differ from the CPU's");
+  const std::string why = upload_unsupported_reason(host);
+  RUNLM_CHECK(why.empty(), "upload_experts: %s", why.c_str());
+  RUNLM_CHECK(n_expert >= 1, "upload_experts: %d experts", n_expert);
+  const PackedLayout l = packed_layout(host.type, host.rows, host.cols);
+  RUNLM_CHECK(host.rows <= INT32_MAX / 8 && host.cols / l.unit <= INT32_MAX, "upload_experts: %lld x %lld too large",
+              static_cast<long long>(host.rows), static_cast<long long>(host.cols));
+  RUNLM_CHECK(host.row_bytes >= dtype_row_bytes(host.type, host.cols), "upload_experts: row_bytes %zu < %zu",
+              host.row_bytes, dtype_row_bytes(host.type, host.cols));
+  const size_t total = l.bytes * static_cast<size_t>(n_expert);  // l.bytes is a multiple of kPartAlign
+  size_t free_b = 0, total_b = 0;
+  cudaCheck(cudaMemGetInfo(&free_b, &total_b));
+  void* p = nullptr;
+  if (total > free_b || cudaMalloc(&p, total) != cudaSuccess) {
+    cudaGetLastError();
+    fail("upload_experts: out of GPU memory for %d %s experts of %lld x %lld: needed %zu bytes, free %zu bytes",
+         n_expert, dtype_name(host.type), static_cast<long long>(host.rows), static_cast<long long>(host.cols), total,
+         free_b);
+  }
+  try {
+    // One expert staged at a time: the host holds one expert's repacking, not the tensor's.
+    std::vector<uint8_t> staging(l.bytes);
+    for (int e = 0; e < n_expert; ++e) {
+      std::fill(staging.begin(), staging.end(), uint8_t{0});
+      const uint8_t* src = host.data + host_stride * static_cast<size_t>(e);
+      for (int64_t r = 0; r < host.rows; ++r)
+        repack_row(host.type, src + host.row_bytes * static_cast<size_t>(r), r, host.cols, l, staging.data());
+      cudaCheck(cudaMemcpy(static_cast<uint8_t*>(p) + l.bytes * static_cast<size_t>(e), staging.data(), l.bytes,
+                           cudaMemcpyHostToDevice));
+    }
+  } catch (...) {
+    cudaFree(p);
+    throw;
+  }
+  GpuExperts x;
+  x.type = host.type;
+  x.rows = host.rows;
+  x.cols = host.cols;
+  x.n = n_expert;
+  x.stride = l.bytes;
+  x.data = p;
+  x.bytes = total;
+  return x;
+}
+
+GpuMatrix expert_matrix(const GpuExperts& x, int e) {
+  RUNLM_CHECK(e >= 0 && e < x.n, "expert_matrix: expert %d of %d", e, x.n);
+  GpuMatrix m;
+  m.type = x.type;
+  m.rows = x.rows;
+  m.cols = x.cols;
+  m.data = static_cast<uint8_t*>(x.data) + x.stride * static_cast<size_t>(e);
+  m.bytes = x.stride;
+  return m;
+}
+
+void free_experts(GpuExperts& x) {
+  if (x.data) cudaCheck(cudaFree(x.data));
+  x = GpuExperts{};
 }
 
 void free_matrix(GpuMatrix& m) {
