@@ -1,0 +1,577 @@
+// The CUDA engine's mixture of experts (kernels/cuda/moe_ops.h) against the
+// CPU: routing against kernels/cpu/moe_routing, the expert GEMV against a
+// double-precision product of the dequantized experts, the experts'
+// activation, the grouping and weighted sum, and whole MoE models (Mixtral,
+// Qwen3-MoE, gpt-oss shapes of make_random_model) on the CUDA engine against
+// the CPU engine. Random inputs from fixed seeds, outputs poisoned with NaN
+// before each kernel. Skipped in a CPU-only build or without a device.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "cpu/moe_routing.h"
+#include "cpu/ops.h"
+#include "cpu/quant.h"
+#include "dtype.h"
+#include "engine.h"
+#include "engine_support.h"
+#include "generation.h"
+#include "model.h"
+#include "sampler.h"
+#include "scheduler.h"
+#include "test_support.h"
+#include "tokenizer.h"
+
+#ifdef RUNLM_CUDA
+#include <cuda_runtime.h>
+
+#include "cuda/gpu_ops.h"
+#include "cuda/moe_ops.h"
+#endif
+
+using namespace runlm;
+using namespace runlm::test;
+
+#ifndef RUNLM_CUDA
+
+TEST(GpuMoe, SkippedWithoutCuda) { GTEST_SKIP() << "built without CUDA (RUNLM_CUDA off)"; }
+
+#else
+
+namespace {
+
+#define REQUIRE_GPU()                                                                         \
+  do {                                                                                        \
+    if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device (or built without CUDA)"; \
+  } while (0)
+
+void ck(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// Device buffer, filled with 0xFF bytes (NaN as f32 and f16, -1 as int32).
+struct DevBuf {
+  void* p = nullptr;
+  size_t n = 0;
+  explicit DevBuf(size_t bytes) : n(bytes) {
+    ck(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc");
+    ck(cudaMemset(p, 0xFF, bytes ? bytes : 1), "cudaMemset");
+  }
+  ~DevBuf() { cudaFree(p); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  template <typename T>
+  T* as() const { return static_cast<T*>(p); }
+  template <typename T>
+  std::vector<T> get(size_t count) const {
+    std::vector<T> v(count);
+    ck(cudaDeviceSynchronize(), "sync");
+    ck(cudaMemcpy(v.data(), p, count * sizeof(T), cudaMemcpyDeviceToHost), "D2H");
+    return v;
+  }
+};
+
+template <typename T>
+std::unique_ptr<DevBuf> upload(const std::vector<T>& v) {
+  auto b = std::make_unique<DevBuf>(v.size() * sizeof(T));
+  ck(cudaMemcpy(b->p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "H2D");
+  return b;
+}
+
+std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) {
+    x = d(rng);
+    if (x == 0.0f) x = 1e-3f;
+  }
+  return v;
+}
+
+double rel_err(const std::vector<float>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return std::sqrt(num / den);
+}
+
+// ---- routing ------------------------------------------------------------------
+
+struct RouteCase {
+  int n_expert, n_used;
+  bool softmax_first, normalize, bias;
+  float scale;
+};
+
+// Random logits with ties: every fourth token copies one expert's logit onto
+// others, so the lower-index rule decides.
+TEST(GpuMoe, RoutingMatchesTheCpuIncludingTies) {
+  REQUIRE_GPU();
+  const RouteCase cases[] = {
+      {8, 2, true, true, false, 1.0f},      // Mixtral
+      {128, 8, true, true, false, 1.0f},    // Qwen3-MoE, norm_topk_prob
+      {128, 8, true, false, false, 2.5f},   // no renormalisation, a weights scale
+      {32, 4, false, false, true, 1.0f},    // gpt-oss: top-k, then softmax over the chosen, router bias
+      {256, 32, false, true, false, 1.0f},  // the limits
+      {5, 5, true, false, true, 1.0f},      // every expert
+  };
+  const int m = 37;
+  uint32_t seed = 11;
+  for (const RouteCase& rc : cases) {
+    SCOPED_TRACE(strfmt("%d experts, %d used, softmax_first %d", rc.n_expert, rc.n_used, int(rc.softmax_first)));
+    std::vector<float> logits = randn(size_t(m) * rc.n_expert, seed++);
+    for (int t = 0; t < m; t += 4)
+      for (int e = 1; e < rc.n_expert; e += 3) logits[size_t(t) * rc.n_expert + e] = logits[size_t(t) * rc.n_expert];
+    const std::vector<float> bias = randn(size_t(rc.n_expert), seed++, 0.5f);
+    MoeRouting r;
+    r.n_expert = rc.n_expert;
+    r.n_used = rc.n_used;
+    r.softmax_first = rc.softmax_first;
+    r.normalize = rc.normalize;
+    r.scale = rc.scale;
+    std::vector<int32_t> want_e(size_t(m) * rc.n_used);
+    std::vector<float> want_w(want_e.size()), scratch(size_t(rc.n_expert));
+    for (int t = 0; t < m; ++t) {
+      std::vector<float> l(logits.begin() + long(t) * rc.n_expert, logits.begin() + long(t + 1) * rc.n_expert);
+      if (rc.bias)
+        for (int e = 0; e < rc.n_expert; ++e) l[size_t(e)] += bias[size_t(e)];
+      moe_route(l.data(), r, &want_e[size_t(t) * rc.n_used], &want_w[size_t(t) * rc.n_used], scratch.data());
+    }
+    auto d_logits = upload(logits);
+    auto d_bias = upload(bias);
+    DevBuf d_e(want_e.size() * 4), d_w(want_w.size() * 4);
+    gpu::MoeRoute g;
+    g.n_expert = rc.n_expert;
+    g.n_used = rc.n_used;
+    g.softmax_first = rc.softmax_first;
+    g.normalize = rc.normalize;
+    g.scale = rc.scale;
+    gpu::moe_route(d_logits->as<float>(), rc.bias ? d_bias->as<float>() : nullptr, g, m, d_e.as<int32_t>(),
+                   d_w.as<float>(), nullptr);
+    const std::vector<int32_t> got_e = d_e.get<int32_t>(want_e.size());
+    const std::vector<float> got_w = d_w.get<float>(want_w.size());
+    EXPECT_EQ(got_e, want_e);
+    for (size_t i = 0; i < want_w.size(); ++i)
+      ASSERT_NEAR(got_w[i], want_w[i], 1e-5f * std::max(1.0f, std::abs(want_w[i]))) << "pair " << i;
+  }
+}
+
+// ---- expert GEMV --------------------------------------------------------------
+
+// n_expert random experts of rows x cols in type t, GGUF bytes one after another.
+struct HostExperts {
+  std::vector<uint8_t> bytes;
+  size_t row_bytes = 0;
+  std::vector<float> dequant;  // [n][rows][cols]
+};
+
+HostExperts make_experts(DType t, int n, int64_t rows, int64_t cols, uint32_t seed) {
+  HostExperts h;
+  h.row_bytes = dtype_row_bytes(t, cols);
+  const std::vector<float> f = randn(size_t(n) * rows * cols, seed);
+  h.bytes.resize(h.row_bytes * size_t(n) * rows);
+  h.dequant.resize(f.size());
+  for (int64_t r = 0; r < int64_t(n) * rows; ++r) {
+    quantize_row(t, f.data() + r * cols, h.bytes.data() + r * h.row_bytes, cols);
+    dequantize_row(t, h.bytes.data() + r * h.row_bytes, h.dequant.data() + r * cols, cols);
+  }
+  return h;
+}
+
+gpu::GpuExperts upload_host_experts(const HostExperts& h, DType t, int n, int64_t rows, int64_t cols) {
+  return gpu::upload_experts(QMatrix{t, h.bytes.data(), h.row_bytes, cols, rows}, n, h.row_bytes * size_t(rows));
+}
+
+// y[p, r] = experts[ids[p]][r] . x[p / x_div] in double.
+std::vector<double> ref_expert_gemv(const HostExperts& h, int64_t rows, int64_t cols, const std::vector<float>& x,
+                                    const std::vector<int32_t>& ids, int x_div) {
+  std::vector<double> y(ids.size() * size_t(rows));
+  for (size_t p = 0; p < ids.size(); ++p)
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* w = h.dequant.data() + (int64_t(ids[p]) * rows + r) * cols;
+      const float* xt = x.data() + int64_t(p / size_t(x_div)) * cols;
+      double acc = 0;
+      for (int64_t c = 0; c < cols; ++c) acc += double(w[c]) * xt[c];
+      y[p * size_t(rows) + size_t(r)] = acc;
+    }
+  return y;
+}
+
+// Gate and up (one launch, x shared by each token's k pairs) and down (x per
+// pair) for each type: F16 through the f32-x kernel, the quantized types
+// through the int8-x one. Tolerances (||y - ref|| / ||ref||): 1e-4 with f32
+// x; 2e-2 with int8 x (x rounded to 8 bits per 32 values, ~0.5% a product).
+TEST(GpuMoe, ExpertGemvReadsTheChosenExpertsForEveryType) {
+  REQUIRE_GPU();
+  const int n_expert = 6, m = 3, k = 2, pairs = m * k;
+  const int64_t rows = 72, cols = 512;
+  const std::vector<int32_t> ids = {4, 1, 0, 5, 1, 4};  // token 2 repeats token 0's experts in the other order
+  for (DType t : {DType::F16, DType::Q8_0, DType::Q4_K, DType::MXFP4, DType::Q6_K}) {
+    SCOPED_TRACE(dtype_name(t));
+    const bool x8 = gpu::gemv_x8_supports(t);
+    const HostExperts hg = make_experts(t, n_expert, rows, cols, 21), hu = make_experts(t, n_expert, rows, cols, 22);
+    gpu::GpuExperts gg = upload_host_experts(hg, t, n_expert, rows, cols);
+    gpu::GpuExperts gu = upload_host_experts(hu, t, n_expert, rows, cols);
+    const std::vector<float> x = randn(size_t(m) * cols, 23), xp = randn(size_t(pairs) * cols, 24);
+    auto d_x = upload(x), d_xp = upload(xp), d_ids = upload(ids);
+    DevBuf d_x8(gpu::x8_bytes(m, cols)), d_xp8(gpu::x8_bytes(pairs, cols));
+    if (x8) {
+      gpu::quantize_x8(d_x->as<float>(), m, cols, d_x8.p, nullptr);
+      gpu::quantize_x8(d_xp->as<float>(), pairs, cols, d_xp8.p, nullptr);
+    }
+    DevBuf yg(size_t(pairs) * rows * 4), yu(size_t(pairs) * rows * 4), yd(size_t(pairs) * rows * 4);
+    const gpu::ExpertGemvOut gate_up[2] = {{&gg, yg.as<float>()}, {&gu, yu.as<float>()}};
+    const gpu::ExpertGemvOut down{&gg, yd.as<float>()};
+    if (x8) {
+      gpu::expert_gemv_x8(gate_up, 2, d_x8.p, m, d_ids->as<int32_t>(), pairs, k, nullptr);
+      gpu::expert_gemv_x8(&down, 1, d_xp8.p, pairs, d_ids->as<int32_t>(), pairs, 1, nullptr);
+    } else {
+      gpu::expert_gemv_f32(gate_up, 2, d_x->as<float>(), d_ids->as<int32_t>(), pairs, k, nullptr);
+      gpu::expert_gemv_f32(&down, 1, d_xp->as<float>(), d_ids->as<int32_t>(), pairs, 1, nullptr);
+    }
+    const double tol = x8 ? 2e-2 : 1e-4;
+    const size_t n = size_t(pairs) * rows;
+    EXPECT_LT(rel_err(yg.get<float>(n), ref_expert_gemv(hg, rows, cols, x, ids, k)), tol) << "gate";
+    EXPECT_LT(rel_err(yu.get<float>(n), ref_expert_gemv(hu, rows, cols, x, ids, k)), tol) << "up";
+    EXPECT_LT(rel_err(yd.get<float>(n), ref_expert_gemv(hg, rows, cols, xp, ids, 1)), tol) << "down";
+    gpu::free_experts(gg);
+    gpu::free_experts(gu);
+  }
+}
+
+// An expert_matrix view runs through the prefill GEMM like an uploaded matrix.
+TEST(GpuMoe, ExpertMatrixViewTakesTheGemm) {
+  REQUIRE_GPU();
+  const int n_expert = 3, n = 20;
+  const int64_t rows = 64, cols = 256;
+  const HostExperts h = make_experts(DType::Q4_K, n_expert, rows, cols, 31);
+  gpu::GpuExperts g = upload_host_experts(h, DType::Q4_K, n_expert, rows, cols);
+  const std::vector<float> x = randn(size_t(n) * cols, 32);
+  std::vector<uint16_t> xh(x.size());
+  std::vector<float> xr(x.size());  // x as the GEMM sees it (f16)
+  for (size_t i = 0; i < x.size(); ++i) {
+    xh[i] = fp32_to_fp16(x[i]);
+    xr[i] = fp16_to_fp32(xh[i]);
+  }
+  auto d_x = upload(xh);
+  const gpu::GpuMatrix e2 = gpu::expert_matrix(g, 2);
+  DevBuf scratch(gpu::gemm_scratch_bytes(e2)), y(size_t(n) * rows * 4);
+  gpu::gemm(e2, d_x->as<uint16_t>(), y.as<float>(), n, scratch.p, nullptr);
+  const std::vector<int32_t> ids(size_t(n), 2);
+  // ~1e-3: W dequantized to f16 before the tensor cores.
+  EXPECT_LT(rel_err(y.get<float>(size_t(n) * rows), ref_expert_gemv(h, rows, cols, xr, ids, 1)), 5e-3);
+  gpu::free_experts(g);
+}
+
+// ---- activation, grouping, weighted sum ----------------------------------------
+
+TEST(GpuMoe, ActivationAddsTheExpertBiasesThenSiluOrSwigluOai) {
+  REQUIRE_GPU();
+  const int rows = 9, n_expert = 4;
+  const int64_t cols = 96;
+  const std::vector<int32_t> expert_of_row = {3, 0, 1, 1, 2, 0, 3, 3, 2};
+  std::vector<float> gate = randn(size_t(rows) * cols, 41, 6.0f), up = randn(size_t(rows) * cols, 42, 6.0f);
+  const std::vector<float> gb = randn(size_t(n_expert) * cols, 43), ub = randn(size_t(n_expert) * cols, 44);
+  for (bool oai : {false, true}) {
+    SCOPED_TRACE(oai ? "swiglu_oai" : "silu");
+    std::vector<float> g2 = gate, u2 = up;
+    for (int r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        g2[size_t(r * cols + c)] += gb[size_t(expert_of_row[size_t(r)] * cols + c)];
+        u2[size_t(r * cols + c)] += ub[size_t(expert_of_row[size_t(r)] * cols + c)];
+      }
+    if (oai) swiglu_oai(g2.data(), u2.data(), int64_t(g2.size()));
+    else swiglu(g2.data(), u2.data(), int64_t(g2.size()));
+    auto d_g = upload(gate), d_u = upload(up), d_gb = upload(gb), d_ub = upload(ub), d_e = upload(expert_of_row);
+    DevBuf h16(gate.size() * 2), x8(gpu::x8_bytes(rows, cols));
+    gpu::MoeActivation a;
+    a.oai = oai;
+    gpu::moe_activation_x8(d_g->as<float>(), d_u->as<float>(), d_gb->as<float>(), d_ub->as<float>(),
+                           d_e->as<int32_t>(), rows, cols, a, x8.p, nullptr);
+    gpu::moe_activation(d_g->as<float>(), d_u->as<float>(), d_gb->as<float>(), d_ub->as<float>(), d_e->as<int32_t>(),
+                        rows, cols, a, h16.as<uint16_t>(), nullptr);
+    const std::vector<float> got = d_g->get<float>(gate.size());
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_NEAR(got[i], g2[i], 1e-5f * std::max(1.0f, std::abs(g2[i]))) << i;
+    const std::vector<uint16_t> got16 = h16.get<uint16_t>(gate.size());
+    for (size_t i = 0; i < got16.size(); ++i) ASSERT_EQ(got16[i], fp32_to_fp16(got[i])) << i;
+    // The int8 copy: q * d within half a step (d = amax / 127 of each 32 values).
+    const std::vector<uint8_t> raw = x8.get<uint8_t>(x8.n);
+    const auto* q = reinterpret_cast<const int8_t*>(raw.data());
+    std::vector<float> ds(size_t(rows) * cols / 32 * 2);
+    std::memcpy(ds.data(), raw.data() + (x8.n - ds.size() * 4), ds.size() * 4);
+    for (size_t i = 0; i < got.size(); ++i) {
+      const float d = ds[(i / 32) * 2];
+      ASSERT_NEAR(q[i] * d, g2[i], 0.51f * d + 1e-6f) << i;
+    }
+  }
+}
+
+TEST(GpuMoe, GroupingGatherAndWeightedSumMatchTheHost) {
+  REQUIRE_GPU();
+  const int m = 50, k = 3, n_expert = 7, pairs = m * k, dim = 40;
+  std::mt19937 rng(51);
+  std::vector<int32_t> ids(size_t(pairs));
+  for (int t = 0; t < m; ++t) {  // k distinct experts a token, expert 6 never chosen
+    std::vector<int32_t> all = {0, 1, 2, 3, 4, 5};
+    std::shuffle(all.begin(), all.end(), rng);
+    for (int s = 0; s < k; ++s) ids[size_t(t * k + s)] = all[size_t(s)];
+  }
+  // The host's grouping: pairs by expert, in pair order.
+  std::vector<int32_t> off(n_expert + 1, 0), perm, row_expert, row_of_pair(size_t(pairs));
+  for (int e = 0; e < n_expert; ++e) {
+    for (int p = 0; p < pairs; ++p)
+      if (ids[size_t(p)] == e) {
+        row_of_pair[size_t(p)] = int32_t(perm.size());
+        perm.push_back(p);
+        row_expert.push_back(e);
+      }
+    off[size_t(e + 1)] = int32_t(perm.size());
+  }
+  auto d_ids = upload(ids);
+  DevBuf d_off(size_t(n_expert + 1) * 4), d_perm(size_t(pairs) * 4), d_re(size_t(pairs) * 4), d_rp(size_t(pairs) * 4);
+  gpu::moe_group(d_ids->as<int32_t>(), pairs, n_expert, d_off.as<int32_t>(), d_perm.as<int32_t>(),
+                 d_re.as<int32_t>(), d_rp.as<int32_t>(), nullptr);
+  EXPECT_EQ(d_off.get<int32_t>(off.size()), off);
+  EXPECT_EQ(d_perm.get<int32_t>(perm.size()), perm);
+  EXPECT_EQ(d_re.get<int32_t>(row_expert.size()), row_expert);
+  EXPECT_EQ(d_rp.get<int32_t>(row_of_pair.size()), row_of_pair);
+
+  // Gather: grouped row i is token perm[i] / k's row.
+  std::vector<uint16_t> xh(size_t(m) * dim);
+  for (auto& v : xh) v = fp32_to_fp16(std::normal_distribution<float>(0, 1)(rng));
+  auto d_xh = upload(xh);
+  DevBuf d_xg(size_t(pairs) * dim * 2);
+  gpu::gather_rows_f16(d_xh->as<uint16_t>(), d_perm.as<int32_t>(), k, pairs, dim, d_xg.as<uint16_t>(), nullptr);
+  const std::vector<uint16_t> xg = d_xg.get<uint16_t>(size_t(pairs) * dim);
+  for (int i = 0; i < pairs; ++i)
+    for (int j = 0; j < dim; ++j)
+      ASSERT_EQ(xg[size_t(i * dim + j)], xh[size_t(perm[size_t(i)] / k * dim + j)]) << i << "," << j;
+
+  // Weighted sum over the slots, y in grouped order, with down biases; and
+  // the same y in pair order without row_of_pair.
+  const std::vector<float> y = randn(size_t(pairs) * dim, 52), w = randn(size_t(pairs), 53, 0.3f);
+  const std::vector<float> db = randn(size_t(n_expert) * dim, 54);
+  std::vector<float> y_pairs(y.size());
+  for (int p = 0; p < pairs; ++p)
+    std::copy_n(&y[size_t(row_of_pair[size_t(p)]) * dim], dim, &y_pairs[size_t(p) * dim]);
+  std::vector<double> want(size_t(m) * dim);
+  for (int t = 0; t < m; ++t)
+    for (int j = 0; j < dim; ++j) {
+      float acc = 0;
+      for (int s = 0; s < k; ++s) {
+        const int p = t * k + s;
+        const float v = (y_pairs[size_t(p * dim + j)] + db[size_t(ids[size_t(p)] * dim + j)]) * w[size_t(p)];
+        acc = s == 0 ? v : acc + v;
+      }
+      want[size_t(t * dim + j)] = acc;
+    }
+  auto d_y = upload(y), d_yp = upload(y_pairs), d_w = upload(w), d_db = upload(db);
+  DevBuf out(size_t(m) * dim * 4), out2(size_t(m) * dim * 4);
+  gpu::moe_combine(d_y->as<float>(), d_rp.as<int32_t>(), d_ids->as<int32_t>(), d_w->as<float>(), d_db->as<float>(), m,
+                   k, dim, out.as<float>(), nullptr);
+  gpu::moe_combine(d_yp->as<float>(), nullptr, d_ids->as<int32_t>(), d_w->as<float>(), d_db->as<float>(), m, k, dim,
+                   out2.as<float>(), nullptr);
+  EXPECT_LT(rel_err(out.get<float>(want.size()), want), 1e-6);
+  EXPECT_LT(rel_err(out2.get<float>(want.size()), want), 1e-6);
+}
+
+// ---- whole models ----------------------------------------------------------------
+
+// Expert widths a multiple of 32 so that q8_0 quantizes every matrix.
+struct MoeFamily {
+  const char* preset;
+  const char* size;
+};
+const MoeFamily kMoeFamilies[] = {
+    {"mixtral-8x7b", "--dim 64 --hidden 96 --layers 2 --heads 4 --kv-heads 2 --experts 4 --experts-used 2"},
+    {"qwen3-30b-a3b",
+     "--dim 64 --hidden 96 --layers 2 --heads 4 --kv-heads 2 --head-dim 32 --experts 8 --experts-used 3 "
+     "--expert-hidden 64"},
+    {"gpt-oss-20b",
+     "--dim 64 --hidden 64 --layers 2 --heads 4 --kv-heads 2 --head-dim 16 --experts 4 --experts-used 2 "
+     "--expert-hidden 32 --sliding-window 5"},
+};
+
+constexpr double kLogitTolerance = 2e-2;      // f32 weights (tests/test_cuda_families.cpp)
+constexpr double kInt8LogitTolerance = 3e-2;  // quantized weights: int8 x in the GEMVs
+constexpr int kGreedyTokens = 16;
+
+std::string make_model(const TempPath& out, const MoeFamily& f, const std::string& type) {
+  const std::string cmd = std::string(RUNLM_RANDOM_MODEL_BINARY) + " --preset " + f.preset + " " + f.size +
+                          " --type " + type + " --tokenizer " + embedded_model_dir() +
+                          "/stories260K-tok512.model -o " + out.str();
+  const CommandResult r = run_command(cmd);
+  EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.err;
+  return out.str();
+}
+
+std::unique_ptr<Engine> engine_on(Device d, const Model& m, KvLayout kv = KvLayout::Contiguous) {
+  EngineOptions eo;
+  eo.device = d;
+  eo.n_ctx = 128;
+  eo.n_threads = 2;
+  eo.kv = kv;
+  if (kv == KvLayout::Paged) eo.kv_tokens = 3 * 128;
+  return d == Device::Cuda ? make_cuda_engine(m, eo) : make_cpu_engine(m, eo);
+}
+
+std::vector<int> prompt(int n_vocab, int n) {
+  std::vector<int> ids{1};
+  for (int i = 1; i < n; ++i) ids.push_back((i * 37 + 11) % n_vocab);
+  return ids;
+}
+
+double relative_max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    diff = std::max(diff, std::abs(double(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(double(b[i])));
+  }
+  return diff / scale;
+}
+
+std::vector<int> greedy(Engine& engine, const Model& model, std::vector<int> ids, int n) {
+  SamplingParams sp;
+  sp.temperature = 0;
+  Sampler sampler(sp);
+  GenerationRequest req;
+  req.prompt = std::move(ids);
+  req.n_predict = n;
+  req.ignore_eos = true;
+  return generate(engine, sampler, model.tokenizer(), req, nullptr).tokens;
+}
+
+// Equal greedy tokens, or a parting at a near tie of the CPU's logits (a
+// router choice or f16 rounding may break it either way).
+void expect_same_greedy(const Model& m, const std::vector<int>& prompt_ids, const std::vector<int>& cpu,
+                        const std::vector<int>& gpu, double tolerance) {
+  ASSERT_EQ(cpu.size(), gpu.size());
+  size_t i = 0;
+  while (i < cpu.size() && cpu[i] == gpu[i]) ++i;
+  if (i == cpu.size()) return;
+  std::vector<int> ids = prompt_ids;
+  ids.insert(ids.end(), cpu.begin(), cpu.begin() + long(i));
+  auto e = engine_on(Device::Cpu, m);
+  std::vector<float> l(size_t(m.config().n_vocab), NAN);
+  e->forward(ids.data(), int(ids.size()), 0, l.data(), false);
+  double scale = 0;
+  for (float v : l) scale = std::max(scale, std::abs(double(v)));
+  const double gap = std::abs(double(l[size_t(cpu[i])]) - l[size_t(gpu[i])]);
+  EXPECT_LT(gap, tolerance * scale) << "greedy tokens part at step " << i << " (cpu " << cpu[i] << ", gpu " << gpu[i]
+                                    << ") where the CPU's logits are not a near tie";
+}
+
+std::map<int, std::vector<int>> batch_greedy(Engine& engine, const Model& model,
+                                             const std::vector<std::vector<int>>& prompts, int n_predict) {
+  SchedulerOptions so;
+  so.max_parallel = static_cast<int>(prompts.size());
+  so.max_seq_len = engine.n_ctx();
+  Scheduler sched(engine, model.tokenizer(), so);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    Request r;
+    r.index = static_cast<int>(i);
+    r.prompt = prompts[i];
+    r.n_predict = n_predict;
+    r.sampling.temperature = 0;
+    r.ignore_eos = true;
+    sched.submit(r);
+  }
+  std::map<int, std::vector<int>> out;
+  sched.run([&](Completion&& c) { out[c.index] = std::move(c.tokens); });
+  return out;
+}
+
+// Prefill of 40 tokens (grouped GEMMs), of 8 (expert GEMV), single-token
+// steps (the captured graph), greedy generation, and three sequences over the
+// paged cache (a long prompt beside short ones).
+void check_moe_family(const MoeFamily& f, const std::string& type) {
+  SCOPED_TRACE(std::string(f.preset) + " " + type);
+  TempPath path(".gguf");
+  make_model(path, f, type);
+  auto m = Model::load(path.str());
+  const ModelConfig& c = m->config();
+  ASSERT_TRUE(c.moe());
+  const std::string why = cuda_engine_unsupported_layer(c);
+  if (!why.empty()) {
+    // gpt-oss's attention (sinks, YaRN, output bias) is not on the GPU in
+    // every build; its experts are. Anything else refused is a failure.
+    EXPECT_EQ(why.find("experts"), std::string::npos) << why;
+    EXPECT_EQ(why.find("swiglu"), std::string::npos) << why;
+    GTEST_SKIP() << why;
+  }
+  auto cpu = engine_on(Device::Cpu, *m);
+  auto gpu = engine_on(Device::Cuda, *m);
+  const size_t nv = size_t(c.n_vocab);
+  const double tolerance = type == "f32" ? kLogitTolerance : kInt8LogitTolerance;
+  for (int n : {40, 8}) {
+    SCOPED_TRACE("prompt of " + std::to_string(n));
+    const std::vector<int> ids = prompt(c.n_vocab, n);
+    std::vector<float> lc(ids.size() * nv, NAN), lg(ids.size() * nv, NAN);
+    cpu->forward(ids.data(), n, 0, lc.data(), true);
+    gpu->forward(ids.data(), n, 0, lg.data(), true);
+    EXPECT_LT(relative_max_diff(lg, lc), tolerance);
+  }
+  {
+    std::vector<float> lc(nv, NAN), lg(nv, NAN);
+    double worst = 0;
+    for (int p = 8; p < 24; ++p) {
+      const int tok = (p * 53 + 7) % c.n_vocab;
+      std::fill(lg.begin(), lg.end(), NAN);
+      cpu->forward(&tok, 1, p, lc.data(), false);
+      gpu->forward(&tok, 1, p, lg.data(), false);
+      worst = std::max(worst, relative_max_diff(lg, lc));
+    }
+    EXPECT_LT(worst, tolerance) << "single-token decode steps";
+  }
+  const std::vector<int> ids = prompt(c.n_vocab, 24);
+  const std::vector<int> want = greedy(*engine_on(Device::Cpu, *m), *m, ids, kGreedyTokens);
+  expect_same_greedy(*m, ids, want, greedy(*engine_on(Device::Cuda, *m), *m, ids, kGreedyTokens), tolerance);
+
+  const std::vector<std::vector<int>> prompts = {prompt(c.n_vocab, 30), {1, 5, 9}, prompt(c.n_vocab, 12)};
+  auto cpu_paged = engine_on(Device::Cpu, *m, KvLayout::Paged);
+  auto gpu_paged = engine_on(Device::Cuda, *m, KvLayout::Paged);
+  const auto cpu_out = batch_greedy(*cpu_paged, *m, prompts, kGreedyTokens);
+  const auto gpu_out = batch_greedy(*gpu_paged, *m, prompts, kGreedyTokens);
+  ASSERT_EQ(gpu_out.size(), prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SCOPED_TRACE("paged sequence " + std::to_string(i));
+    expect_same_greedy(*m, prompts[i], cpu_out.at(int(i)), gpu_out.at(int(i)), tolerance);
+  }
+}
+
+}  // namespace
+
+TEST(GpuMoe, MixtralMatchesTheCpu) {
+  REQUIRE_GPU();
+  check_moe_family(kMoeFamilies[0], "f32");
+  check_moe_family(kMoeFamilies[0], "q8_0");
+}
+
+TEST(GpuMoe, Qwen3MoeMatchesTheCpu) {
+  REQUIRE_GPU();
+  check_moe_family(kMoeFamilies[1], "f32");
+  check_moe_family(kMoeFamilies[1], "q8_0");
+}
+
+// MXFP4 experts (the GGUF gpt-oss ships) beside q8_0 attention, and f32.
+TEST(GpuMoe, GptOssMatchesTheCpu) {
+  REQUIRE_GPU();
+  check_moe_family(kMoeFamilies[2], "f32");
+  check_moe_family(kMoeFamilies[2], "mxfp4_moe");
+}
+
+#endif  // RUNLM_CUDA
