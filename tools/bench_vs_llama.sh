@@ -12,7 +12,8 @@
 # there by ../shared/anchors/llama_cpp.sh when its bin/ lacks llama-bench),
 # RUNLM_TEST_DATA (default ../shared), WORK (default /tmp/bench-vs-llama),
 # OUT (default ./bench-vs-llama-out), TYPES, FAMILIES, NPL (batched decode
-# points; empty = none), REPS. Models are made one at a time and deleted
+# points; empty = none), REPS, DEADLINE (a `date +%s` time after which no
+# new file is started, so a time-limited run still prints its table). Models are made one at a time and deleted
 # after their runs, so the disk holds one F16 file and one quantized file.
 # Prints one markdown table last: per file its size, llama.cpp's and
 # runlm's pp512 and tg128, the ratios, and runlm's decode bytes/s as a share
@@ -84,11 +85,17 @@ PY
   echo "$name done: $(tail -1 "$RESULTS")"
 }
 
+past_deadline() {
+  [ -n "${DEADLINE:-}" ] && [ "$(date +%s)" -ge "$DEADLINE" ] && { echo "deadline: skipping the rest"; return 0; }
+  return 1
+}
+
 # quantize_and_bench PREFIX F16_FILE TYPE...
 quantize_and_bench() {
   local prefix=$1 f16=$2 t q
   shift 2
   for t in "$@"; do
+    past_deadline && return
     if [ "$t" = f16 ]; then
       bench_file "$prefix f16" "$f16"
       continue
@@ -111,9 +118,15 @@ case $MODE in
     ;;
   families)
     for p in $FAMILIES; do
+      past_deadline && break
       f16=$WORK/$p-f16.gguf
-      "$BUILD/make_random_model" --preset "$p" --type f16 --tokenizer "$DATA/models/llama2-tokenizer.model" \
-        -o "$f16" >/dev/null || { echo "$p: make failed"; continue; }
+      # The preset's real vocabulary size: the Llama-2 tokenizer padded up to
+      # it, except Phi-3's own (llama.cpp sets Phi-3's special-token
+      # attributes by model name and needs its <|endoftext|>).
+      vocab=(--tokenizer "$DATA/models/llama2-tokenizer.model" --pad-vocab)
+      [[ $p == phi3* ]] && vocab=(--vocab-from "$DATA/vocab/ggml-vocab-phi-3.gguf")
+      "$BUILD/make_random_model" --preset "$p" --type f16 "${vocab[@]}" -o "$f16" >/dev/null ||
+        { echo "$p: make failed"; continue; }
       # shellcheck disable=SC2086
       quantize_and_bench "$p" "$f16" $FAMILY_TYPES
       rm -f "$f16"

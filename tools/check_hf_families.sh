@@ -12,6 +12,11 @@
 #
 #   tools/check_hf_families.sh [BUILD_DIR] [WORK_DIR]
 #
+# LLAMA_CONVERT=DIR converts with llama.cpp's convert_hf_to_gguf.py from DIR
+# (the shared llama.cpp-convert archive unpacked: the script, conversion/,
+# gguf-py/) instead of `runlm convert`, --outtype f32: the GGUFs users
+# download are written by that converter, so runlm must read them the same.
+#
 # Defaults: build (the CUDA build) if it has dump_logits, else build-cpu; a
 # temporary WORK_DIR. The references need python3 with torch, transformers
 # and numpy; the comparison itself plain python3.
@@ -41,7 +46,13 @@ printf "%-18s %-6s %-10s %-12s %s\n" family device convert max_rel_err greedy
 for dir in "$WORK"/*/; do
   name=$(basename "$dir")
   [[ -f $dir/reference.json ]] || continue
-  if ! "$BUILD/runlm" convert "$dir" -o "$dir/model.gguf" > "$dir/convert.log" 2>&1; then
+  if [[ -n ${LLAMA_CONVERT:-} ]]; then
+    convert=(env PYTHONPATH="$LLAMA_CONVERT/gguf-py" python3 "$LLAMA_CONVERT/convert_hf_to_gguf.py" "$dir"
+             --outfile "$dir/model.gguf" --outtype f32)
+  else
+    convert=("$BUILD/runlm" convert "$dir" -o "$dir/model.gguf")
+  fi
+  if ! "${convert[@]}" > "$dir/convert.log" 2>&1; then
     printf "%-18s %-6s %-10s %s\n" "$name" - FAILED "$(tail -1 "$dir/convert.log")"
     status=1
     continue

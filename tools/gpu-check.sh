@@ -57,11 +57,11 @@ section_env() {
   python3 -c 'import torch; print("torch", torch.__version__)' 2>&1
 }
 
-# build_tree SRC BUILD_DIR: runlm, runlm_tests and make_random_model, Release.
+# build_tree SRC BUILD_DIR: runlm, runlm_tests, make_random_model and dump_logits, Release.
 build_tree() {
   # shellcheck disable=SC2086
   cmake -S "$1" -B "$2" -DRUNLM_CUDA=ON -DCMAKE_BUILD_TYPE=Release ${CMAKE_EXTRA:-} >"$OUT/cmake_$(basename "$2").log" 2>&1 &&
-    cmake --build "$2" -j "$JOBS" --target runlm runlm_tests make_random_model >>"$OUT/cmake_$(basename "$2").log" 2>&1 ||
+    cmake --build "$2" -j "$JOBS" --target runlm runlm_tests make_random_model dump_logits >>"$OUT/cmake_$(basename "$2").log" 2>&1 ||
     { tail -30 "$OUT/cmake_$(basename "$2").log"; return 1; }
   log "built $1 in $2"
 }

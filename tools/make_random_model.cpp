@@ -10,7 +10,7 @@
 //       [--split-qkv | --fuse-qkv] [--no-rope-freqs] [--rope-orig-ctx N]
 //       [--experts N --experts-used K --expert-hidden N] (mixtral-8x7b, qwen3-30b-a3b, gpt-oss-20b, gpt-oss-120b)
 //       --type MIX|TYPE -o out.gguf [--seed N]
-//       [--tokenizer PATH | --vocab-from VOCAB.gguf] [--chat-template-file T.jinja]
+//       [--tokenizer PATH [--pad-vocab] | --vocab-from VOCAB.gguf] [--chat-template-file T.jinja]
 //
 // --vocab-from copies the vocabulary and chat template (every tokenizer.*
 // key) of a vocab-only GGUF, e.g. llama.cpp's ggml-vocab-*.gguf, so a
@@ -181,6 +181,7 @@ int run(int argc, char** argv) {
       ("o,output", "output GGUF path", cxxopts::value<std::string>())
       ("seed", "random seed", cxxopts::value<uint64_t>()->default_value("1"))
       ("tokenizer", "sentencepiece tokenizer.model", cxxopts::value<std::string>()->default_value(kDefaultTokenizer))
+      ("pad-vocab", "pad --tokenizer's vocabulary with unused tokens up to the preset's size (real output shapes)")
       ("threads", "worker threads (0: all cores)", cxxopts::value<int>()->default_value("0"))
       ("h,help", "show this help");
   cxxopts::ParseResult args;
@@ -284,12 +285,14 @@ int run(int argc, char** argv) {
                 "--experts, --experts-used and --expert-hidden are for the mixture-of-experts presets");
   }
   // The vocabulary: --vocab; else --vocab-from's; else an explicit
-  // --tokenizer's; else the preset's real size, the default tokenizer
+  // --tokenizer's; else (also with --pad-vocab) the preset's real size, the tokenizer
   // padded with unused "[PAD<i>]" tokens up to it (real shapes for speed work).
   hp.vocab_size = preset->vocab;
-  const bool pad_vocab = !args.count("vocab") && !args.count("tokenizer");
+  const bool pad_vocab = !args.count("vocab") && (!args.count("tokenizer") || args.count("pad-vocab"));
+  RUNLM_CHECK(!args.count("pad-vocab") || (!vocab_src && !args.count("vocab")),
+              "--pad-vocab pads --tokenizer's vocabulary; it does not go with --vocab-from or --vocab");
   if (vocab_src) hp.vocab_size = static_cast<int64_t>(vocab_src->get("tokenizer.ggml.tokens").arr.size());
-  else if (args.count("tokenizer")) hp.vocab_size = 0;
+  else if (!pad_vocab) hp.vocab_size = 0;
   if (args.count("vocab")) hp.vocab_size = args["vocab"].as<int64_t>();
   if (hp.vocab_size == 0)
     hp.vocab_size = Tokenizer::from_model_file(tok_path)->n_vocab();
