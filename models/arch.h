@@ -124,8 +124,10 @@ const ArchDesc* find_arch(const std::string& gguf_name);
 const ArchDesc& arch_desc(Arch a);
 // "llama, mistral, qwen2, ..." for error messages.
 std::string supported_arch_names();
-// The row whose transformers class is `hf_class`, or nullptr.
+// The row whose transformers class is `hf_class`, or nullptr
+// (MixtralForCausalLM, the llama row with experts, is not a row's class).
 const ArchDesc* find_arch_by_hf_class(const std::string& hf_class);
+// Every class `runlm convert` reads, MixtralForCausalLM included, for messages.
 std::string supported_hf_classes();
 
 }  // namespace runlm

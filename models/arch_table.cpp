@@ -91,8 +91,10 @@ const ArchDesc* find_arch_by_hf_class(const std::string& hf_class) {
 
 std::string supported_hf_classes() {
   std::string s;
-  for (const auto& a : kArchs)
-    if (!a.moe) s += (s.empty() ? "" : ", ") + std::string(a.hf_class);  // convert does not write experts yet
+  for (const auto& a : kArchs) {
+    s += (s.empty() ? "" : ", ") + std::string(a.hf_class);
+    if (a.arch == Arch::Llama) s += ", MixtralForCausalLM";  // the llama layer with experts
+  }
   return s;
 }
 

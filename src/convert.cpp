@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -18,6 +19,7 @@
 #include "gguf.h"
 #include "hf_bpe_vocab.h"
 #include "hf_config.h"
+#include "hf_moe_tensors.h"
 #include "mapped_file.h"
 #include "quantize.h"
 #include "safetensors.h"
@@ -233,6 +235,8 @@ HfSource hf_source(const LlamaTensorSpec& s, const LlamaHParams& hp) {
     case TensorRole::AttnK: return {layer + "self_attn.k_proj.weight", adjacent ? hp.n_kv_heads : 0};
     case TensorRole::AttnV: return {layer + "self_attn.v_proj.weight"};
     case TensorRole::AttnOut: return {layer + "self_attn.o_proj.weight"};
+    case TensorRole::AttnOutBias: return {layer + "self_attn.o_proj.bias"};
+    case TensorRole::AttnSinks: return {layer + "self_attn.sinks"};
     case TensorRole::AttnQkv: return {layer + "self_attn.qkv_proj.weight"};
     case TensorRole::AttnQBias: return {layer + "self_attn.q_proj.bias"};
     case TensorRole::AttnKBias: return {layer + "self_attn.k_proj.bias"};
@@ -249,6 +253,7 @@ HfSource hf_source(const LlamaTensorSpec& s, const LlamaHParams& hp) {
     case TensorRole::RopeFreqs:
     case TensorRole::RopeFactorsLong:
     case TensorRole::RopeFactorsShort: return {""};  // computed from config.json
+    default: break;  // the mixture-of-experts roles: hf_moe_rows
   }
   fail("unknown tensor role for %s", s.name.c_str());
 }
@@ -320,6 +325,23 @@ ConvertResult convert_hf(const std::string& dir, const std::string& out_path, st
   hp.post_norms = desc.post_norms;
   hp.fused_qkv = desc.fused_qkv;
   hp.fused_gate_up = desc.fused_gate_up;
+  hp.n_expert = cfg.n_expert;
+  hp.n_expert_used = cfg.n_expert_used;
+  hp.expert_hidden_dim = cfg.expert_intermediate_size;
+  // transformers' Qwen3-MoE renormalises the chosen experts' weights only
+  // with norm_topk_prob; llama.cpp's default is to renormalise.
+  if (cfg.norm_topk_prob) hp.expert_weights_norm = *cfg.norm_topk_prob;
+  if (cfg.rope_scaling_type == "yarn") {
+    // llama.cpp's defaults (32, 1) are not written, as its converter does not.
+    if (cfg.yarn_beta_fast != 32.0) hp.yarn_beta_fast = static_cast<float>(cfg.yarn_beta_fast);
+    if (cfg.yarn_beta_slow != 1.0) hp.yarn_beta_slow = static_cast<float>(cfg.yarn_beta_slow);
+    // ggml rounds the correction range down and up; transformers with
+    // truncate false does not. llama.cpp's GGUF has no key for it, so the
+    // file runs as llama.cpp runs it, a little off transformers' angles.
+    if (!cfg.yarn_truncate)
+      std::fprintf(stderr, "%s: rope_scaling truncate=false: runlm and llama.cpp round the YaRN correction range "
+                   "(truncate=true); the rotation angles differ slightly from transformers'\n", dir.c_str());
+  }
   if (cfg.rope_scaling_type == "llama3") {
     hp.rope_scaling_type.clear();  // carried by rope_freqs.weight alone
     hp.rope_freqs = llama3_rope_freqs(hp.rope_theta, hp.head_dim, cfg.rope_scaling_factor, cfg.llama3_low_freq_factor,
@@ -368,15 +390,17 @@ ConvertResult convert_hf(const std::string& dir, const std::string& out_path, st
                                         static_cast<long long>(cfg.num_hidden_layers - 1));
   RUNLM_CHECK(st->find(last_layer), "%s: config.json has num_hidden_layers=%lld but tensor '%s' is missing",
               dir.c_str(), static_cast<long long>(cfg.num_hidden_layers), last_layer.c_str());
-  LlamaHParams one_layer = hp;
-  one_layer.n_layers = 1;
-  int64_t kTensorsPerLayer = 0;
-  for (const LlamaTensorSpec& spec : llama_tensor_specs(one_layer)) kTensorsPerLayer += spec.layer == 0;
+  // Every layer has its input_layernorm: at least that many tensors, then
+  // each one present (the count first bounds the loop by the file).
   const int64_t n_tensors = static_cast<int64_t>(st->names().size());
-  RUNLM_CHECK(n_tensors / kTensorsPerLayer >= cfg.num_hidden_layers,
-              "%s: config.json has num_hidden_layers=%lld but the checkpoint holds only %lld tensors (%lld per layer)",
-              dir.c_str(), static_cast<long long>(cfg.num_hidden_layers), static_cast<long long>(n_tensors),
-              static_cast<long long>(kTensorsPerLayer));
+  RUNLM_CHECK(n_tensors >= cfg.num_hidden_layers,
+              "%s: config.json has num_hidden_layers=%lld but the checkpoint holds only %lld tensors", dir.c_str(),
+              static_cast<long long>(cfg.num_hidden_layers), static_cast<long long>(n_tensors));
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    const std::string norm = strfmt("model.layers.%lld.input_layernorm.weight", static_cast<long long>(l));
+    RUNLM_CHECK(st->find(norm), "%s: config.json has num_hidden_layers=%lld but tensor '%s' is missing", dir.c_str(),
+                static_cast<long long>(cfg.num_hidden_layers), norm.c_str());
+  }
 
   // The vocabulary: a sentencepiece tokenizer.model, else a byte-level BPE
   // tokenizer.json (src/hf_bpe_vocab.h).
@@ -399,6 +423,12 @@ ConvertResult convert_hf(const std::string& dir, const std::string& out_path, st
   std::map<std::string, bool> used;
   Emitter emit{w, result.type, result};
   for (const LlamaTensorSpec& spec : llama_tensor_specs(hp)) {
+    if (is_moe_role(spec.role)) {
+      std::vector<std::string> read;
+      emit.add(spec, hf_moe_rows(*st, cfg, spec, read));
+      for (const std::string& name : read) used[name] = true;
+      continue;
+    }
     const HfSource src = hf_source(spec, hp);
     if (src.name.empty()) {  // RoPE factors computed from config.json
       const std::vector<float>& v = spec.role == TensorRole::RopeFreqs         ? hp.rope_freqs

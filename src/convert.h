@@ -1,6 +1,7 @@
-// Converters to GGUF (llama arch): llama.c .bin checkpoints and Hugging
-// Face Llama/Mistral directories (config.json + safetensors +
-// tokenizer.model). Weights are written as f32, f16 or bf16 (norms always
+// Converters to GGUF: llama.c .bin checkpoints and Hugging Face directories
+// (config.json + safetensors + tokenizer.model or tokenizer.json) of the
+// classes hf_config.h lists, mixtures of experts included (their router and
+// experts: hf_moe_tensors.h). Weights are written as f32, f16 or bf16 (norms always
 // f32); `runlm quantize` takes it from there.
 #pragma once
 

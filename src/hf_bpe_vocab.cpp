@@ -58,14 +58,19 @@ std::string token_content(const json& v) {
 
 std::string bpe_pre_tokenizer_for(const HfConfig& cfg) {
   switch (cfg.arch) {
-    case Arch::Llama: return "llama-bpe";   // Llama 3.x
+    case Arch::Llama:  // Llama 3.x (Mixtral ships a sentencepiece tokenizer.model)
+      if (cfg.n_expert == 0) return "llama-bpe";
+      break;
     case Arch::Mistral: return "tekken";    // Mistral Nemo's tekken tokenizer
     case Arch::Qwen2:
-    case Arch::Qwen3: return "qwen2";
+    case Arch::Qwen3:
+    case Arch::Qwen3Moe: return "qwen2";
+    case Arch::GptOss: return "gpt-4o";     // o200k_harmony, as llama.cpp's hash names it
     default: break;
   }
   fail("%s with a tokenizer.json (byte-level BPE): no known llama.cpp pre-tokenizer for this family; supported: "
-       "LlamaForCausalLM (llama-bpe), MistralForCausalLM (tekken), Qwen2ForCausalLM and Qwen3ForCausalLM (qwen2)",
+       "LlamaForCausalLM (llama-bpe), MistralForCausalLM (tekken), Qwen2ForCausalLM, Qwen3ForCausalLM and "
+       "Qwen3MoeForCausalLM (qwen2), GptOssForCausalLM (gpt-4o)",
        cfg.architecture.c_str());
 }
 

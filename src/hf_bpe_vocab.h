@@ -7,7 +7,8 @@
 // llama.cpp names the pre-tokenizer by hashing the tokenizer's output on a
 // fixed text, which needs the tokenizer itself; runlm names it by the model
 // family instead (bpe_pre_tokenizer_for): Llama 3 "llama-bpe", Qwen2/Qwen3
-// "qwen2", Mistral Nemo (MistralForCausalLM with tokenizer.json) "tekken".
+// and Qwen3-MoE "qwen2", Mistral Nemo (MistralForCausalLM with
+// tokenizer.json) "tekken", gpt-oss "gpt-4o".
 #pragma once
 
 #include <cstdint>

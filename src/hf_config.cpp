@@ -18,6 +18,14 @@ using nlohmann::json;
 
 // MistralConfig's default window, used when a Mistral config omits the key.
 constexpr int64_t kMistralDefaultWindow = 4096;
+// GptOssConfig's defaults: the window, the RoPE base, and the clamped
+// SwiGLU's limit and gain (the ones ggml's swiglu_oai has built in).
+constexpr int64_t kGptOssDefaultWindow = 128;
+constexpr double kGptOssDefaultTheta = 150000.0;
+constexpr double kGptOssSwigluLimit = 7.0;
+constexpr double kGptOssSwigluAlpha = 1.702;
+// Mixtral is the llama layer with experts: no row of its own in models/arch.h.
+constexpr const char* kMixtralClass = "MixtralForCausalLM";
 
 const json* member(const json& j, const char* key) {
   auto it = j.find(key);
@@ -62,12 +70,39 @@ void read_rope_scaling(const json& s, const char* key, const std::string& src, H
   if (type == "su") type = "longrope";
   const bool llama3 = type == "llama3" && (c.arch == Arch::Llama || c.arch == Arch::Mistral);
   const bool longrope = type == "longrope" && c.arch == Arch::Phi3;
-  RUNLM_CHECK(type == "linear" || llama3 || longrope, "%s: %s type '%s' is not supported for %s (supported: default, "
-              "linear%s)", src.c_str(), key, type.c_str(), c.architecture.c_str(),
-              c.arch == Arch::Llama || c.arch == Arch::Mistral ? ", llama3" : c.arch == Arch::Phi3 ? ", longrope" : "");
+  const bool yarn = type == "yarn" && c.arch == Arch::GptOss;
+  RUNLM_CHECK(type == "linear" || llama3 || longrope || yarn, "%s: %s type '%s' is not supported for %s (supported: "
+              "default, linear%s)", src.c_str(), key, type.c_str(), c.architecture.c_str(),
+              c.arch == Arch::Llama || c.arch == Arch::Mistral ? ", llama3"
+              : c.arch == Arch::Phi3                           ? ", longrope"
+              : c.arch == Arch::GptOss                         ? ", yarn"
+                                                               : "");
   c.rope_scaling_type = type;
   if (member(s, "original_max_position_embeddings"))
     c.rope_scaling_original_context = positive(s, "original_max_position_embeddings", src);
+  if (yarn) {
+    // transformers takes the factor as max_position_embeddings / the original
+    // context when both are given, llama.cpp's converter the factor key:
+    // they must agree. Its attention factor keys replace get_mscale(factor),
+    // which llama.cpp's GGUF cannot say.
+    RUNLM_CHECK(c.rope_scaling_original_context > 0, "%s: %s: yarn needs original_max_position_embeddings",
+                src.c_str(), key);
+    c.rope_scaling_factor = number(s, "factor", src, 0.0);
+    const double implied = double(c.max_position_embeddings) / double(c.rope_scaling_original_context);
+    RUNLM_CHECK(c.rope_scaling_factor > 0 && std::abs(c.rope_scaling_factor - implied) <= 1e-6 * implied,
+                "%s: %s: yarn factor %g differs from max_position_embeddings / original_max_position_embeddings = "
+                "%lld / %lld; not supported", src.c_str(), key, c.rope_scaling_factor,
+                static_cast<long long>(c.max_position_embeddings),
+                static_cast<long long>(c.rope_scaling_original_context));
+    for (const char* k : {"attention_factor", "mscale", "mscale_all_dim"})
+      RUNLM_CHECK(!member(s, k), "%s: %s: yarn %s is not supported", src.c_str(), key, k);
+    c.yarn_beta_fast = number(s, "beta_fast", src, 32.0);
+    c.yarn_beta_slow = number(s, "beta_slow", src, 1.0);
+    RUNLM_CHECK(c.yarn_beta_fast > 0 && c.yarn_beta_slow > 0, "%s: %s: yarn beta_fast and beta_slow must be positive",
+                src.c_str(), key);
+    c.yarn_truncate = flag(s, "truncate", src, true);
+    return;
+  }
   if (longrope) {
     auto factors = [&](const char* k) {
       const json* f = member(s, k);
@@ -96,6 +131,42 @@ void read_rope_scaling(const json& s, const char* key, const std::string& src, H
   }
 }
 
+// The experts of a mixture-of-experts config, with transformers' defaults
+// (MixtralConfig 8 experts, 2 used; Qwen3MoeConfig 128, 8, 768 wide;
+// GptOssConfig 128, 4). Options runlm's layer does not have are errors.
+void read_experts(const json& j, const std::string& src, HfConfig& c) {
+  const bool qwen = c.arch == Arch::Qwen3Moe, oss = c.arch == Arch::GptOss;
+  const int64_t dflt_experts = qwen || oss ? 128 : 8, dflt_used = qwen ? 8 : oss ? 4 : 2;
+  c.n_expert = positive(j, member(j, "num_experts") && !member(j, "num_local_experts") ? "num_experts"
+                                                                                       : "num_local_experts",
+                        src, dflt_experts);
+  c.n_expert_used = positive(j, member(j, "experts_per_token") && !member(j, "num_experts_per_tok")
+                                    ? "experts_per_token" : "num_experts_per_tok",
+                             src, dflt_used);
+  RUNLM_CHECK(c.n_expert_used <= c.n_expert, "%s: num_experts_per_tok %lld exceeds the %lld experts", src.c_str(),
+              static_cast<long long>(c.n_expert_used), static_cast<long long>(c.n_expert));
+  c.expert_intermediate_size = qwen ? positive(j, "moe_intermediate_size", src, 768) : c.intermediate_size;
+  if (qwen) {
+    c.norm_topk_prob = flag(j, "norm_topk_prob", src, false);
+    // Every layer must be a mixture of experts: runlm's qwen3moe has no dense FFN layers.
+    RUNLM_CHECK(positive(j, "decoder_sparse_step", src, 1) == 1, "%s: decoder_sparse_step other than 1 (dense "
+                "layers among the expert layers) is not supported", src.c_str());
+    const json* dense = member(j, "mlp_only_layers");
+    RUNLM_CHECK(!dense || (dense->is_array() && dense->empty()), "%s: mlp_only_layers %s (dense layers among the "
+                "expert layers) is not supported", src.c_str(), dense ? json_brief(*dense).c_str() : "");
+    RUNLM_CHECK(!member(j, "shared_expert_intermediate_size"), "%s: shared_expert_intermediate_size (a shared "
+                "expert) is not part of Qwen3MoeForCausalLM", src.c_str());
+  }
+  if (oss) {
+    RUNLM_CHECK(number(j, "swiglu_limit", src, kGptOssSwigluLimit) == kGptOssSwigluLimit,
+                "%s: swiglu_limit %g is not supported (runlm's, as llama.cpp's, is %g)", src.c_str(),
+                number(j, "swiglu_limit", src, 0), kGptOssSwigluLimit);
+    RUNLM_CHECK(number(j, "swiglu_alpha", src, kGptOssSwigluAlpha) == kGptOssSwigluAlpha,
+                "%s: swiglu_alpha %g is not supported (runlm's, as llama.cpp's, is %g)", src.c_str(),
+                number(j, "swiglu_alpha", src, 0), kGptOssSwigluAlpha);
+  }
+}
+
 }  // namespace
 
 HfConfig parse_hf_config(const std::string& text, const std::string& src) {
@@ -111,19 +182,26 @@ HfConfig parse_hf_config(const std::string& text, const std::string& src) {
   const json* archs = member(j, "architectures");
   RUNLM_CHECK(archs && archs->is_array(), "%s: missing architectures (supported: %s)", src.c_str(),
               supported_hf_classes().c_str());
-  for (const json& a : *archs)
-    if (const ArchDesc* d = a.is_string() ? find_arch_by_hf_class(a.get<std::string>()) : nullptr;
-        d && c.architecture.empty()) {
+  for (const json& a : *archs) {
+    if (!a.is_string() || !c.architecture.empty()) continue;
+    if (a.get<std::string>() == kMixtralClass) {
+      c.architecture = kMixtralClass;
+      c.arch = Arch::Llama;
+    } else if (const ArchDesc* d = find_arch_by_hf_class(a.get<std::string>())) {
       c.architecture = d->hf_class;
       c.arch = d->arch;
     }
+  }
   RUNLM_CHECK(!c.architecture.empty(), "%s: architectures %s not supported (supported: %s)", src.c_str(),
               json_brief(*archs).c_str(), supported_hf_classes().c_str());
-  // runlm runs these mixture-of-experts GGUFs but does not convert their
-  // checkpoints: a dense conversion would silently drop the experts.
-  RUNLM_CHECK(!arch_desc(c.arch).moe, "%s: %s is a mixture-of-experts checkpoint; runlm convert does not convert "
-              "experts yet (convert it with llama.cpp's convert_hf_to_gguf.py; runlm runs the GGUF)", src.c_str(),
-              c.architecture.c_str());
+  // Packed weights (gpt-oss's MXFP4 experts, GPTQ, AWQ, fp8...) are not
+  // read: the unquantized (bf16/f16/f32) checkpoint converts.
+  if (const json* q = member(j, "quantization_config")) {
+    const json* method = q->is_object() ? member(*q, "quant_method") : nullptr;
+    fail("%s: quantized checkpoint (quantization_config quant_method %s) is not supported; convert the unquantized "
+         "(bf16, f16 or f32) checkpoint", src.c_str(), method ? json_brief(*method).c_str() : json_brief(*q).c_str());
+  }
+  const bool mixtral = c.architecture == kMixtralClass;
   const bool mistral = c.architecture == "MistralForCausalLM";
   const bool gemma = c.arch == Arch::Gemma2 || c.arch == Arch::Gemma3;
   if (const json* mt = member(j, "model_type"); mt && mt->is_string()) c.model_type = mt->get<std::string>();
@@ -134,6 +212,7 @@ HfConfig parse_hf_config(const std::string& text, const std::string& src) {
   c.num_attention_heads = positive(j, "num_attention_heads", src);
   c.num_key_value_heads = positive(j, "num_key_value_heads", src, c.num_attention_heads);
   c.vocab_size = positive(j, "vocab_size", src);
+  if (mixtral || arch_desc(c.arch).moe) read_experts(j, src, c);
   RUNLM_CHECK(c.num_attention_heads % c.num_key_value_heads == 0,
               "%s: num_attention_heads %lld is not a multiple of num_key_value_heads %lld", src.c_str(),
               static_cast<long long>(c.num_attention_heads), static_cast<long long>(c.num_key_value_heads));
@@ -149,8 +228,13 @@ HfConfig parse_hf_config(const std::string& text, const std::string& src) {
   }
   // Adjacent-pair RoPE rotates pairs, so the head dimension must be even.
   RUNLM_CHECK(c.head_dim % 2 == 0, "%s: head_dim %lld must be even", src.c_str(), static_cast<long long>(c.head_dim));
-  // transformers' defaults: LlamaConfig 2048 positions, MistralConfig 4096*32.
-  c.max_position_embeddings = positive(j, "max_position_embeddings", src, mistral ? 4096 * 32 : 2048);
+  // transformers' defaults: LlamaConfig 2048 positions, MistralConfig and MixtralConfig 4096*32,
+  // GptOssConfig 131072, Qwen3MoeConfig 32768.
+  c.max_position_embeddings = positive(j, "max_position_embeddings", src,
+                                       mistral || mixtral              ? 4096 * 32
+                                       : c.arch == Arch::GptOss        ? 131072
+                                       : c.arch == Arch::Qwen3Moe      ? 32768
+                                                                       : 2048);
   c.rms_norm_eps = number(j, "rms_norm_eps", src, 1e-6);
   RUNLM_CHECK(c.rms_norm_eps > 0, "%s: rms_norm_eps must be positive", src.c_str());
   // transformers' defaults: the Gemma configs tie, the others do not.
@@ -159,7 +243,7 @@ HfConfig parse_hf_config(const std::string& text, const std::string& src) {
               "%s: Gemma2 with tie_word_embeddings=false is not supported (llama.cpp's gemma2 always ties)", src.c_str());
 
   // Rope theta: top level (older form) or inside rope_parameters (newer form).
-  c.rope_theta = number(j, "rope_theta", src, 10000.0);
+  c.rope_theta = number(j, "rope_theta", src, c.arch == Arch::GptOss ? kGptOssDefaultTheta : 10000.0);
   if (const json* rp = member(j, "rope_parameters")) {
     RUNLM_CHECK(rp->is_object(), "%s: rope_parameters must be an object", src.c_str());
     // Per layer kind (gemma3): the global layers' parameters, and the local base.
@@ -172,6 +256,13 @@ HfConfig parse_hf_config(const std::string& text, const std::string& src) {
   }
   if (const json* rs = member(j, "rope_scaling")) read_rope_scaling(*rs, "rope_scaling", src, c);
   RUNLM_CHECK(c.rope_theta > 0, "%s: rope_theta must be positive", src.c_str());
+  if (c.arch == Arch::GptOss && !member(j, "rope_scaling") && !member(j, "rope_parameters")) {
+    // GptOssConfig's default RoPE: YaRN, factor 32 over 4096 positions, untruncated.
+    c.rope_scaling_type = "yarn";
+    c.rope_scaling_factor = 32.0;
+    c.rope_scaling_original_context = 4096;
+    c.yarn_truncate = false;
+  }
 
   if (c.arch == Arch::Gemma3 && member(j, "rope_local_base_freq"))
     c.rope_local_theta = number(j, "rope_local_base_freq", src, 10000.0);
@@ -197,12 +288,16 @@ HfConfig parse_hf_config(const std::string& text, const std::string& src) {
     auto it = j.find("sliding_window");
     if (it == j.end()) c.sliding_window = kMistralDefaultWindow;
     else if (!it->is_null()) c.sliding_window = positive(j, "sliding_window", src);
-  } else if (c.arch == Arch::Qwen2 || c.arch == Arch::Qwen3) {
+  } else if (c.arch == Arch::Qwen2 || c.arch == Arch::Qwen3 || c.arch == Arch::Qwen3Moe) {
     // Qwen keeps a sliding_window value that applies only with use_sliding_window.
     RUNLM_CHECK(!flag(j, "use_sliding_window", src, false), "%s: use_sliding_window=true is not supported for %s",
                 src.c_str(), c.architecture.c_str());
   } else if (c.arch == Arch::Gemma2) {
     c.sliding_window = positive(j, "sliding_window", src, 4096);
+  } else if (c.arch == Arch::GptOss) {
+    RUNLM_CHECK(!j.contains("sliding_window") || !j["sliding_window"].is_null(),
+                "%s: GptOssForCausalLM with sliding_window null is not supported", src.c_str());
+    c.sliding_window = positive(j, "sliding_window", src, kGptOssDefaultWindow);
   } else if (member(j, "sliding_window")) {
     c.sliding_window = positive(j, "sliding_window", src);
   }
@@ -228,11 +323,24 @@ HfConfig parse_hf_config(const std::string& text, const std::string& src) {
     RUNLM_CHECK(!any_sliding || c.sliding_window, "%s: layer_types has sliding_attention layers but no sliding_window",
                 src.c_str());
   }
+  if (c.arch == Arch::GptOss) {
+    // llama.cpp's gpt-oss always alternates, layer 0 sliding, and its
+    // converter writes no pattern: any other layer_types would run otherwise there.
+    for (size_t l = 0; l < c.swa_layers.size(); ++l)
+      RUNLM_CHECK(c.swa_layers[l] == (l % 2 == 0 ? 1 : 0), "%s: layer_types must alternate sliding_attention and "
+                  "full_attention from layer 0 for GptOssForCausalLM (layer %zu is not)", src.c_str(), l);
+    c.swa_layers.clear();
+  }
 
   // Features the family's layer does not have: refuse rather than drop them.
   // (Qwen2 always has q/k/v biases; the converter checks the tensors.)
-  RUNLM_CHECK(c.arch == Arch::Qwen2 || !flag(j, "attention_bias", src, false),
-              "%s: attention_bias=true is not supported for %s", src.c_str(), c.architecture.c_str());
+  if (c.arch == Arch::GptOss) {
+    RUNLM_CHECK(flag(j, "attention_bias", src, true), "%s: attention_bias=false is not supported for %s (its layer "
+                "has q/k/v/o biases)", src.c_str(), c.architecture.c_str());
+  } else {
+    RUNLM_CHECK(c.arch == Arch::Qwen2 || !flag(j, "attention_bias", src, false),
+                "%s: attention_bias=true is not supported for %s", src.c_str(), c.architecture.c_str());
+  }
   RUNLM_CHECK(!flag(j, "mlp_bias", src, false), "%s: mlp_bias=true is not supported", src.c_str());
   const char* want_act = gemma ? "gelu_pytorch_tanh" : "silu";
   for (const char* key : {"hidden_act", "hidden_activation"}) {

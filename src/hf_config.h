@@ -1,10 +1,13 @@
 // Hugging Face config.json of the checkpoints runlm converts (the classes of
 // models/arch.h: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
-// Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM),
-// in both the older form (top-level rope_theta and rope_scaling) and the
-// newer one (rope_parameters). Anything runlm cannot run the same way (other
-// architectures, yarn rope scaling, unexpected biases, other activations) is
-// an Error naming it rather than a silent mismatch.
+// Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM,
+// the mixtures of experts Qwen3MoeForCausalLM and GptOssForCausalLM, and
+// MixtralForCausalLM, a Llama with experts), in both the older form
+// (top-level rope_theta and rope_scaling) and the newer one
+// (rope_parameters). Anything runlm cannot run the same way (other
+// architectures, a rope scaling the family does not have, unexpected biases,
+// other activations, quantized checkpoints, dense layers among expert ones)
+// is an Error naming it rather than a silent mismatch.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +33,7 @@ struct HfConfig {
   double rms_norm_eps = 1e-6;       // transformers' LlamaConfig default
   double rope_theta = 10000.0;
   Arch arch = Arch::Llama;          // the architecture row of `architecture`
-  std::string rope_scaling_type;    // "" (none), "linear", "llama3" or "longrope"
+  std::string rope_scaling_type;    // "" (none), "linear", "llama3", "longrope" or "yarn"
   double rope_scaling_factor = 1.0;
   int64_t rope_scaling_original_context = 0;  // 0 when the config does not say
   double llama3_low_freq_factor = 1.0, llama3_high_freq_factor = 4.0;  // rope_type "llama3"
@@ -45,6 +48,20 @@ struct HfConfig {
   std::vector<uint8_t> swa_layers;
   bool tie_word_embeddings = false;
   std::string torch_dtype;          // "bfloat16", "float16", "float32" or ""
+
+  // Mixture of experts (n_expert > 0): num_local_experts (or num_experts),
+  // num_experts_per_tok, each expert's hidden size (Mixtral and gpt-oss:
+  // intermediate_size; Qwen3-MoE: moe_intermediate_size), and Qwen3-MoE's
+  // norm_topk_prob (transformers' default: false).
+  int64_t n_expert = 0;
+  int64_t n_expert_used = 0;
+  int64_t expert_intermediate_size = 0;
+  std::optional<bool> norm_topk_prob;
+  // YaRN (rope_scaling_type "yarn", gpt-oss): rope_scaling_factor and
+  // rope_scaling_original_context above, plus these. truncate false is
+  // transformers' unrounded correction range, which llama.cpp's GGUF cannot say.
+  double yarn_beta_fast = 32.0, yarn_beta_slow = 1.0;
+  bool yarn_truncate = true;
 };
 
 // Parses config.json text; `source` names it in errors.

@@ -3,8 +3,10 @@
 
 For each Hugging Face class (LlamaForCausalLM with llama3 RoPE scaling,
 Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM with head_dim,
-Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM) this builds a tiny
-random model (hidden 256, a few layers, the family's head size, fixed seed),
+Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM, and the mixtures of
+experts MixtralForCausalLM, Qwen3MoeForCausalLM, GptOssForCausalLM: 4 or 8
+experts, top 2) this builds a tiny random model (hidden 256, a few layers,
+the family's head size, fixed seed),
 saves it with save_pretrained (safetensors, float32) next to a SentencePiece
 tokenizer.model (the embedded stories260K vocabulary of 512 pieces: only the
 token ids matter), and writes reference.json beside it:
@@ -19,7 +21,11 @@ compares runlm's logits and greedy ids with these.
   python3 tools/hf_families_reference.py OUT_DIR [--tokenizer PATH/tokenizer.model]
 
 Needs python3 with torch, transformers and numpy only. Eager attention
-everywhere (Gemma 2's attention soft-cap is only in the eager path).
+everywhere (Gemma 2's attention soft-cap and gpt-oss's attention sinks are
+only in the eager path). gpt-oss's YaRN is built with truncate=True (the
+rounded correction range ggml, and so llama.cpp and runlm, use; its config
+default, truncate=False, turns the angles of a few frequency pairs slightly),
+and its sliding window is 16 so that it binds within the 56-token sequence.
 """
 import argparse
 import json
@@ -69,16 +75,56 @@ def families():
         ("phi3", "Phi3ForCausalLM", "Phi3Config", dict(
             COMMON, num_key_value_heads=4, max_position_embeddings=4096, original_max_position_embeddings=4096,
             rope_theta=10000.0, rms_norm_eps=1e-5, sliding_window=None, tie_word_embeddings=False)),
+        ("mixtral", "MixtralForCausalLM", "MixtralConfig", dict(
+            COMMON, num_hidden_layers=3, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=2048,
+            rope_theta=1e6, rms_norm_eps=1e-5, sliding_window=None, router_jitter_noise=0.0,
+            tie_word_embeddings=False)),
+        ("qwen3moe", "Qwen3MoeForCausalLM", "Qwen3MoeConfig", dict(
+            COMMON, head_dim=128, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
+            norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], max_position_embeddings=2048,
+            rope_theta=1e6, rms_norm_eps=1e-6, use_sliding_window=False, tie_word_embeddings=False)),
+        ("gpt_oss", "GptOssForCausalLM", "GptOssConfig", dict(
+            COMMON, num_hidden_layers=4, head_dim=64, num_local_experts=4, num_experts_per_tok=2,
+            intermediate_size=256, sliding_window=16,
+            layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(4)],
+            max_position_embeddings=131072, rms_norm_eps=1e-5, attention_bias=True, tie_word_embeddings=False)),
     ]
+
+
+def round_yarn_correction_range(config):
+    """gpt-oss's default YaRN (factor 32 over 4096 positions, base 150000)
+    with truncate=True: the range ggml rounds down and up. Set on the dict
+    the config carries (rope_parameters in newer transformers, rope_scaling
+    in older ones), before the model builds its rotary embedding."""
+    for attr in ("rope_parameters", "rope_scaling"):
+        d = getattr(config, attr, None)
+        if isinstance(d, dict) and d.get("rope_type", d.get("type")) == "yarn":
+            d["truncate"] = True
+
+
+# Per family: a change to the config object after it is built.
+CONFIG_FIXUPS = {"gpt_oss": round_yarn_correction_range}
 
 
 def randomize(model, seed):
     """Weights that make every part of the layer matter: matrices with
-    unit-variance outputs, embeddings N(0, 1), norms and biases perturbed."""
+    unit-variance outputs, embeddings N(0, 1), norms perturbed; experts
+    stored 3-D likewise (gpt-oss applies x @ W, its input dimension is 1;
+    transformers' fused Mixtral/Qwen3-MoE experts are [E, out, in]); expert
+    biases U(-0.2, 0.2); gpt-oss's attention sinks U(-1, 2), so that they
+    take a real share of every softmax."""
     g = torch.Generator().manual_seed(seed)
+    x_at_w = type(model).__name__ == "GptOssForCausalLM"
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.ndim == 2:
+            if name.endswith("sinks"):
+                p.copy_(torch.rand(p.shape, generator=g) * 3 - 1)
+            elif p.ndim == 3:
+                bound = (3.0 / p.shape[1 if x_at_w else 2]) ** 0.5
+                p.copy_((torch.rand(p.shape, generator=g) * 2 - 1) * bound)
+            elif ".experts." in name and name.endswith("_bias"):
+                p.copy_((torch.rand(p.shape, generator=g) * 2 - 1) * 0.2)
+            elif p.ndim == 2:
                 if "embed_tokens" in name:
                     p.copy_(torch.randn(p.shape, generator=g))
                 else:
@@ -123,6 +169,8 @@ def build_one(args, name, cls_name, cfg_name, kwargs, ids):
     torch.manual_seed(SEED)
     config = getattr(transformers, cfg_name)(attn_implementation="eager", **kwargs)
     config.architectures = [cls_name]
+    if name in CONFIG_FIXUPS:
+        CONFIG_FIXUPS[name](config)
     model = getattr(transformers, cls_name)(config).float().eval()
     randomize(model, SEED)
     out = os.path.join(args.out_dir, name)
