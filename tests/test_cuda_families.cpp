@@ -19,6 +19,7 @@
 
 #include "common.h"
 #include "engine.h"
+#include "engine_compare.h"
 #include "engine_support.h"
 #include "generation.h"
 #include "gguf.h"
@@ -79,92 +80,6 @@ std::string make_model(const TempPath& out, const Family& f, const std::string& 
   return out.str();
 }
 
-std::unique_ptr<Engine> engine_on(Device d, const Model& m, KvLayout kv = KvLayout::Contiguous) {
-  EngineOptions eo;
-  eo.device = d;
-  eo.n_ctx = 128;
-  eo.n_threads = 2;
-  eo.kv = kv;
-  if (kv == KvLayout::Paged) eo.kv_tokens = 3 * 128;
-  return d == Device::Cuda ? make_cuda_engine(m, eo) : make_cpu_engine(m, eo);
-}
-
-std::vector<int> prompt(int n_vocab, int n) {
-  std::vector<int> ids{1};
-  for (int i = 1; i < n; ++i) ids.push_back((i * 37 + 11) % n_vocab);
-  return ids;
-}
-
-// max |a - b| / max |b|, infinite when a has a non-finite value.
-double relative_max_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    diff = std::max(diff, std::abs(double(a[i]) - b[i]));
-    scale = std::max(scale, std::abs(double(b[i])));
-  }
-  return diff / scale;
-}
-
-std::vector<int> greedy(Engine& engine, const Model& model, std::vector<int> ids, int n) {
-  SamplingParams sp;
-  sp.temperature = 0;
-  Sampler sampler(sp);
-  GenerationRequest req;
-  req.prompt = std::move(ids);
-  req.n_predict = n;
-  req.ignore_eos = true;
-  return generate(engine, sampler, model.tokenizer(), req, nullptr).tokens;
-}
-
-// The CPU's last-position logits after `ids`, on a fresh engine.
-std::vector<float> cpu_last_logits(const Model& m, const std::vector<int>& ids) {
-  auto e = engine_on(Device::Cpu, m);
-  std::vector<float> out(size_t(m.config().n_vocab), NAN);
-  e->forward(ids.data(), int(ids.size()), 0, out.data(), false);
-  return out;
-}
-
-// GPU greedy tokens `gpu` against the CPU's `cpu` after the prompt: equal,
-// or they part at a near tie of the CPU's logits (see the file comment).
-void expect_same_greedy(const Model& m, const std::vector<int>& prompt_ids, const std::vector<int>& cpu,
-                        const std::vector<int>& gpu) {
-  ASSERT_EQ(cpu.size(), gpu.size());
-  size_t i = 0;
-  while (i < cpu.size() && cpu[i] == gpu[i]) ++i;
-  if (i == cpu.size()) return;
-  std::vector<int> ids = prompt_ids;
-  ids.insert(ids.end(), cpu.begin(), cpu.begin() + long(i));
-  const std::vector<float> l = cpu_last_logits(m, ids);
-  double scale = 0;
-  for (float v : l) scale = std::max(scale, std::abs(double(v)));
-  const double gap = std::abs(double(l[size_t(cpu[i])]) - l[size_t(gpu[i])]);
-  EXPECT_LT(gap, kLogitTolerance * scale) << "greedy tokens part at step " << i << " (cpu " << cpu[i] << ", gpu "
-                                          << gpu[i] << ") where the CPU's logits are not a near tie";
-}
-
-// The prompts through the continuous-batching scheduler on a paged engine,
-// greedily, all at once: each request's tokens by index.
-std::map<int, std::vector<int>> batch_greedy(Engine& engine, const Model& model,
-                                             const std::vector<std::vector<int>>& prompts, int n_predict) {
-  SchedulerOptions so;
-  so.max_parallel = static_cast<int>(prompts.size());
-  so.max_seq_len = engine.n_ctx();
-  Scheduler sched(engine, model.tokenizer(), so);
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    Request r;
-    r.index = static_cast<int>(i);
-    r.prompt = prompts[i];
-    r.n_predict = n_predict;
-    r.sampling.temperature = 0;
-    r.ignore_eos = true;
-    sched.submit(r);
-  }
-  std::map<int, std::vector<int>> out;
-  sched.run([&](Completion&& c) { out[c.index] = std::move(c.tokens); });
-  return out;
-}
-
 void check_family(const Family& f, const std::string& type) {
   SCOPED_TRACE(std::string(f.preset) + " " + type);
   TempPath path(".gguf");
@@ -205,7 +120,7 @@ void check_family(const Family& f, const std::string& type) {
   // Greedy generation, contiguous cache.
   const std::vector<int> ids = prompt(c.n_vocab, 24);
   const std::vector<int> want = greedy(*engine_on(Device::Cpu, *m), *m, ids, kGreedyTokens);
-  expect_same_greedy(*m, ids, want, greedy(*engine_on(Device::Cuda, *m), *m, ids, kGreedyTokens));
+  expect_same_greedy(*m, ids, want, greedy(*engine_on(Device::Cuda, *m), *m, ids, kGreedyTokens), kLogitTolerance);
 
   // Three sequences batched over the paged cache: a long prompt (prefill
   // attention on the pages) beside short ones (the paged decode kernel).
@@ -217,7 +132,7 @@ void check_family(const Family& f, const std::string& type) {
   ASSERT_EQ(gpu_out.size(), prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
     SCOPED_TRACE("paged sequence " + std::to_string(i));
-    expect_same_greedy(*m, prompts[i], cpu_out.at(int(i)), gpu_out.at(int(i)));
+    expect_same_greedy(*m, prompts[i], cpu_out.at(int(i)), gpu_out.at(int(i)), kLogitTolerance);
   }
 }
 

@@ -26,9 +26,13 @@
 
 #include "cuda/gpu_ops.h"
 #include "paged_kv.h"
+#include "gpu_test_buffers.h"
 #endif
 
 using namespace runlm;
+#ifdef RUNLM_CUDA
+using namespace runlm::test;
+#endif
 
 #ifndef RUNLM_CUDA
 
@@ -37,59 +41,6 @@ TEST(GpuFamilyOps, SkippedWithoutCuda) { GTEST_SKIP() << "built without CUDA (RU
 #else
 
 namespace {
-
-#define REQUIRE_GPU()                                                   \
-  do {                                                                  \
-    int n_dev_ = 0;                                                     \
-    if (cudaGetDeviceCount(&n_dev_) != cudaSuccess || n_dev_ == 0) {    \
-      cudaGetLastError();                                               \
-      GTEST_SKIP() << "no CUDA device";                                 \
-    }                                                                   \
-  } while (0)
-
-void ck(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw Error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-// Device buffer, filled with 0xFF bytes (NaN as f32 and as f16) on creation.
-struct DevBuf {
-  void* p = nullptr;
-  size_t n = 0;
-  explicit DevBuf(size_t bytes) : n(bytes) {
-    ck(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc");
-    ck(cudaMemset(p, 0xFF, bytes ? bytes : 1), "cudaMemset");
-  }
-  ~DevBuf() { cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  template <typename T>
-  T* as() { return static_cast<T*>(p); }
-  template <typename T>
-  std::vector<T> get(size_t count) {
-    std::vector<T> v(count);
-    ck(cudaDeviceSynchronize(), "sync");
-    ck(cudaMemcpy(v.data(), p, count * sizeof(T), cudaMemcpyDeviceToHost), "D2H");
-    return v;
-  }
-};
-
-template <typename T>
-std::unique_ptr<DevBuf> upload(const std::vector<T>& v) {
-  auto b = std::make_unique<DevBuf>(v.size() * sizeof(T));
-  ck(cudaMemcpy(b->p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "H2D");
-  return b;
-}
-
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) {
-    x = d(rng);
-    if (x == 0.0f) x = 1e-3f;  // never zeros
-  }
-  return v;
-}
 
 // ||a - b|| / ||b||; any non-finite value of a makes it infinite.
 double rel_err(const std::vector<float>& a, const std::vector<float>& b) {

@@ -22,6 +22,7 @@
 #include "cpu/quant.h"
 #include "dtype.h"
 #include "engine.h"
+#include "engine_compare.h"
 #include "engine_support.h"
 #include "generation.h"
 #include "model.h"
@@ -35,6 +36,7 @@
 
 #include "cuda/gpu_ops.h"
 #include "cuda/moe_ops.h"
+#include "gpu_test_buffers.h"
 #endif
 
 using namespace runlm;
@@ -47,55 +49,6 @@ TEST(GpuMoe, SkippedWithoutCuda) { GTEST_SKIP() << "built without CUDA (RUNLM_CU
 #else
 
 namespace {
-
-#define REQUIRE_GPU()                                                                         \
-  do {                                                                                        \
-    if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device (or built without CUDA)"; \
-  } while (0)
-
-void ck(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw Error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-// Device buffer, filled with 0xFF bytes (NaN as f32 and f16, -1 as int32).
-struct DevBuf {
-  void* p = nullptr;
-  size_t n = 0;
-  explicit DevBuf(size_t bytes) : n(bytes) {
-    ck(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc");
-    ck(cudaMemset(p, 0xFF, bytes ? bytes : 1), "cudaMemset");
-  }
-  ~DevBuf() { cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  template <typename T>
-  T* as() const { return static_cast<T*>(p); }
-  template <typename T>
-  std::vector<T> get(size_t count) const {
-    std::vector<T> v(count);
-    ck(cudaDeviceSynchronize(), "sync");
-    ck(cudaMemcpy(v.data(), p, count * sizeof(T), cudaMemcpyDeviceToHost), "D2H");
-    return v;
-  }
-};
-
-template <typename T>
-std::unique_ptr<DevBuf> upload(const std::vector<T>& v) {
-  auto b = std::make_unique<DevBuf>(v.size() * sizeof(T));
-  ck(cudaMemcpy(b->p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "H2D");
-  return b;
-}
-
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) {
-    x = d(rng);
-    if (x == 0.0f) x = 1e-3f;
-  }
-  return v;
-}
 
 double rel_err(const std::vector<float>& a, const std::vector<double>& b) {
   double num = 0, den = 0;
@@ -422,83 +375,6 @@ std::string make_model(const TempPath& out, const MoeFamily& f, const std::strin
   const CommandResult r = run_command(cmd);
   EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.err;
   return out.str();
-}
-
-std::unique_ptr<Engine> engine_on(Device d, const Model& m, KvLayout kv = KvLayout::Contiguous) {
-  EngineOptions eo;
-  eo.device = d;
-  eo.n_ctx = 128;
-  eo.n_threads = 2;
-  eo.kv = kv;
-  if (kv == KvLayout::Paged) eo.kv_tokens = 3 * 128;
-  return d == Device::Cuda ? make_cuda_engine(m, eo) : make_cpu_engine(m, eo);
-}
-
-std::vector<int> prompt(int n_vocab, int n) {
-  std::vector<int> ids{1};
-  for (int i = 1; i < n; ++i) ids.push_back((i * 37 + 11) % n_vocab);
-  return ids;
-}
-
-double relative_max_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    diff = std::max(diff, std::abs(double(a[i]) - b[i]));
-    scale = std::max(scale, std::abs(double(b[i])));
-  }
-  return diff / scale;
-}
-
-std::vector<int> greedy(Engine& engine, const Model& model, std::vector<int> ids, int n) {
-  SamplingParams sp;
-  sp.temperature = 0;
-  Sampler sampler(sp);
-  GenerationRequest req;
-  req.prompt = std::move(ids);
-  req.n_predict = n;
-  req.ignore_eos = true;
-  return generate(engine, sampler, model.tokenizer(), req, nullptr).tokens;
-}
-
-// Equal greedy tokens, or a parting at a near tie of the CPU's logits (a
-// router choice or f16 rounding may break it either way).
-void expect_same_greedy(const Model& m, const std::vector<int>& prompt_ids, const std::vector<int>& cpu,
-                        const std::vector<int>& gpu, double tolerance) {
-  ASSERT_EQ(cpu.size(), gpu.size());
-  size_t i = 0;
-  while (i < cpu.size() && cpu[i] == gpu[i]) ++i;
-  if (i == cpu.size()) return;
-  std::vector<int> ids = prompt_ids;
-  ids.insert(ids.end(), cpu.begin(), cpu.begin() + long(i));
-  auto e = engine_on(Device::Cpu, m);
-  std::vector<float> l(size_t(m.config().n_vocab), NAN);
-  e->forward(ids.data(), int(ids.size()), 0, l.data(), false);
-  double scale = 0;
-  for (float v : l) scale = std::max(scale, std::abs(double(v)));
-  const double gap = std::abs(double(l[size_t(cpu[i])]) - l[size_t(gpu[i])]);
-  EXPECT_LT(gap, tolerance * scale) << "greedy tokens part at step " << i << " (cpu " << cpu[i] << ", gpu " << gpu[i]
-                                    << ") where the CPU's logits are not a near tie";
-}
-
-std::map<int, std::vector<int>> batch_greedy(Engine& engine, const Model& model,
-                                             const std::vector<std::vector<int>>& prompts, int n_predict) {
-  SchedulerOptions so;
-  so.max_parallel = static_cast<int>(prompts.size());
-  so.max_seq_len = engine.n_ctx();
-  Scheduler sched(engine, model.tokenizer(), so);
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    Request r;
-    r.index = static_cast<int>(i);
-    r.prompt = prompts[i];
-    r.n_predict = n_predict;
-    r.sampling.temperature = 0;
-    r.ignore_eos = true;
-    sched.submit(r);
-  }
-  std::map<int, std::vector<int>> out;
-  sched.run([&](Completion&& c) { out[c.index] = std::move(c.tokens); });
-  return out;
 }
 
 // Prefill of 40 tokens (grouped GEMMs), of 8 (expert GEMV), single-token

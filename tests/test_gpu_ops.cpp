@@ -28,10 +28,14 @@
 #include <sys/mman.h>
 
 #include "cuda/gpu_ops.h"
+#include "gpu_test_buffers.h"
 #include "paged_kv.h"
 #endif
 
 using namespace runlm;
+#ifdef RUNLM_CUDA
+using namespace runlm::test;
+#endif
 
 #ifndef RUNLM_CUDA
 
@@ -40,75 +44,6 @@ TEST(GpuOps, SkippedWithoutCuda) { GTEST_SKIP() << "built without CUDA (RUNLM_CU
 #else
 
 namespace {
-
-bool have_device(std::string* why) {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) {
-    *why = std::string("no CUDA device: ") + cudaGetErrorString(e);
-    return false;
-  }
-  if (n == 0) {
-    *why = "no CUDA device";
-    return false;
-  }
-  return true;
-}
-
-#define REQUIRE_GPU()                          \
-  do {                                         \
-    std::string why_;                          \
-    if (!have_device(&why_)) GTEST_SKIP() << why_; \
-  } while (0)
-
-void ck(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw Error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-// Device buffer, filled with 0xFF bytes (NaN as f32 and as f16) on creation.
-struct DevBuf {
-  void* p = nullptr;
-  size_t n = 0;
-  explicit DevBuf(size_t bytes) : n(bytes) {
-    ck(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc");
-    poison();
-  }
-  ~DevBuf() { cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  void poison() { ck(cudaMemset(p, 0xFF, n ? n : 1), "cudaMemset"); }
-  template <typename T>
-  T* as() { return static_cast<T*>(p); }
-  template <typename T>
-  void put(const std::vector<T>& v) {
-    ck(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "H2D");
-  }
-  template <typename T>
-  std::vector<T> get(size_t count) {
-    std::vector<T> v(count);
-    ck(cudaDeviceSynchronize(), "sync");
-    ck(cudaMemcpy(v.data(), p, count * sizeof(T), cudaMemcpyDeviceToHost), "D2H");
-    return v;
-  }
-};
-
-template <typename T>
-std::unique_ptr<DevBuf> upload(const std::vector<T>& v) {
-  auto b = std::make_unique<DevBuf>(v.size() * sizeof(T));
-  b->put(v);
-  return b;
-}
-
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) {
-    x = d(rng);
-    if (x == 0.0f) x = 1e-3f;  // never zeros
-  }
-  return v;
-}
 
 // ||a - b|| / ||b||; any non-finite value of a makes it infinite.
 double rel_err(const std::vector<float>& a, const std::vector<double>& b) {
