@@ -1,6 +1,7 @@
 // runlm info: what a GGUF model holds, read from the file without running
 // it: architecture, shapes, weight types and sizes, vocabulary and whether
-// it carries a chat template.
+// it carries a chat template. A vocabulary-only GGUF (llama.cpp's
+// ggml-vocab-*.gguf: no tensors) gets its vocabulary and template.
 #include <cstdio>
 #include <map>
 
@@ -23,6 +24,15 @@ std::string human_bytes(double b) {
   return u == 0 ? strfmt("%.0f B", b) : strfmt("%.2f %s", b, units[u]);
 }
 
+std::string vocabulary_lines(const GgufFile& g, const Tokenizer& tok, const std::string& tmpl) {
+  const std::string kind = g.get_string_opt("tokenizer.ggml.model").value_or("unknown");
+  std::string out = strfmt("vocabulary:     %s, %d tokens, bos %d '%s', eos %d '%s'\n", kind.c_str(), tok.n_vocab(),
+                           tok.bos(), tok.id_to_piece(tok.bos()).c_str(), tok.eos(), tok.id_to_piece(tok.eos()).c_str());
+  out += tmpl.empty() ? std::string("chat template:  none in the file (runlm chat needs --chat-template)\n")
+                      : strfmt("chat template:  in the file (tokenizer.chat_template, %zu bytes)\n", tmpl.size());
+  return out;
+}
+
 }  // namespace
 
 int cmd_info(int argc, char** argv) {
@@ -37,6 +47,19 @@ int cmd_info(int argc, char** argv) {
   }
   RUNLM_CHECK(args.count("model"), "no model given: use -m MODEL.gguf");
   const std::string path = args["model"].as<std::string>();
+  {
+    auto g = GgufFile::open(path);
+    if (g->tensors().empty()) {
+      auto tok = Tokenizer::from_gguf(*g);
+      std::string out = strfmt("file:           %s (GGUF v%u, %s)\n", path.c_str(), g->version(),
+                               human_bytes(double(g->file_size())).c_str());
+      out += strfmt("architecture:   %s (vocabulary only: no weights)\n",
+                    g->get_string_opt("general.architecture").value_or("none").c_str());
+      out += vocabulary_lines(*g, *tok, g->get_string_opt("tokenizer.chat_template").value_or(""));
+      write_stdout(out);
+      return 0;
+    }
+  }
   auto model = Model::load(path);
   const ModelConfig& c = model->config();
   const GgufFile& g = model->gguf();
@@ -69,13 +92,7 @@ int cmd_info(int argc, char** argv) {
     out += strfmt("  %-6s %5d tensors %12llu bytes (%s)\n", name.c_str(), cb.first,
                   static_cast<unsigned long long>(cb.second), human_bytes(double(cb.second)).c_str());
 
-  const Tokenizer& tok = model->tokenizer();
-  const std::string kind = g.get_string_opt("tokenizer.ggml.model").value_or("unknown");
-  out += strfmt("vocabulary:     %s, %d tokens, bos %d '%s', eos %d '%s'\n", kind.c_str(), tok.n_vocab(), tok.bos(),
-                tok.id_to_piece(tok.bos()).c_str(), tok.eos(), tok.id_to_piece(tok.eos()).c_str());
-  const std::string& tmpl = model->chat_template_source();
-  out += tmpl.empty() ? std::string("chat template:  none in the file (runlm chat needs --chat-template)\n")
-                      : strfmt("chat template:  in the file (tokenizer.chat_template, %zu bytes)\n", tmpl.size());
+  out += vocabulary_lines(g, model->tokenizer(), model->chat_template_source());
   write_stdout(out);
   return 0;
 }

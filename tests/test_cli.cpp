@@ -129,6 +129,20 @@ TEST(Cli, InfoDescribesTheModel) {
   expect_clean_error(run_command(runlm_binary() + " info -m /nonexistent/x.gguf"), "/nonexistent/x.gguf");
 }
 
+// llama.cpp's vocabulary-only GGUFs have no tensors: info describes the
+// vocabulary and template instead of failing on the missing weights.
+TEST(Cli, InfoDescribesAVocabularyOnlyFile) {
+  const std::string v = test_asset("vocab/ggml-vocab-qwen2.gguf");
+  RUNLM_REQUIRE_ASSET(v);
+  const CommandResult r = run_command(runlm_binary() + " info -m " + v);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* line : {"architecture:   qwen2 (vocabulary only: no weights)",
+                           "vocabulary:     gpt2, 151936 tokens, bos 151643 '<|endoftext|>'",
+                           "chat template:  in the file (tokenizer.chat_template, 327 bytes)"})
+    EXPECT_NE(r.out.find(line), std::string::npos) << "expected '" << line << "' in:\n" << r.out;
+  EXPECT_EQ(r.out.find("layers:"), std::string::npos) << r.out;
+}
+
 // ---------------------------------------------------------------- generate: -r, --stop, -e, Ctrl-C
 
 namespace {
