@@ -24,12 +24,11 @@
 #include "moe_routing.h"
 #include "ops.h"
 #include "thread_pool.h"
+#include "weight_matrix.h"
 
 namespace runlm {
 
 namespace {
-
-QMatrix qmatrix(const WeightView& w) { return QMatrix{w.type, w.data, w.row_bytes, w.ne0, w.ne1}; }
 
 std::vector<float> decode_vector(const WeightView& w) {
   std::vector<float> v(static_cast<size_t>(w.ne0));

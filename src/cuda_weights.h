@@ -10,6 +10,7 @@
 #include "cuda/moe_ops.h"
 #include "cuda_device_buffer.h"
 #include "model.h"
+#include "weight_matrix.h"
 
 namespace runlm {
 
@@ -50,8 +51,6 @@ struct GpuWeights {
   std::vector<GpuLayer> layers;
 };
 
-// The host view of a GGUF weight as the upload takes it.
-inline QMatrix qmatrix(const WeightView& w) { return QMatrix{w.type, w.data, w.row_bytes, w.ne0, w.ne1}; }
 
 // A layer's seven projection matrices as the GPU holds them. A fused
 // attn_qkv (q rows, then k, then v) and a fused ffn_up (gate rows, then up)
