@@ -15,6 +15,7 @@
 
 #include "attention_ref.h"
 #include "common.h"
+#include "dtype.h"
 #include "engine.h"
 #include "engine_support.h"
 #include "gguf.h"
@@ -533,4 +534,35 @@ TEST(Families, VocabFromCopiesTheTokenizerMetadata) {
   EXPECT_EQ(made->find_tensor("token_embd.weight")->ne[1],
             int64_t(src->get_string_array("tokenizer.ggml.tokens").size()));
   EXPECT_NE(made->find_tensor("blk.0.attn_q.bias"), nullptr);
+}
+
+// --repeat-rows N: the first N rows of each matrix taller than 2N are random
+// and repeat down it; shorter matrices are random throughout. --pad-vocab
+// pads --tokenizer's vocabulary to the preset's size.
+TEST(Families, RepeatRowsAndPadVocab) {
+  TempPath out(".gguf");
+  const CommandResult r = run_command(std::string(RUNLM_RANDOM_MODEL_BINARY) +
+                                      " --preset qwen3-30b-a3b --dim 64 --layers 1 --heads 4 --kv-heads 2 --head-dim 16"
+                                      " --experts 8 --experts-used 2 --expert-hidden 32 --type q8_0 --repeat-rows 16"
+                                      " --tokenizer " + embedded_model_dir() + "/stories260K-tok512.model --pad-vocab"
+                                      " -o " + out.str());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto g = GgufFile::open(out.str());
+  const GgufTensorInfo* embd = g->find_tensor("token_embd.weight");
+  ASSERT_NE(embd, nullptr);
+  EXPECT_EQ(embd->ne[1], 151936);  // the preset's vocabulary, padded
+  auto row = [&](const GgufTensorInfo& t, int64_t i) {
+    const size_t bytes = dtype_row_bytes(t.type, t.ne[0]);
+    const uint8_t* p = g->tensor_data(t) + bytes * static_cast<size_t>(i);
+    return std::vector<uint8_t>(p, p + bytes);
+  };
+  EXPECT_EQ(row(*embd, 16), row(*embd, 0));
+  EXPECT_EQ(row(*embd, 151935), row(*embd, 151935 % 16));
+  EXPECT_NE(row(*embd, 1), row(*embd, 0));
+  const GgufTensorInfo* router = g->find_tensor("blk.0.ffn_gate_inp.weight");  // 8 rows: random throughout
+  ASSERT_NE(router, nullptr);
+  for (int64_t i = 1; i < router->ne[1]; ++i) EXPECT_NE(row(*router, i), row(*router, 0)) << i;
+  // Still a model that runs.
+  auto m = Model::load(out.str());
+  EXPECT_EQ(m->config().n_vocab, 151936);
 }

@@ -9,7 +9,7 @@
 //       [--dim --hidden --layers --heads --kv-heads --head-dim --vocab --ctx --sliding-window]
 //       [--split-qkv | --fuse-qkv] [--no-rope-freqs] [--rope-orig-ctx N]
 //       [--experts N --experts-used K --expert-hidden N] (mixtral-8x7b, qwen3-30b-a3b, gpt-oss-20b, gpt-oss-120b)
-//       --type MIX|TYPE -o out.gguf [--seed N]
+//       --type MIX|TYPE -o out.gguf [--seed N] [--repeat-rows N]
 //       [--tokenizer PATH [--pad-vocab] | --vocab-from VOCAB.gguf] [--chat-template-file T.jinja]
 //
 // --vocab-from copies the vocabulary and chat template (every tokenizer.*
@@ -180,6 +180,8 @@ int run(int argc, char** argv) {
       ("pure", "every weight matrix gets --type's base type (no per-tensor mix rules)")
       ("o,output", "output GGUF path", cxxopts::value<std::string>())
       ("seed", "random seed", cxxopts::value<uint64_t>()->default_value("1"))
+      ("repeat-rows", "encode N random rows of each matrix taller than 2N and repeat them down it (speed runs on big presets: real shapes and blocks in a fraction of the time; 0: every row its own)",
+       cxxopts::value<int64_t>()->default_value("0"))
       ("tokenizer", "sentencepiece tokenizer.model", cxxopts::value<std::string>()->default_value(kDefaultTokenizer))
       ("pad-vocab", "pad --tokenizer's vocabulary with unused tokens up to the preset's size (real output shapes)")
       ("threads", "worker threads (0: all cores)", cxxopts::value<int>()->default_value("0"))
@@ -225,6 +227,8 @@ int run(int argc, char** argv) {
   }
   const std::string out = args["output"].as<std::string>();
   const uint64_t seed = args["seed"].as<uint64_t>();
+  const int64_t repeat_rows = args["repeat-rows"].as<int64_t>();
+  RUNLM_CHECK(repeat_rows >= 0, "--repeat-rows %lld: must be 0 or more", static_cast<long long>(repeat_rows));
   const int n_threads = args["threads"].as<int>();
 
   auto pick = [&](const char* key, int64_t dflt) { return args.count(key) ? args[key].as<int64_t>() : dflt; };
@@ -385,9 +389,12 @@ int run(int argc, char** argv) {
     } else if (!fixed) {
       pieces = {{number.at(spec.name), n_rows}};
     }
+    // Small matrices (the router, norms) stay random throughout: repeated
+    // router rows would tie experts.
+    const int64_t n_encoded = repeat_rows > 0 && n_rows > 2 * repeat_rows ? repeat_rows : n_rows;
     w.add_tensor(spec.name, type, spec.ne, [=](uint8_t* dst) {
       encode_rows_parallel(
-          type, n_cols, n_rows,
+          type, n_cols, n_encoded,
           [&](int64_t r, float* buf) {
             if (fixed) {
               std::copy(fixed->begin(), fixed->end(), buf);
@@ -398,6 +405,10 @@ int run(int argc, char** argv) {
             fill_row(kind, scale, row_seed(seed, pieces[k].tensor, static_cast<uint64_t>(r)), buf, n_cols);
           },
           dst, n_threads);
+      const size_t row_bytes = dtype_row_bytes(type, n_cols);
+      for (int64_t r = n_encoded; r < n_rows; r += n_encoded)
+        std::memcpy(dst + row_bytes * static_cast<size_t>(r), dst,
+                    row_bytes * static_cast<size_t>(std::min(n_encoded, n_rows - r)));
     });
     n_params += n_cols * n_rows;
     n_bytes += dtype_row_bytes(type, n_cols) * static_cast<uint64_t>(n_rows);
