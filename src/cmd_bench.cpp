@@ -297,10 +297,19 @@ int cmd_bench(int argc, char** argv) {
     rows.push_back({strfmt("pp%d", p), stats(tps)});
   }
   // Bytes one decode step reads: all weights but the embedding table (one
-  // row of it), plus K and V of the positions before it.
+  // row of it) and, in a mixture of experts, but the experts not chosen (a
+  // token reads n_expert_used of n_expert), plus K and V of the positions
+  // before it.
   const auto& w = model->weights();
+  double expert_bytes = 0;
+  for (const LayerWeights& lw : w.layers)
+    for (const WeightView* e : {&lw.gate_exps, &lw.up_exps, &lw.down_exps, &lw.gate_exps_b, &lw.up_exps_b,
+                                &lw.down_exps_b})
+      if (e->data) expert_bytes += static_cast<double>(e->nbytes());
+  const double unread_experts = c.n_expert > 0 ? expert_bytes * (1.0 - double(c.n_expert_used) / c.n_expert) : 0.0;
   const double weight_bytes = static_cast<double>(model->weight_bytes() - w.tok_embd.nbytes() + w.tok_embd.row_bytes +
-                                                  (c.tied_embeddings ? w.tok_embd.nbytes() : 0));
+                                                  (c.tied_embeddings ? w.tok_embd.nbytes() : 0)) -
+                              unread_experts;
   const double kv_row = static_cast<double>(kv_row_bytes(engine->type_k(), c.kv_dim(), c.head_dim) +
                                             kv_row_bytes(engine->type_v(), c.kv_dim(), c.head_dim));  // K + V of one position
   for (int n : gens) {

@@ -6,6 +6,13 @@
 #
 #   tools/bench_vs_llama.sh types      # Llama-2-7B shape: F16 and every type
 #   tools/bench_vs_llama.sh families   # each family preset: F16 and Q4_K_M
+#   tools/bench_vs_llama.sh moe        # the mixture-of-experts presets in their mixes
+#
+# moe writes each file in its mix directly (runlm's mixes are byte for byte
+# llama-quantize's; an F16 file of these shapes would not fit the disk), with
+# --repeat-rows so that a 30B-120B shape takes seconds; MOE_RUNS lists
+# preset:mix pairs, MOE_DIR where the files go (/dev/shm holds what the disk
+# cannot).
 #
 # Settings (environment): RUNLM_BUILD (default /root/build-new, with runlm
 # and make_random_model), LLAMA_DIR (default /root/llama.cpp-build; built
@@ -29,6 +36,8 @@ OUT=${OUT:-$ROOT/bench-vs-llama-out}
 TYPES=${TYPES:-"f16 q8_0 q6_k q5_k_m q4_k_m q4_0 iq4_xs q3_k_m q2_k"}
 FAMILIES=${FAMILIES:-"llama3-8b qwen2.5-7b qwen3-8b gemma2-9b gemma3-12b phi3-mini mistral-nemo-12b"}
 FAMILY_TYPES=${FAMILY_TYPES:-"f16 q4_k_m"}
+MOE_RUNS=${MOE_RUNS:-"qwen3-30b-a3b:q4_k_m gpt-oss-20b:mxfp4_moe mixtral-8x7b:q4_k_m gpt-oss-120b:mxfp4_moe"}
+MOE_DIR=${MOE_DIR:-$WORK}
 NPL=${NPL:-}
 REPS=${REPS:-3}
 mkdir -p "$WORK" "$OUT"
@@ -132,7 +141,18 @@ case $MODE in
       rm -f "$f16"
     done
     ;;
-  *) echo "usage: $0 types|families"; exit 2 ;;
+  moe)
+    for run in $MOE_RUNS; do
+      past_deadline && break
+      p=${run%%:*} mix=${run#*:}
+      f=$MOE_DIR/$p-$mix.gguf
+      "$BUILD/make_random_model" --preset "$p" --type "$mix" --tokenizer "$DATA/models/llama2-tokenizer.model" \
+        --pad-vocab --repeat-rows 1024 -o "$f" >"$OUT/make_$p.log" 2>&1 || { echo "$p: make failed"; tail -2 "$OUT/make_$p.log"; continue; }
+      bench_file "$p $mix" "$f"
+      rm -f "$f"
+    done
+    ;;
+  *) echo "usage: $0 types|families|moe"; exit 2 ;;
 esac
 
 python3 - "$RESULTS" <<'PY'
