@@ -40,8 +40,14 @@ ASAN_EXCLUDE ?= ^PerplexitySotu29m\.
 ASAN_ENV = ASAN_OPTIONS=detect_leaks=1:halt_on_error=1:abort_on_error=0:strict_string_checks=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
+# -O1 -g1: what the sanitizers' documentation advises (fast enough, and line
+# tables enough for symbolized reports); it compiles in half the time of
+# RelWithDebInfo's -O2 -g, most of this target's time on 2 cores.
+ASAN_FLAGS = -O1 -g1 -DNDEBUG
+
 test-asan:
-	cmake -S . -B $(ASAN_BUILD) -DRUNLM_CUDA=OFF -DRUNLM_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake -S . -B $(ASAN_BUILD) -DRUNLM_CUDA=OFF -DRUNLM_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  '-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$(ASAN_FLAGS)' '-DCMAKE_C_FLAGS_RELWITHDEBINFO=$(ASAN_FLAGS)'
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && $(ASAN_ENV) ctest --output-on-failure -j $(JOBS) $(if $(ASAN_EXCLUDE),-E '$(ASAN_EXCLUDE)')
 
