@@ -174,7 +174,7 @@ TEST(KSmoothing, LeavesUnquantizedLogitsUnchanged) {
 // stories260K, 256 tokens of eval.txt, V f16: the calibrated smoothing cuts
 // the KL divergence (against an f16 cache) that quantized K adds. Without
 // it: q8_0 0.0027, q4_0 0.82 on these tokens; with it 0.00028 and 0.086
-// (the README's table has the whole text). Bounds: q8_0 under the issue's
+// (the README's table has the whole text). Bounds: q8_0 under the target of
 // 0.001, both under a quarter of their unsmoothed value.
 TEST(KSmoothing, CalibrationCutsQuantizedKError) {
   RUNLM_REQUIRE_ASSET(shared_model("sotu29m/eval.txt"));
