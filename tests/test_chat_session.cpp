@@ -244,8 +244,14 @@ TEST(ChatSession, CliCtrlCAtThePromptLeaves) {
     _exit(127);
   }
   close(in[0]);
-  // Idle at the prompt once the banner is out (stdin stays open).
-  for (int i = 0; i < 3000 && read_file(err.str()).find("chat: template") == std::string::npos; ++i) usleep(20000);
+  // Idle at the prompt once the banner is out (stdin stays open). The banner
+  // must appear: a wait that ran out would send the signal before the prompt.
+  bool at_prompt = false;
+  for (int i = 0; i < 3000 && !at_prompt; ++i) {
+    at_prompt = read_file(err.str()).find("/help lists the commands") != std::string::npos;
+    if (!at_prompt) usleep(20000);
+  }
+  EXPECT_TRUE(at_prompt) << read_file(err.str());
   kill(pid, SIGINT);
   int status = 0;
   pid_t done = 0;
