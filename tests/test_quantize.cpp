@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -18,7 +19,9 @@
 #include "commands.h"
 #include "common.h"
 #include "cpu/quant.h"
+#include "engine.h"
 #include "gguf.h"
+#include "model.h"
 #include "quantize.h"
 #include "test_support.h"
 
@@ -72,6 +75,16 @@ DType type_of(const char* mix, const std::string& name, const std::vector<int64_
 }
 
 std::string blk(int i, const char* what) { return strfmt("blk.%d.%s.weight", i, what); }
+
+// A small random f32 llama (GQA 4, rows of whole 256-element blocks) in dir.
+std::string random_f32_model(const TempDir& dir) {
+  const std::string path = dir / "f32.gguf";
+  const std::string cmd = std::string(RUNLM_RANDOM_MODEL_BINARY) + " --preset tiny --type f32 --dim 256 --heads 4 " +
+                          "--kv-heads 1 --layers 2 --hidden 512 --ctx 64 --tokenizer " +
+                          shared_model("stories260K-tok512.model") + " -o " + path + " > /dev/null 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+  return path;
+}
 
 }  // namespace
 
@@ -255,12 +268,7 @@ TEST(QuantizeGguf, RequantizingNeedsTheFlag) {
 // loosened to 0.4 for the coarsest, Q2_K).
 TEST(QuantizeGguf, EveryMixWritesItsTypes) {
   TempDir dir;
-  const std::string tok = shared_model("stories260K-tok512.model");
-  const std::string src = dir / "f32.gguf";
-  const std::string cmd = std::string(RUNLM_RANDOM_MODEL_BINARY) + " --preset tiny --type f32 --dim 256 --heads 4 " +
-                          "--kv-heads 1 --layers 2 --hidden 512 --ctx 64 --tokenizer " + tok + " -o " + src +
-                          " > /dev/null 2>&1";
-  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  const std::string src = random_f32_model(dir);
   auto ref = GgufFile::open(src);
   const QuantModelInfo info = quant_model_info(*ref);
   EXPECT_EQ(info.n_gqa(), 4);
@@ -291,5 +299,55 @@ TEST(QuantizeGguf, EveryMixWritesItsTypes) {
       const double bound = t.type == DType::Q2_K ? 0.4 : t.type == DType::Q3_K ? 0.2 : t.type == DType::MXFP4 ? 0.15 : 0.1;
       EXPECT_LT(std::sqrt(e2 / r2), bound) << t.name << " " << dtype_name(t.type);
     }
+  }
+}
+
+// A quantized file and its f32 re-encoding (`runlm quantize Q.gguf D.gguf f32
+// --allow-requantize`) give bit-equal CPU logits, in every mix: the CPU
+// engine multiplies the decoded weights in f32, so D holds exactly the
+// function runlm computes from Q. This is what makes D the yardstick for a
+// perplexity gap between runlm and llama.cpp on Q: where the two programs
+// agree on D but not on Q, the gap is llama.cpp rounding its activations in
+// quantized dot products (tools/compare_quantize.py --decoded measures both).
+TEST(QuantizeGguf, DequantizedFileGivesTheSameLogits) {
+  TempDir dir;
+  const std::string src = random_f32_model(dir);
+  const std::vector<int> ids = {1, 37, 402, 11, 250, 3, 97, 480};
+  auto logits_of = [&](const std::string& path) {
+    auto model = Model::load(path);
+    EngineOptions eo;
+    eo.device = Device::Cpu;
+    eo.n_threads = 2;
+    eo.n_ctx = 16;
+    auto engine = make_cpu_engine(*model, eo);
+    std::vector<float> logits(ids.size() * static_cast<size_t>(engine->n_vocab()));
+    engine->forward(ids.data(), static_cast<int>(ids.size()), 0, logits.data(), true);
+    return logits;
+  };
+  const std::vector<float> f32_logits = logits_of(src);
+  QuantizeOptions requantize;
+  requantize.allow_requantize = true;
+  for (const char* mix : {"q2_k", "q3_k_m", "q4_k_m", "q5_k_m", "q6_k", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1",
+                          "iq4_nl", "iq4_xs"}) {
+    SCOPED_TRACE(mix);
+    const std::string q = dir / (std::string(mix) + ".gguf"), d = dir / (std::string(mix) + "-f32.gguf");
+    testing::internal::CaptureStderr();
+    quantize_gguf(src, q, mix);
+    quantize_gguf(q, d, "f32", requantize);
+    testing::internal::GetCapturedStderr();
+    auto gq = GgufFile::open(q);
+    auto gd = GgufFile::open(d);
+    int n_quantized = 0;
+    for (const GgufTensorInfo& t : gd->tensors()) {
+      EXPECT_EQ(t.type, DType::F32) << t.name;
+      n_quantized += dtype_info(gq->find_tensor(t.name)->type).block_size > 1;
+    }
+    EXPECT_GT(n_quantized, 0);  // the mix did quantize, so D's weights are decoded ones
+    const std::vector<float> lq = logits_of(q), ld = logits_of(d);
+    ASSERT_EQ(lq.size(), ld.size());
+    size_t n_diff = 0;
+    for (size_t i = 0; i < lq.size(); ++i) n_diff += std::memcmp(&lq[i], &ld[i], sizeof(float)) != 0;
+    EXPECT_EQ(n_diff, 0u) << "of " << lq.size() << " logits";
+    EXPECT_NE(lq, f32_logits);  // and quantizing did change the function
   }
 }

@@ -8,11 +8,17 @@ whether the bytes are the same (both run ggml's reference quantizers without
 an importance matrix, so they should be). With --ppl it also runs
 `runlm perplexity --ppl-mode llama --device cpu` and llama-perplexity on the
 same text and chunk count, for each llama-quantize file and for runlm's file
-of the same mix, and prints the perplexities and relative differences.
+of the same mix, and prints the perplexities and relative differences. With
+--decoded it also re-encodes each llama-quantize file as f32 (`runlm quantize
+Q D f32 --allow-requantize`: the weights as decoded) and runs both programs on
+that file too. runlm gives the same perplexity on Q and D (it multiplies the
+decoded weights in f32); where llama.cpp agrees with runlm on D but not on Q,
+the difference on Q is llama.cpp's CPU dot products, which round the
+activations to 8 bits (Q8_0/Q8_K blocks) against quantized weights.
 
   tools/compare_quantize.py --llama-bin /path/llama.cpp-build/bin \
       --runlm build-cpu/runlm --make-random-model build-cpu/make_random_model \
-      --tokenizer ../shared/models/llama2-tokenizer.model [--ppl TEXT] [--mixes q4_k_m,q3_k_m]
+      --tokenizer ../shared/models/llama2-tokenizer.model [--ppl TEXT [--decoded]] [--mixes q4_k_m,q3_k_m]
 
 Needs only Python 3 (no numpy). Not a CI test: CI has no llama.cpp.
 """
@@ -145,6 +151,8 @@ def main():
     ap.add_argument("--ppl", metavar="TEXT", help="also compare perplexities on this text")
     ap.add_argument("--ctx", type=int, default=128)
     ap.add_argument("--chunks", type=int, default=8)
+    ap.add_argument("--decoded", action="store_true",
+                    help="with --ppl: also compare both programs on each llama-quantize file decoded to f32")
     args = ap.parse_args()
 
     work = args.work or tempfile.mkdtemp(prefix="compare_quantize_")
@@ -174,19 +182,29 @@ def main():
         rows.append((mix, lq, rq))
 
     if args.ppl:
+        def ppls(model):
+            pl = ppl_llama(args.llama_bin, model, args.ppl, args.ctx, args.chunks, args.threads)
+            pr = ppl_runlm(args.runlm, model, args.ppl, args.ctx, args.chunks, args.threads)
+            return pl, pr, f"{pl:.4f} | {pr:.4f} | {(pr - pl) / pl:+.2e}"
+
         print(f"\nperplexity, -c {args.ctx}, {args.chunks} chunks of {args.ppl}")
-        print("| file | llama.cpp PPL | runlm PPL | relative difference |")
-        print("|---|---|---|---|")
+        decoded_cols = " llama.cpp, decoded | runlm, decoded | relative difference |" if args.decoded else ""
+        print(f"| file | llama.cpp PPL | runlm PPL | relative difference |{decoded_cols}")
+        print("|---|---|---|---|" + "---|---|---|" * args.decoded)
         cases = [("f16", src, None)] + [(m, lq, rq) for m, lq, rq in rows]
-        base = {}
         for mix, lq, rq in cases:
-            pl = ppl_llama(args.llama_bin, lq, args.ppl, args.ctx, args.chunks, args.threads)
-            pr = ppl_runlm(args.runlm, lq, args.ppl, args.ctx, args.chunks, args.threads)
-            base[mix] = pl
-            print(f"| {mix} (llama-quantize) | {pl:.4f} | {pr:.4f} | {(pr - pl) / pl:+.2e} |")
+            pl, _, cols = ppls(lq)
+            if args.decoded and mix != "f16":
+                dq = os.path.join(work, f"llama-{mix}-decoded.gguf")
+                run([args.runlm, "quantize", lq, dq, "f32", "--allow-requantize", "-t", str(args.threads)])
+                cols += " | " + ppls(dq)[2]
+            elif args.decoded:
+                cols += " | | |"
+            print(f"| {mix} (llama-quantize) | {cols} |")
             if rq:
                 prr = ppl_runlm(args.runlm, rq, args.ppl, args.ctx, args.chunks, args.threads)
-                print(f"| {mix} (runlm quantize) | {pl:.4f} | {prr:.4f} | {(prr - pl) / pl:+.2e} |")
+                pad = " | | |" * args.decoded
+                print(f"| {mix} (runlm quantize) | {pl:.4f} | {prr:.4f} | {(prr - pl) / pl:+.2e}{pad} |")
     return 0 if ok else 1
 
 
