@@ -407,94 +407,70 @@ float quant_detail::make_qkx2_quants(int n, int nmax, const float* x, const floa
 
 namespace {
 
+// The fit Q4_K and Q5_K share (ggml's quantize_row_q4_K/q5_K_ref): each
+// sub-block of 32 gets an asymmetric fit with levels 0..nmax, the 8 scales
+// and mins are rounded to 6 bits against the block's largest, and every
+// element is then requantized against the stored (rounded) scales. Writes
+// the levels L[256], the packed scales and the block's d and dmin. The
+// scale search tries nstep + 1 inverse scales, 0.1 apart from rmin.
+void fit_k_block(const float* x, int nmax, float rmin, int nstep, uint8_t* L, uint8_t* packed_scales, uint16_t* d_out,
+                 uint16_t* dmin_out) {
+  uint8_t Laux[32];
+  float weights[32];
+  float mins[kQK_K / 32], scales[kQK_K / 32];
+  float max_scale = 0, max_min = 0;  // scales and mins are >= 0 here
+  for (int j = 0; j < kQK_K / 32; ++j) {
+    const float* xs = x + 32 * j;
+    float sum_x2 = 0;
+    for (int l = 0; l < 32; ++l) sum_x2 += xs[l] * xs[l];
+    const float av_x = std::sqrt(sum_x2 / 32);
+    // Weights favour large elements, floored by the sub-block's RMS.
+    for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(xs[l]);
+    scales[j] = make_qkx2_quants(32, nmax, xs, weights, L + 32 * j, &mins[j], Laux, rmin, 0.1f, nstep, false);
+    if (scales[j] > max_scale) max_scale = scales[j];
+    if (mins[j] > max_min) max_min = mins[j];
+  }
+  const float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
+  const float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
+  uint8_t ls[8], lm[8];
+  for (int j = 0; j < kQK_K / 32; ++j) {
+    // The uint8 wrap happens before the clamp, as in ggml.
+    ls[j] = std::min<uint8_t>(63, static_cast<uint8_t>(nearest_int(inv_scale * scales[j])));
+    lm[j] = std::min<uint8_t>(63, static_cast<uint8_t>(nearest_int(inv_min * mins[j])));
+  }
+  pack_k_scales(ls, lm, packed_scales);
+  *d_out = fp32_to_fp16(max_scale / 63.f);
+  *dmin_out = fp32_to_fp16(max_min / 63.f);
+  // A sub-block whose scale rounded to 0 keeps the levels found above.
+  const float dd = half_to_float(*d_out);
+  const float dm_all = half_to_float(*dmin_out);
+  for (int j = 0; j < kQK_K / 32; ++j) {
+    const float d = dd * ls[j];
+    if (d == 0.f) continue;
+    const float dm = dm_all * lm[j];
+    for (int ii = 0; ii < 32; ++ii) {
+      const int l = nearest_int((x[32 * j + ii] + dm) / d);
+      L[32 * j + ii] = static_cast<uint8_t>(std::max(0, std::min(nmax, l)));
+    }
+  }
+}
+
 void quantize_q4_k(const float* x, BlockQ4_K* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += kQK_K) {
     uint8_t L[kQK_K];
-    uint8_t Laux[32];
-    float weights[32];
-    float mins[kQK_K / 32], scales[kQK_K / 32];
-    float max_scale = 0, max_min = 0;  // scales and mins are >= 0 here
-    for (int j = 0; j < kQK_K / 32; ++j) {
-      const float* xs = x + 32 * j;
-      float sum_x2 = 0;
-      for (int l = 0; l < 32; ++l) sum_x2 += xs[l] * xs[l];
-      const float av_x = std::sqrt(sum_x2 / 32);
-      // Weights favour large elements, floored by the sub-block's RMS.
-      for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(xs[l]);
-      scales[j] = make_qkx2_quants(32, 15, xs, weights, L + 32 * j, &mins[j], Laux, -1.f, 0.1f, 20, false);
-      if (scales[j] > max_scale) max_scale = scales[j];
-      if (mins[j] > max_min) max_min = mins[j];
-    }
-    const float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
-    const float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
-    uint8_t ls[8], lm[8];
-    for (int j = 0; j < kQK_K / 32; ++j) {
-      // The uint8 wrap happens before the clamp, as in ggml.
-      ls[j] = std::min<uint8_t>(63, static_cast<uint8_t>(nearest_int(inv_scale * scales[j])));
-      lm[j] = std::min<uint8_t>(63, static_cast<uint8_t>(nearest_int(inv_min * mins[j])));
-    }
-    pack_k_scales(ls, lm, y[i].scales);
-    y[i].d = fp32_to_fp16(max_scale / 63.f);
-    y[i].dmin = fp32_to_fp16(max_min / 63.f);
-    // Requantize every element against the stored (rounded) scales; a
-    // sub-block whose scale rounded to 0 keeps the levels found above.
-    const float dd = half_to_float(y[i].d);
-    const float dm_all = half_to_float(y[i].dmin);
-    for (int j = 0; j < kQK_K / 32; ++j) {
-      const float d = dd * ls[j];
-      if (d == 0.f) continue;
-      const float dm = dm_all * lm[j];
-      for (int ii = 0; ii < 32; ++ii) {
-        const int l = nearest_int((x[32 * j + ii] + dm) / d);
-        L[32 * j + ii] = static_cast<uint8_t>(std::max(0, std::min(15, l)));
-      }
-    }
+    fit_k_block(x, 15, -1.f, 20, L, y[i].scales, &y[i].d, &y[i].dmin);
     for (int c = 0; c < 4; ++c)
       for (int l = 0; l < 32; ++l)
         y[i].qs[32 * c + l] = static_cast<uint8_t>(L[64 * c + l] | (L[64 * c + l + 32] << 4));
   }
 }
 
-// As Q4_K with 5-bit levels (nmax 31) and a finer scale search (16 steps of
-// 0.1 from -0.5).
+// As Q4_K with 5-bit levels (nmax 31) and a narrower scale search (16
+// steps of 0.1 from -0.5, against Q4_K's 21 from -1).
 void quantize_q5_k(const float* x, BlockQ5_K* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i, x += kQK_K) {
     uint8_t L[kQK_K];
-    uint8_t Laux[32];
-    float weights[32];
-    float mins[kQK_K / 32], scales[kQK_K / 32];
-    float max_scale = 0, max_min = 0;
-    for (int j = 0; j < kQK_K / 32; ++j) {
-      const float* xs = x + 32 * j;
-      float sum_x2 = 0;
-      for (int l = 0; l < 32; ++l) sum_x2 += xs[l] * xs[l];
-      const float av_x = std::sqrt(sum_x2 / 32);
-      for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(xs[l]);
-      scales[j] = make_qkx2_quants(32, 31, xs, weights, L + 32 * j, &mins[j], Laux, -0.5f, 0.1f, 15, false);
-      if (scales[j] > max_scale) max_scale = scales[j];
-      if (mins[j] > max_min) max_min = mins[j];
-    }
-    const float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
-    const float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
-    uint8_t ls[8], lm[8];
-    for (int j = 0; j < kQK_K / 32; ++j) {
-      ls[j] = std::min<uint8_t>(63, static_cast<uint8_t>(nearest_int(inv_scale * scales[j])));
-      lm[j] = std::min<uint8_t>(63, static_cast<uint8_t>(nearest_int(inv_min * mins[j])));
-    }
-    pack_k_scales(ls, lm, y[i].scales);
-    y[i].d = fp32_to_fp16(max_scale / 63.f);
-    y[i].dmin = fp32_to_fp16(max_min / 63.f);
-    const float dd = half_to_float(y[i].d);
-    const float dm_all = half_to_float(y[i].dmin);
-    for (int j = 0; j < kQK_K / 32; ++j) {
-      const float d = dd * ls[j];
-      if (d == 0.f) continue;
-      const float dm = dm_all * lm[j];
-      for (int ii = 0; ii < 32; ++ii) {
-        const int l = nearest_int((x[32 * j + ii] + dm) / d);
-        L[32 * j + ii] = static_cast<uint8_t>(std::max(0, std::min(31, l)));
-      }
-    }
+    fit_k_block(x, 31, -0.5f, 15, L, y[i].scales, &y[i].d, &y[i].dmin);
     // Chunk c of 64: low nibbles of the first 32 in qs[32c..], high nibbles
     // of the next 32; the 5th bits go to bits 2c and 2c+1 of qh.
     std::memset(y[i].qh, 0, sizeof(y[i].qh));
