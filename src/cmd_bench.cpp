@@ -57,6 +57,22 @@ Stats stats(const std::vector<double>& v) {
   return s;
 }
 
+// From reading the model file to an engine ready to run (weights uploaded
+// and repacked on a GPU), and the device memory in use then: what a model
+// costs before its first token. Printed on stderr; each JSON row carries it.
+struct LoadReport {
+  double seconds = 0;
+  uint64_t device_mem_bytes = 0;
+};
+
+LoadReport report_load(const Stopwatch& since_start, const Engine& engine) {
+  LoadReport r{since_start.seconds(), engine.device_memory_in_use()};
+  std::fprintf(stderr, "bench: model loaded and engine ready in %.2f s", r.seconds);
+  if (r.device_mem_bytes) std::fprintf(stderr, ", %s of device memory in use", format_bytes(r.device_mem_bytes).c_str());
+  std::fprintf(stderr, "\n");
+  return r;
+}
+
 struct Row {
   std::string test;
   Stats tps;
@@ -148,6 +164,7 @@ int bench_batched(const cxxopts::ParseResult& args) {
   const int64_t kv_mem_mib = args["kv-mem"].as<int64_t>();
   RUNLM_CHECK(kv_mem_mib >= 0, "--kv-mem must be >= 0, got %lld", static_cast<long long>(kv_mem_mib));
 
+  const Stopwatch load_clock;
   auto model = load_model_from_options(args);
   const ModelConfig& c = model->config();
   EngineOptions eo = engine_options_from(args, *model);
@@ -172,6 +189,7 @@ int bench_batched(const cxxopts::ParseResult& args) {
   eo.kv_tokens = pool_tokens;
   eo.kv_bytes = kv_mem_mib << 20;
   auto engine = make_engine(*model, eo);
+  const LoadReport load = report_load(load_clock, *engine);
   BlockManager& bm = *engine->blocks();
   for (int pp : pps)
     for (int tg : tgs)
@@ -230,7 +248,8 @@ int bench_batched(const cxxopts::ParseResult& args) {
                           {"t_pp", r.t_pp}, {"speed_pp", r.pl * r.pp / r.t_pp},
                           {"t_tg", r.t_tg}, {"speed_tg", r.pl * r.tg / r.t_tg},
                           {"t", t}, {"speed", static_cast<double>(r.n_kv) / t}, {"steps", r.steps},
-                          {"t_forward", r.times.forward}, {"t_sample", r.times.sample}};
+                          {"t_forward", r.times.forward}, {"t_sample", r.times.sample},
+                          {"load_s", load.seconds}, {"device_mem_bytes", load.device_mem_bytes}};
       std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace).c_str());
     }
   }
@@ -266,6 +285,7 @@ int cmd_bench(int argc, char** argv) {
   const std::string format = args["output"].as<std::string>();
   RUNLM_CHECK(format == "md" || format == "json", "-o must be md or json, got '%s'", format.c_str());
 
+  const Stopwatch load_clock;
   auto model = load_model_from_options(args);
   const ModelConfig& c = model->config();
   EngineOptions eo = engine_options_from(args, *model);
@@ -276,6 +296,7 @@ int cmd_bench(int argc, char** argv) {
   RUNLM_CHECK(longest <= eo.n_ctx, "a test needs %d tokens of context but -c is %d", longest, eo.n_ctx);
   eo.n_batch = std::max(eo.n_batch, longest);  // pp runs as one forward, as llama-bench -b does
   auto engine = make_engine(*model, eo);
+  const LoadReport load = report_load(load_clock, *engine);
   const double copy_bw = engine->measure_copy_bandwidth();
 
   Rng rng(1234);
@@ -350,11 +371,13 @@ int cmd_bench(int argc, char** argv) {
     for (const Row& r : rows) {
       std::printf("{\"model\": \"%s\", \"type\": \"%s\", \"size_bytes\": %zu, \"params\": %lld, \"backend\": \"%s\", "
                   "\"attn\": \"%s\", \"decode_kernel\": \"%s\", \"kv\": \"%s\", \"type_k\": \"%s\", \"type_v\": \"%s\", \"test\": \"%s\", "
-                  "\"tps_mean\": %.3f, \"tps_stddev\": %.3f, \"copy_bw\": %.4g, \"bytes_per_s\": %.4g}\n",
+                  "\"tps_mean\": %.3f, \"tps_stddev\": %.3f, \"copy_bw\": %.4g, \"bytes_per_s\": %.4g, "
+                  "\"load_s\": %.3f, \"device_mem_bytes\": %llu}\n",
                   name.c_str(), type.c_str(), model->weight_bytes(), static_cast<long long>(model->n_params()),
                   engine->backend_name(), attn, engine->decode_kernel(), kv_layout_name(eo.kv),
                   kv_type_name(engine->type_k()),
-                  kv_type_name(engine->type_v()), r.test.c_str(), r.tps.mean, r.tps.stddev, copy_bw, r.bytes_per_s);
+                  kv_type_name(engine->type_v()), r.test.c_str(), r.tps.mean, r.tps.stddev, copy_bw, r.bytes_per_s,
+                  load.seconds, static_cast<unsigned long long>(load.device_mem_bytes));
     }
   }
   return 0;

@@ -169,6 +169,12 @@ class CudaEngine final : public Engine {
     return logits_host_;
   }
 
+  uint64_t device_memory_in_use() const override {
+    size_t free_b = 0, total_b = 0;
+    check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+    return total_b - free_b;
+  }
+
   double measure_copy_bandwidth() override {
     // 1 GiB each way: far past the 50 MB L2, so this is HBM bandwidth.
     const size_t n = size_t{1} << 30;

@@ -78,6 +78,10 @@ class Engine {
   // device-to-device copy, counting bytes read plus bytes written): the
   // ceiling decode is compared with.
   virtual double measure_copy_bandwidth() = 0;
+  // Device memory in use on the engine's GPU, as its driver reports it
+  // (total less free: the engine's weights, caches and workspaces, and the
+  // context's own share); 0 for an engine on host memory.
+  virtual uint64_t device_memory_in_use() const { return 0; }
   // Evaluates tokens[0..n) at positions pos..pos+n-1, replacing whatever the
   // cache held from pos on (so a chat turn re-uses positions [0, pos)). Writes
   // the logits of the last token ([n_vocab]), or of every token ([n, n_vocab])

@@ -1,6 +1,7 @@
-// runlm bench -npl (parallel sequences, llama-batched-bench style) through
-// the binary on stories260K on the CPU: the rows, their token counts, the
-// JSON, and bad values that must fail cleanly.
+// runlm bench through the binary on stories260K on the CPU: the pp/tg
+// table's JSON, and -npl (parallel sequences, llama-batched-bench style):
+// the rows, their token counts, the JSON, and bad values that must fail
+// cleanly.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -53,7 +54,31 @@ TEST(BenchParallel, JsonRows) {
     EXPECT_NEAR(j["speed_tg"].get<double>(), pl * 8 / t_tg, 1e-6 * pl * 8 / t_tg);
     EXPECT_NEAR(j["speed"].get<double>(), pl * 24 / t, 1e-6 * pl * 24 / t);
     EXPECT_GE(j["n_kv_max"].get<int>(), pl * 24);
+    EXPECT_GT(j["load_s"].get<double>(), 0);
+    EXPECT_EQ(j["device_mem_bytes"], 0);  // host memory: no device to report
   }
+  EXPECT_NE(r.err.find("bench: model loaded and engine ready in "), std::string::npos) << r.err;
+}
+
+// The pp/tg table's JSON: one row per test, each with its speed, the share
+// of copy bandwidth of decode, and the load time.
+TEST(Bench, JsonRowsCarryTheLoadTime) {
+  const CommandResult r = run_command(bench_cmd("-p 8 -n 4 -r 1 -o json"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto lines = lines_of(r.out);
+  ASSERT_EQ(lines.size(), 2u) << r.out;
+  const char* tests[] = {"pp8", "tg4"};
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const auto j = nlohmann::json::parse(lines[i]);
+    EXPECT_EQ(j["test"], tests[i]);
+    EXPECT_EQ(j["backend"], "cpu");
+    EXPECT_GT(j["tps_mean"].get<double>(), 0);
+    EXPECT_GT(j["load_s"].get<double>(), 0);
+    EXPECT_EQ(j["device_mem_bytes"], 0);
+  }
+  EXPECT_GT(nlohmann::json::parse(lines[1])["bytes_per_s"].get<double>(), 0);
+  EXPECT_NE(r.err.find("bench: model loaded and engine ready in "), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("device memory"), std::string::npos) << r.err;
 }
 
 TEST(BenchParallel, MarkdownRows) {
