@@ -20,11 +20,14 @@
 # RUNLM_TEST_DATA (default ../shared), WORK (default /tmp/bench-vs-llama),
 # OUT (default ./bench-vs-llama-out), TYPES, FAMILIES, NPL (batched decode
 # points; empty = none), REPS, DEADLINE (a `date +%s` time after which no
-# new file is started, so a time-limited run still prints its table). Models are made one at a time and deleted
+# new file is started, so a time-limited run still prints its table),
+# STEP_TIMEOUT (seconds for each program's run on a file, default 240: a
+# step that overruns loses its own row, not the run's table). Models are made one at a time and deleted
 # after their runs, so the disk holds one F16 file and one quantized file.
 # Prints one markdown table last: per file its size, llama.cpp's and
-# runlm's pp512 and tg128, the ratios, and runlm's decode bytes/s as a share
-# of the copy bandwidth runlm measured in the same run.
+# runlm's pp512 and tg128, the ratios, runlm's decode bytes/s as a share of
+# the copy bandwidth runlm measured in the same run, and runlm's load time
+# and device memory in use after loading.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 MODE=${1:-types}
@@ -40,6 +43,7 @@ MOE_RUNS=${MOE_RUNS:-"qwen3-30b-a3b:q4_k_m gpt-oss-20b:mxfp4_moe mixtral-8x7b:q4
 MOE_DIR=${MOE_DIR:-$WORK}
 NPL=${NPL:-}
 REPS=${REPS:-3}
+STEP_TIMEOUT=${STEP_TIMEOUT:-240}
 mkdir -p "$WORK" "$OUT"
 LB=$LLAMA_DIR/bin
 if [ ! -x "$LB/llama-bench" ]; then
@@ -56,13 +60,15 @@ RESULTS=$OUT/results.jsonl
 bench_file() {
   local name=$1 f=$2 tag
   tag=$(echo "$name" | tr -c 'a-zA-Z0-9_.-' '_')
-  "$LB/llama-bench" -m "$f" -p 512 -n 128 -fa 1 -ngl 99 -r "$REPS" -o json >"$OUT/llama_$tag.json" 2>"$OUT/llama_$tag.err"
-  "$BUILD/runlm" bench -m "$f" -p 512 -n 128 -r "$REPS" -o json >"$OUT/runlm_$tag.jsonl" 2>"$OUT/runlm_$tag.err"
+  timeout "$STEP_TIMEOUT" "$LB/llama-bench" -m "$f" -p 512 -n 128 -fa 1 -ngl 99 -r "$REPS" -o json \
+    >"$OUT/llama_$tag.json" 2>"$OUT/llama_$tag.err"
+  timeout "$STEP_TIMEOUT" "$BUILD/runlm" bench -m "$f" -p 512 -n 128 -r "$REPS" -o json >"$OUT/runlm_$tag.jsonl" \
+    2>"$OUT/runlm_$tag.err"
   if [ -n "$NPL" ]; then
-    "$LB/llama-batched-bench" -m "$f" -c 66000 -b 2048 -ub 512 -npp 128 -ntg 128 -npl "$NPL" -fa 1 -ngl 99 \
-      >"$OUT/llama_npl_$tag.txt" 2>&1
-    "$BUILD/runlm" bench -m "$f" -npl "$NPL" -npp 128 -ntg 128 -b 4096 -o json >"$OUT/runlm_npl_$tag.jsonl" \
-      2>"$OUT/runlm_npl_$tag.err"
+    timeout "$STEP_TIMEOUT" "$LB/llama-batched-bench" -m "$f" -c 66000 -b 2048 -ub 512 -npp 128 -ntg 128 -npl "$NPL" \
+      -fa 1 -ngl 99 >"$OUT/llama_npl_$tag.txt" 2>&1
+    timeout "$STEP_TIMEOUT" "$BUILD/runlm" bench -m "$f" -npl "$NPL" -npp 128 -ntg 128 -b 4096 -o json \
+      >"$OUT/runlm_npl_$tag.jsonl" 2>"$OUT/runlm_npl_$tag.err"
   fi
   python3 - "$name" "$f" "$OUT" "$tag" >>"$RESULTS" <<'PY'
 import json, os, re, sys
@@ -79,6 +85,7 @@ for line in open(os.path.join(out, "runlm_%s.jsonl" % tag)):
         t = json.loads(line)
         r["runlm_" + t["test"]] = t["tps_mean"]
         if t["test"] == "tg128": r["copy_bw"], r["bytes_per_s"] = t.get("copy_bw"), t.get("bytes_per_s")
+        r["load_s"], r["device_mem"] = t.get("load_s"), t.get("device_mem_bytes")
 npl = os.path.join(out, "llama_npl_%s.txt" % tag)
 if os.path.exists(npl):
     for line in open(npl):  # |    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s | ...
@@ -160,14 +167,16 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 def f(v, fmt="%.1f"): return fmt % v if isinstance(v, (int, float)) else "-"
 def ratio(a, b): return "%.2fx" % (a / b) if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else "-"
-print("| file | size GiB | llama.cpp pp512 | runlm pp512 | ratio | llama.cpp tg128 | runlm tg128 | ratio | runlm tg share of copy |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+print("| file | size GiB | llama.cpp pp512 | runlm pp512 | ratio | llama.cpp tg128 | runlm tg128 | ratio | runlm tg share of copy | runlm load s | runlm device GiB |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for r in rows:
     share = r["bytes_per_s"] / r["copy_bw"] if r.get("bytes_per_s") and r.get("copy_bw") else None
-    print("| %s | %.2f | %s | %s | %s | %s | %s | %s | %s |" % (
+    mem = r["device_mem"] / 2**30 if r.get("device_mem") else None
+    print("| %s | %.2f | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
         r["name"], r["bytes"] / 2**30, f(r.get("llama_pp512")), f(r.get("runlm_pp512")),
         ratio(r.get("runlm_pp512"), r.get("llama_pp512")), f(r.get("llama_tg128")), f(r.get("runlm_tg128")),
-        ratio(r.get("runlm_tg128"), r.get("llama_tg128")), "%.0f%%" % (100 * share) if share else "-"))
+        ratio(r.get("runlm_tg128"), r.get("llama_tg128")), "%.0f%%" % (100 * share) if share else "-",
+        f(r.get("load_s")), f(mem, "%.2f")))
 npl = sorted({k[len("runlm_npl"):] for r in rows for k in r if k.startswith("runlm_npl")}, key=int)
 if npl:
     print()
