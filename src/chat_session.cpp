@@ -4,6 +4,7 @@
 
 #include "common.h"
 #include "engine.h"
+#include "harmony_reply.h"
 #include "sampler.h"
 #include "stop_strings.h"
 #include "tokenizer.h"
@@ -15,10 +16,9 @@ ChatSession::ChatSession(Engine& engine, const Tokenizer& tokenizer, Sampler& sa
     : engine_(engine), tok_(tokenizer), sampler_(sampler), template_(chat_template),
       system_(std::move(system_prompt)) {
   template_.check_system_prompt(system_);
-  // End-of-turn tokens of the vocabulary stop on their ids; their texts are
-  // also watched for in the reply (a vocabulary without them spells them).
+  // End-of-turn tokens of the vocabulary end generation by their ids; the
+  // texts of those it lacks are watched for in the reply (spelled out).
   end_markers_ = chat_end_markers(tok_);
-  stop_tokens_ = chat_stop_tokens(tok_);
   reset();
 }
 
@@ -71,7 +71,6 @@ GenerationResult ChatSession::reply(const std::string& user_text, int n_predict,
   req.n_cached = static_cast<int>(
       std::mismatch(cached_.begin(), cached_.end(), req.prompt.begin(), req.prompt.end()).first - cached_.begin());
   req.n_predict = n_predict;
-  req.stop_tokens = stop_tokens_;
   if (static_cast<int>(req.prompt.size()) >= engine_.n_ctx()) {
     const size_t n = req.prompt.size();
     messages_ = before;
@@ -101,7 +100,9 @@ GenerationResult ChatSession::reply(const std::string& user_text, int n_predict,
 
   cached_.assign(req.prompt.begin(), req.prompt.end());
   cached_.insert(cached_.end(), r.tokens.begin(), r.tokens.begin() + r.n_generated_cached);
-  messages_.push_back({"assistant", text});
+  // A harmony reply (gpt-oss) goes back into the conversation as its answer
+  // alone: the template writes the channels around it.
+  messages_.push_back({"assistant", harmony_final_text(text)});
   return r;
 }
 

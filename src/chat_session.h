@@ -66,7 +66,6 @@ class ChatSession {
   const ChatTemplate& template_;
   std::string system_;
   std::vector<std::string> end_markers_;  // texts that end an assistant turn
-  std::vector<int> stop_tokens_;
   std::vector<ChatMessage> messages_;
   std::vector<int> cached_;
   std::vector<std::string> stop_, reverse_prompts_;

@@ -117,16 +117,9 @@ std::vector<std::string> chat_end_markers(const Tokenizer& tok) {
   std::vector<std::string> out;
   const std::string eos = tok.eos() >= 0 ? tok.id_to_piece(tok.eos()) : "";
   if (!eos.empty()) out.push_back(eos);
-  for (const char* t : kEndOfTurnTexts)
-    if (t != eos) out.emplace_back(t);
-  return out;
-}
-
-std::vector<int> chat_stop_tokens(const Tokenizer& tok) {
-  std::vector<int> out;
   for (const char* t : kEndOfTurnTexts) {
     const int id = tok.piece_to_id(t);
-    if (id >= 0 && id != tok.eos()) out.push_back(id);
+    if (t != eos && (id < 0 || tok.is_eog(id))) out.emplace_back(t);
   }
   return out;
 }

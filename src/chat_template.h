@@ -71,12 +71,13 @@ class Tokenizer;
 // template is parsed for special tokens.
 std::vector<int> tokenize_prompt(const Tokenizer& tok, const RenderedPrompt& prompt);
 
-// Texts that end an assistant turn: the EOS token's text and the usual
-// end-of-turn tokens' texts ("<|im_end|>", "<end_of_turn>", "<|eot_id|>",
-// ...), watched for in generated text whichever template is used.
+// Texts that end an assistant turn, watched for in generated text whichever
+// template is used: the EOS token's text and the usual end-of-turn texts
+// ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", ...) that are no token of
+// the vocabulary (a model may spell them) or a token that ends generation
+// in it. Generation stops at those tokens' ids by itself; a token that does
+// not end generation is no end of turn (gpt-oss's <|end|> closes one
+// message of a reply, its analysis, before the final one).
 std::vector<std::string> chat_end_markers(const Tokenizer& tok);
-// The ids of those end-of-turn texts that are single tokens of the
-// vocabulary, EOS excluded (generation stops at EOS anyway).
-std::vector<int> chat_stop_tokens(const Tokenizer& tok);
 
 }  // namespace runlm

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "bpe_pretokenizer.h"
+#include "chat_template.h"
 #include "common.h"
 #include "gguf.h"
 #include "test_support.h"
@@ -413,6 +414,46 @@ TEST(TokenizerBpe, EndOfGenerationTextsBecomeControlAsInLlamaCpp) {
   // Control now: matched only with parse_special.
   EXPECT_EQ(tok->encode("<|endoftext|>", false, true), std::vector<int>{50256});
   EXPECT_NE(tok->encode("<|endoftext|>", false, false), std::vector<int>{50256});
+}
+
+// gpt-oss's vocabulary (o200k_harmony) has <|end|>, <|return|> and <|call|>:
+// there <|end|> closes one message of a reply (its analysis) and generation
+// goes on to the final message, ended by <|return|>. So <|end|> is no end of
+// a chat turn, by id or by text, while in a vocabulary without <|return|>
+// (Phi-3's) it is.
+TEST(TokenizerBpe, HarmonyEndClosesAMessageNotTheTurn) {
+  RUNLM_REQUIRE_ASSET(test_asset("vocab/ggml-vocab-gpt-2.gguf"));
+  auto with_tokens = [](const std::vector<const char*>& texts) {
+    auto kv = vocab_kv("gpt-2");
+    auto* tokens = kv_find(kv, "tokenizer.ggml.tokens");
+    auto* types = kv_find(kv, "tokenizer.ggml.token_type");
+    for (const char* t : texts) {
+      tokens->arr.push_back(GgufValue::make_string(t));
+      types->arr.push_back(GgufValue::make_i32(3));
+    }
+    GgufWriter w;
+    for (const GgufKV& e : kv) w.set(e.key, e.value);
+    runlm::test::TempPath path(".gguf");
+    w.write(path.str());
+    return Tokenizer::from_gguf(*GgufFile::open(path.str()));
+  };
+  auto contains = [](const std::vector<std::string>& v, const std::string& s) {
+    return std::find(v.begin(), v.end(), s) != v.end();
+  };
+  auto harmony = with_tokens({"<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>"});
+  const int end = harmony->piece_to_id("<|end|>"), ret = harmony->piece_to_id("<|return|>");
+  EXPECT_FALSE(harmony->is_eog(end));
+  EXPECT_EQ(harmony->token_to_piece(-1, end), "<|end|>");  // rendered between the messages
+  EXPECT_TRUE(harmony->is_eog(ret));
+  EXPECT_TRUE(harmony->is_eog(harmony->piece_to_id("<|call|>")));
+  const auto markers = chat_end_markers(*harmony);
+  EXPECT_FALSE(contains(markers, "<|end|>"));
+  EXPECT_TRUE(contains(markers, "<|return|>"));
+  EXPECT_TRUE(contains(markers, "<|im_end|>"));  // no token here: watched for spelled out
+
+  auto phi3_like = with_tokens({"<|end|>"});
+  EXPECT_TRUE(phi3_like->is_eog(phi3_like->piece_to_id("<|end|>")));
+  EXPECT_TRUE(contains(chat_end_markers(*phi3_like), "<|end|>"));
 }
 
 TEST(TokenizerSpm, UserDefinedPiecesHonourLiteralRanges) {
