@@ -4,6 +4,8 @@
 // vocabulary's own where it has one) runs `runlm chat` on the CPU for two
 // turns with no template flag, and the second turn reuses the first turn's
 // KV cache and replies as a fresh evaluation of the whole conversation does.
+// gpt-oss chats through its harmony template with a vocabulary that has the
+// harmony tokens.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +14,7 @@
 
 #include "chat_session.h"
 #include "engine.h"
+#include "gguf.h"
 #include "model.h"
 #include "sampler.h"
 #include "test_support.h"
@@ -137,3 +140,48 @@ TEST_P(VocabChat, SecondTurnReusesTheCacheAndMatchesAFreshRun) {
 
 INSTANTIATE_TEST_SUITE_P(SharedVocabularies, VocabChat, ::testing::ValuesIn(kCases),
                          [](const ::testing::TestParamInfo<VocabChatCase>& i) { return std::string(i.param.name); });
+
+// A small random gpt-oss (experts, sinks, alternating windows) with a
+// vocabulary that has the harmony tokens (GPT-2's plus them: no o200k
+// vocabulary is among the shared files) and gpt-oss's own template chats two
+// turns; the first reply goes back into the conversation as a final-channel
+// message, and <|end|> (which closes a harmony message) does not end a reply.
+TEST(GptOssChat, TwoTurnsThroughTheHarmonyTemplate) {
+  const std::string vocab_src = test_asset("vocab/ggml-vocab-gpt-2.gguf");
+  const std::string tmpl = test_asset("templates/openai-gpt-oss-120b.jinja");
+  RUNLM_REQUIRE_ASSET(vocab_src);
+  RUNLM_REQUIRE_ASSET(tmpl);
+  TempPath vocab(".gguf"), file(".gguf");
+  {
+    auto g = GgufFile::open(vocab_src);
+    GgufWriter w;
+    for (GgufKV e : g->metadata()) {
+      if (e.key.rfind("tokenizer.", 0) != 0) continue;
+      for (const char* t : {"<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>",
+                            "<|constrain|>"}) {
+        if (e.key == "tokenizer.ggml.tokens") e.value.arr.push_back(GgufValue::make_string(t));
+        if (e.key == "tokenizer.ggml.token_type") e.value.arr.push_back(GgufValue::make_i32(3));
+      }
+      w.set(e.key, e.value);
+    }
+    w.write(vocab.str());
+  }
+  const CommandResult made = run_command(
+      std::string(RUNLM_RANDOM_MODEL_BINARY) + " --preset gpt-oss-20b --dim 64 --heads 4 --kv-heads 2 --head-dim 16" +
+      " --layers 2 --experts 4 --experts-used 2 --expert-hidden 64 --type f32 --threads 2 --vocab-from " +
+      vocab.str() + " --chat-template-file " + tmpl + " -o " + file.str());
+  ASSERT_EQ(made.exit_code, 0) << made.err;
+
+  const CommandResult r =
+      run_command(runlm_binary() + " chat -m " + file.str() + " --device cpu -t 2 --temp 0 -n 6 --verbose-prompt",
+                  std::string(kTurn1) + "\n" + kTurn2 + "\n/exit\n");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(count_of(r.err, "prompt ("), 2u) << r.err;
+  const std::string last_prompt = r.err.substr(r.err.rfind("prompt ("));
+  EXPECT_NE(last_prompt.find(std::string("<|start|>user<|message|>") + kTurn1 + "<|end|>"), std::string::npos)
+      << last_prompt;
+  EXPECT_NE(last_prompt.find(std::string("<|start|>user<|message|>") + kTurn2 + "<|end|>"), std::string::npos)
+      << last_prompt;
+  EXPECT_NE(last_prompt.find("<|start|>assistant<|channel|>final<|message|>"), std::string::npos) << last_prompt;
+  EXPECT_GE(std::count(r.out.begin(), r.out.end(), '\n'), 2) << r.out;
+}
