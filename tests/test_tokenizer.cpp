@@ -67,13 +67,14 @@ const char kOnceUponATime[] = "Once upon a time, there was a little girl named L
 // From stories260K-tok512.model with sentencepiece 0.1.97 (SOURCES.md §2).
 const std::vector<int> kOnceUponATimeIds = {403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426};
 
-// Writes a vocab-only GGUF into the test's temp dir.
-std::string write_vocab_gguf(const std::string& name, const std::vector<GgufKV>& kv) {
+// Writes a vocab-only GGUF to a temporary file and opens it; the file is
+// removed at once (the mapping stays valid), its path kept in messages.
+auto open_vocab_gguf(const std::string& name, const std::vector<GgufKV>& kv) {
   GgufWriter w;
   for (const GgufKV& e : kv) w.set(e.key, e.value);
-  const std::string path = ::testing::TempDir() + "/runlm_tok_" + name + ".gguf";
-  w.write(path);
-  return path;
+  const runlm::test::TempPath path("_" + name + ".gguf");
+  w.write(path.str());
+  return GgufFile::open(path.str());
 }
 
 // The stories260K vocabulary as GGUF key/values, for editing.
@@ -206,7 +207,7 @@ TEST(TokenizerStories, RemoveExtraWhitespacesFollowsTheGgufKey) {
   const std::string spaced = "  Once  upon a   time.  ";
   auto kv = stories_vocab_kv();
   kv.push_back({"tokenizer.ggml.remove_extra_whitespaces", GgufValue::make_bool(true)});
-  auto g_on = GgufFile::open(write_vocab_gguf("rew_on", kv));
+  auto g_on = open_vocab_gguf("rew_on", kv);
   EXPECT_EQ(Tokenizer::from_gguf(*g_on)->encode(spaced, false), model->encode(spaced, false));
   auto g_off = GgufFile::open(shared_model("stories260K.gguf"));
   EXPECT_NE(Tokenizer::from_gguf(*g_off)->encode(spaced, false), model->encode(spaced, false));
@@ -216,7 +217,7 @@ TEST(TokenizerStories, AddSpacePrefixFollowsTheGgufKey) {
   // Without the dummy prefix, " text" must encode as "text" does with it.
   auto kv = stories_vocab_kv();
   kv.push_back({"tokenizer.ggml.add_space_prefix", GgufValue::make_bool(false)});
-  auto g_off = GgufFile::open(write_vocab_gguf("no_prefix", kv));
+  auto g_off = open_vocab_gguf("no_prefix", kv);
   auto g_on = GgufFile::open(shared_model("stories260K.gguf"));
   auto off = Tokenizer::from_gguf(*g_off);
   auto on = Tokenizer::from_gguf(*g_on);
@@ -302,7 +303,7 @@ TEST(TokenizerSpecial, LongestSpecialTokenWins) {
     scores->arr.push_back(GgufValue::make_f32(0));
     types->arr.push_back(GgufValue::make_i32(type));
   }
-  auto g = GgufFile::open(write_vocab_gguf("specials", kv));
+  auto g = open_vocab_gguf("specials", kv);
   auto tok = Tokenizer::from_gguf(*g);
   auto plain = Tokenizer::from_model_file(shared_model("stories260K-tok512.model"));
   ASSERT_EQ(tok->n_vocab(), 515);
@@ -331,7 +332,7 @@ TEST(TokenizerErrors, BadModelPathNamesThePath) {
 TEST(TokenizerErrors, UnsupportedTokenizerModelIsNamed) {
   auto kv = stories_vocab_kv();
   *find_kv(kv, "tokenizer.ggml.model") = GgufValue::make_string("bert");
-  auto g = GgufFile::open(write_vocab_gguf("bert", kv));
+  auto g = open_vocab_gguf("bert", kv);
   const std::string msg = error_of([&] { Tokenizer::from_gguf(*g); });
   EXPECT_NE(msg.find("'bert'"), std::string::npos) << msg;
   EXPECT_NE(msg.find("supported: llama (SentencePiece), gpt2 (byte-level BPE)"), std::string::npos) << msg;
@@ -375,7 +376,7 @@ TEST(TokenizerErrors, InconsistentVocabularies) {
   for (const Case& c : cases) {
     auto kv = stories_vocab_kv();
     c.edit(kv);
-    auto g = GgufFile::open(write_vocab_gguf(c.name, kv));
+    auto g = open_vocab_gguf(c.name, kv);
     const std::string msg = error_of([&] { Tokenizer::from_gguf(*g); });
     EXPECT_NE(msg.find(c.expect), std::string::npos) << c.name << ": " << msg;
     EXPECT_NE(msg.find(g->path()), std::string::npos) << c.name << ": " << msg;
