@@ -167,6 +167,23 @@ void kv_erase(std::vector<GgufKV>& kv, const std::string& key) {
   kv.erase(std::remove_if(kv.begin(), kv.end(), [&](const GgufKV& e) { return e.key == key; }), kv.end());
 }
 
+// GPT-2's vocabulary with `added` appended as control tokens (type 3) and
+// `edit` applied to its keys, loaded.
+std::unique_ptr<Tokenizer> gpt2_with_control_tokens(const std::vector<const char*>& added,
+                                                    const std::function<void(std::vector<GgufKV>&)>& edit = {}) {
+  auto kv = vocab_kv("gpt-2");
+  for (const char* t : added) {
+    kv_find(kv, "tokenizer.ggml.tokens")->arr.push_back(GgufValue::make_string(t));
+    kv_find(kv, "tokenizer.ggml.token_type")->arr.push_back(GgufValue::make_i32(3));
+  }
+  if (edit) edit(kv);
+  GgufWriter w;
+  for (const GgufKV& e : kv) w.set(e.key, e.value);
+  runlm::test::TempPath path(".gguf");
+  w.write(path.str());
+  return Tokenizer::from_gguf(*GgufFile::open(path.str()));
+}
+
 }  // namespace
 
 TEST(TokenizerBpe, KindsAndFlagsFollowLlamaCpp) {
@@ -389,20 +406,9 @@ TEST(TokenizerBpe, EndOfGenerationTextsBecomeControlAsInLlamaCpp) {
   // GPT-2 with <|endoftext|> typed normal and Qwen's FIM separator and the
   // gpt-oss channel marker added: llama.cpp makes the first two control and
   // end of generation, and always renders the marker.
-  auto kv = vocab_kv("gpt-2");
-  auto* tokens = kv_find(kv, "tokenizer.ggml.tokens");
-  auto* types = kv_find(kv, "tokenizer.ggml.token_type");
-  ASSERT_TRUE(tokens && types);
-  types->arr[50256] = GgufValue::make_i32(1);
-  for (const char* t : {"<|file_sep|>", "<|channel|>"}) {
-    tokens->arr.push_back(GgufValue::make_string(t));
-    types->arr.push_back(GgufValue::make_i32(3));
-  }
-  GgufWriter w;
-  for (const GgufKV& e : kv) w.set(e.key, e.value);
-  runlm::test::TempPath path(".gguf");
-  w.write(path.str());
-  auto tok = Tokenizer::from_gguf(*GgufFile::open(path.str()));
+  auto tok = gpt2_with_control_tokens({"<|file_sep|>", "<|channel|>"}, [](std::vector<GgufKV>& kv) {
+    kv_find(kv, "tokenizer.ggml.token_type")->arr[50256] = GgufValue::make_i32(1);
+  });
   EXPECT_EQ(tok->token_type(50256), 3);
   EXPECT_TRUE(tok->is_eog(50256));
   EXPECT_EQ(tok->eot(), 50256);
@@ -423,24 +429,10 @@ TEST(TokenizerBpe, EndOfGenerationTextsBecomeControlAsInLlamaCpp) {
 // (Phi-3's) it is.
 TEST(TokenizerBpe, HarmonyEndClosesAMessageNotTheTurn) {
   RUNLM_REQUIRE_ASSET(test_asset("vocab/ggml-vocab-gpt-2.gguf"));
-  auto with_tokens = [](const std::vector<const char*>& texts) {
-    auto kv = vocab_kv("gpt-2");
-    auto* tokens = kv_find(kv, "tokenizer.ggml.tokens");
-    auto* types = kv_find(kv, "tokenizer.ggml.token_type");
-    for (const char* t : texts) {
-      tokens->arr.push_back(GgufValue::make_string(t));
-      types->arr.push_back(GgufValue::make_i32(3));
-    }
-    GgufWriter w;
-    for (const GgufKV& e : kv) w.set(e.key, e.value);
-    runlm::test::TempPath path(".gguf");
-    w.write(path.str());
-    return Tokenizer::from_gguf(*GgufFile::open(path.str()));
-  };
   auto contains = [](const std::vector<std::string>& v, const std::string& s) {
     return std::find(v.begin(), v.end(), s) != v.end();
   };
-  auto harmony = with_tokens({"<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>"});
+  auto harmony = gpt2_with_control_tokens({"<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>"});
   const int end = harmony->piece_to_id("<|end|>"), ret = harmony->piece_to_id("<|return|>");
   EXPECT_FALSE(harmony->is_eog(end));
   EXPECT_EQ(harmony->token_to_piece(-1, end), "<|end|>");  // rendered between the messages
@@ -451,7 +443,7 @@ TEST(TokenizerBpe, HarmonyEndClosesAMessageNotTheTurn) {
   EXPECT_TRUE(contains(markers, "<|return|>"));
   EXPECT_TRUE(contains(markers, "<|im_end|>"));  // no token here: watched for spelled out
 
-  auto phi3_like = with_tokens({"<|end|>"});
+  auto phi3_like = gpt2_with_control_tokens({"<|end|>"});
   EXPECT_TRUE(phi3_like->is_eog(phi3_like->piece_to_id("<|end|>")));
   EXPECT_TRUE(contains(chat_end_markers(*phi3_like), "<|end|>"));
 }
