@@ -104,6 +104,19 @@ struct Emitter {
     result.n_params += n_cols * n_rows;
     ++result.n_tensors;
   }
+
+  // A tensor copied in its packed type (t), row by row, whatever the output type.
+  void add_packed(const LlamaTensorSpec& spec, DType t, ByteRowSource rows) {
+    const int64_t n_cols = spec.ne[0];
+    int64_t n_rows = 1;
+    for (size_t i = 1; i < spec.ne.size(); ++i) n_rows *= spec.ne[i];
+    const size_t row_bytes = dtype_row_bytes(t, n_cols);
+    w.add_tensor(spec.name, t, spec.ne, [n_rows, row_bytes, rows = std::move(rows)](uint8_t* dst) {
+      for (int64_t r = 0; r < n_rows; ++r) rows(r, dst + static_cast<size_t>(r) * row_bytes);
+    });
+    result.n_params += n_cols * n_rows;
+    ++result.n_tensors;
+  }
 };
 
 }  // namespace
@@ -425,7 +438,10 @@ ConvertResult convert_hf(const std::string& dir, const std::string& out_path, st
   for (const LlamaTensorSpec& spec : llama_tensor_specs(hp)) {
     if (is_moe_role(spec.role)) {
       std::vector<std::string> read;
-      emit.add(spec, hf_moe_rows(*st, cfg, spec, read));
+      if (is_mxfp4_expert_role(cfg, spec.role))
+        emit.add_packed(spec, DType::MXFP4, hf_mxfp4_expert_rows(*st, cfg, spec, read));
+      else
+        emit.add(spec, hf_moe_rows(*st, cfg, spec, read));
       for (const std::string& name : read) used[name] = true;
       continue;
     }

@@ -194,12 +194,17 @@ HfConfig parse_hf_config(const std::string& text, const std::string& src) {
   }
   RUNLM_CHECK(!c.architecture.empty(), "%s: architectures %s not supported (supported: %s)", src.c_str(),
               json_brief(*archs).c_str(), supported_hf_classes().c_str());
-  // Packed weights (gpt-oss's MXFP4 experts, GPTQ, AWQ, fp8...) are not
-  // read: the unquantized (bf16/f16/f32) checkpoint converts.
+  // Packed weights are read in one case: gpt-oss's MXFP4 experts, copied as
+  // GGUF MXFP4 blocks (as llama.cpp's converter does). Others (GPTQ, AWQ,
+  // fp8...) are refused: the unquantized (bf16/f16/f32) checkpoint converts.
   if (const json* q = member(j, "quantization_config")) {
     const json* method = q->is_object() ? member(*q, "quant_method") : nullptr;
-    fail("%s: quantized checkpoint (quantization_config quant_method %s) is not supported; convert the unquantized "
-         "(bf16, f16 or f32) checkpoint", src.c_str(), method ? json_brief(*method).c_str() : json_brief(*q).c_str());
+    c.mxfp4_experts = c.arch == Arch::GptOss && method && method->is_string() && method->get<std::string>() == "mxfp4";
+    RUNLM_CHECK(c.mxfp4_experts,
+                "%s: quantized checkpoint (quantization_config quant_method %s) is not supported%s; convert the "
+                "unquantized (bf16, f16 or f32) checkpoint",
+                src.c_str(), method ? json_brief(*method).c_str() : json_brief(*q).c_str(),
+                c.arch == Arch::GptOss ? " (gpt-oss: mxfp4 only)" : " (only gpt-oss's mxfp4 experts are read)");
   }
   const bool mixtral = c.architecture == kMixtralClass;
   const bool mistral = c.architecture == "MistralForCausalLM";

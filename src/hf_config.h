@@ -57,6 +57,9 @@ struct HfConfig {
   int64_t n_expert_used = 0;
   int64_t expert_intermediate_size = 0;
   std::optional<bool> norm_topk_prob;
+  // gpt-oss as released: its experts in MXFP4 (quantization_config
+  // quant_method "mxfp4"; *_blocks and *_scales tensors), the rest unquantized.
+  bool mxfp4_experts = false;
   // YaRN (rope_scaling_type "yarn", gpt-oss): rope_scaling_factor and
   // rope_scaling_original_context above, plus these. truncate false is
   // transformers' unrounded correction range, which llama.cpp's GGUF cannot say.

@@ -119,4 +119,45 @@ RowSource hf_moe_rows(const SafetensorsModel& st, const HfConfig& cfg, const Lla
   fail("%s is not a mixture-of-experts tensor", spec.name.c_str());
 }
 
+bool is_mxfp4_expert_role(const HfConfig& cfg, TensorRole role) {
+  return cfg.mxfp4_experts &&
+         (role == TensorRole::FfnGateExps || role == TensorRole::FfnUpExps || role == TensorRole::FfnDownExps);
+}
+
+ByteRowSource hf_mxfp4_expert_rows(const SafetensorsModel& st, const HfConfig& cfg, const LlamaTensorSpec& spec,
+                                   std::vector<std::string>& used) {
+  RUNLM_CHECK(is_mxfp4_expert_role(cfg, spec.role), "%s is not an MXFP4 expert tensor", spec.name.c_str());
+  const int64_t E = cfg.n_expert, H = cfg.hidden_size, I = cfg.expert_intermediate_size;
+  const bool down = spec.role == TensorRole::FfnDownExps;
+  const int64_t in = down ? I : H, out = down ? H : 2 * I;  // the checkpoint's rows per expert: out
+  RUNLM_CHECK(in % 32 == 0, "%s: MXFP4 experts need rows of whole 32-value blocks, but %s is %lld",
+              st.dir().c_str(), down ? "intermediate_size" : "hidden_size", static_cast<long long>(in));
+  const int64_t nb = in / 32;
+  const std::string base = strfmt("model.layers.%d.mlp.experts.%s", spec.layer, down ? "down_proj" : "gate_up_proj");
+  const SafetensorsTensor* blocks = shaped(st, base + "_blocks", {E, out, nb, 16}, used);
+  const SafetensorsTensor* scales = shaped(st, base + "_scales", {E, out, nb}, used);
+  for (const SafetensorsTensor* t : {blocks, scales})
+    RUNLM_CHECK(t->dtype == DType::I8, "%s: tensor '%s' must hold bytes (U8) for MXFP4 experts", t->file.c_str(),
+                t->name.c_str());
+  // GGUF row r: expert r / rows, its row r % rows; gate and up take every
+  // other checkpoint row.
+  const int64_t rows = down ? H : I;
+  const int64_t up = spec.role == TensorRole::FfnUpExps;
+  return [blocks, scales, nb, rows, out, down, up](int64_t r, uint8_t* dst) {
+    const int64_t e = r / rows, o = r % rows;
+    const int64_t src_row = e * out + (down ? o : 2 * o + up);
+    const uint8_t* b = blocks->data + src_row * nb * 16;
+    const uint8_t* sc = scales->data + src_row * nb;
+    for (int64_t k = 0; k < nb; ++k, b += 16, dst += 17) {
+      dst[0] = sc[k];
+      for (int j = 0; j < 16; ++j) {
+        // Value j: nibble j % 2 of byte j / 2; value j + 16 likewise in byte 8 + j / 2.
+        const int lo = (b[j / 2] >> (4 * (j % 2))) & 0xF;
+        const int hi = (b[8 + j / 2] >> (4 * (j % 2))) & 0xF;
+        dst[1 + j] = static_cast<uint8_t>(lo | (hi << 4));
+      }
+    }
+  };
+}
+
 }  // namespace runlm

@@ -26,8 +26,12 @@ struct StDType {
   DType dtype;
   size_t size;
 };
-// The dtypes a Llama checkpoint uses; others (I8, F64, F8_*...) are refused.
-constexpr StDType kDTypes[] = {{"F32", DType::F32, 4}, {"F16", DType::F16, 2}, {"BF16", DType::BF16, 2}};
+// The dtypes a checkpoint of the supported families uses; others (I8, F64,
+// F8_*...) are refused. U8 holds packed bytes (gpt-oss's MXFP4 blocks and
+// scales), kept as one-byte elements under DType::I8: read_f32 refuses them,
+// their reader takes the bytes.
+constexpr StDType kDTypes[] = {
+    {"F32", DType::F32, 4}, {"F16", DType::F16, 2}, {"BF16", DType::BF16, 2}, {"U8", DType::I8, 1}};
 
 bool file_exists(const std::string& path) {
   struct stat st {};
@@ -75,7 +79,7 @@ void SafetensorsTensor::read_f32(int64_t first, int64_t n, float* out) const {
       return;
     }
     default:
-      fail("%s: tensor '%s': unsupported dtype %s", file.c_str(), name.c_str(), dtype_name(dtype));
+      fail("%s: tensor '%s' holds packed bytes (U8), not numbers", file.c_str(), name.c_str());
   }
 }
 
@@ -150,7 +154,7 @@ void SafetensorsFile::parse() {
     const StDType* row = nullptr;
     for (const auto& d : kDTypes)
       if (dt == d.name) row = &d;
-    RUNLM_CHECK(row, "%s: tensor '%s': dtype %s is not supported (supported: F32, F16, BF16)", p, tn, dt.c_str());
+    RUNLM_CHECK(row, "%s: tensor '%s': dtype %s is not supported (supported: F32, F16, BF16, U8)", p, tn, dt.c_str());
     t.dtype = row->dtype;
 
     uint64_t expect_bytes = row->size;

@@ -21,7 +21,7 @@ class MappedFile;
 struct SafetensorsTensor {
   std::string name;
   std::string file;            // path of the file holding it, for messages
-  DType dtype = DType::F32;    // F32, F16 or BF16
+  DType dtype = DType::F32;    // F32, F16 or BF16; I8 for U8 (packed bytes, read from data)
   std::vector<int64_t> shape;  // row-major as stored: shape.back() is contiguous
   const uint8_t* data = nullptr;
   size_t nbytes = 0;

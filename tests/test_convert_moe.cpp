@@ -14,6 +14,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -21,6 +22,7 @@
 
 #include "common.h"
 #include "convert.h"
+#include "cpu/quant.h"
 #include "engine.h"
 #include "gguf.h"
 #include "model.h"
@@ -118,6 +120,7 @@ Weights random_weights(const Shape& s, uint32_t seed) {
 struct HfTensor {
   std::vector<int64_t> shape;
   Vec values;
+  std::vector<uint8_t> bytes;  // a U8 tensor (MXFP4 blocks, scales) in place of values
 };
 using HfTensors = std::map<std::string, HfTensor>;
 
@@ -251,15 +254,57 @@ void write_checkpoint(const fs::path& dir, const nlohmann::json& config, const H
   nlohmann::json header = nlohmann::json::object();
   std::string data;
   for (const auto& [name, t] : tensors) {
-    header[name] = {{"dtype", "F32"}, {"shape", t.shape},
-                    {"data_offsets", {data.size(), data.size() + t.values.size() * 4}}};
-    data.append(reinterpret_cast<const char*>(t.values.data()), t.values.size() * 4);
+    const bool u8 = !t.bytes.empty();
+    const size_t n = u8 ? t.bytes.size() : t.values.size() * 4;
+    header[name] = {{"dtype", u8 ? "U8" : "F32"}, {"shape", t.shape}, {"data_offsets", {data.size(), data.size() + n}}};
+    data.append(u8 ? reinterpret_cast<const char*>(t.bytes.data()) : reinterpret_cast<const char*>(t.values.data()), n);
   }
   const std::string h = header.dump();
   const uint64_t len = h.size();
   std::ofstream f(dir / "model.safetensors", std::ios::binary);
   f.write(reinterpret_cast<const char*>(&len), 8);
   f << h << data;
+}
+
+// gpt-oss as released: its experts as MXFP4 blocks and scales (transformers'
+// layout, rows by output, gate and up interleaved) of random bytes; w's
+// experts become the values transformers decodes them to
+// (convert_moe_packed_tensors: value 2k of a block is byte k's low nibble,
+// 2k + 1 its high nibble, each FP4_VALUES[nibble] * 2^(scale - 127)).
+void to_mxfp4_experts(const Shape& s, Weights& w, HfTensors& t, uint32_t seed) {
+  static const float kFp4[16] = {+0.0f, +0.5f, +1.0f, +1.5f, +2.0f, +3.0f, +4.0f, +6.0f,
+                                 -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+  std::mt19937 rng(seed);
+  const int64_t H = s.dim, I = s.expert_hidden, E = s.experts;
+  // Rows [E, out] of `in` values each: random bytes, and the values of row (e, o).
+  auto packed = [&](const std::string& name, int64_t out, int64_t in,
+                    const std::function<float&(int64_t e, int64_t o, int64_t i)>& value) {
+    const int64_t nb = in / 32;
+    HfTensor blocks{{E, out, nb, 16}, {}, std::vector<uint8_t>(size_t(E * out * nb * 16))};
+    HfTensor scales{{E, out, nb}, {}, std::vector<uint8_t>(size_t(E * out * nb))};
+    for (uint8_t& b : blocks.bytes) b = uint8_t(rng());
+    for (uint8_t& x : scales.bytes) x = uint8_t(119 + rng() % 5);  // 2^-8 .. 2^-4: weights of about +-0.2
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t o = 0; o < out; ++o)
+        for (int64_t i = 0; i < in; ++i) {
+          const int64_t blk = (e * out + o) * nb + i / 32;
+          const uint8_t byte = blocks.bytes[size_t(blk * 16 + (i % 32) / 2)];
+          value(e, o, i) = std::ldexp(kFp4[(byte >> (4 * (i % 2))) & 0xF], int(scales.bytes[size_t(blk)]) - 127);
+        }
+    t[name + "_blocks"] = blocks;
+    t[name + "_scales"] = scales;
+    t.erase(name);
+  };
+  for (int l = 0; l < s.layers; ++l) {
+    Layer& L = w.layers[size_t(l)];
+    const std::string p = "model.layers." + std::to_string(l) + ".mlp.experts.";
+    packed(p + "gate_up_proj", 2 * I, H, [&](int64_t e, int64_t o, int64_t i) -> float& {
+      return (o % 2 ? L.up : L.gate)[size_t(e)][size_t((o / 2) * H + i)];
+    });
+    packed(p + "down_proj", H, I, [&](int64_t e, int64_t o, int64_t i) -> float& {
+      return L.down[size_t(e)][size_t(o * I + i)];
+    });
+  }
 }
 
 // ---- the model as transformers computes it ---------------------------------
@@ -524,6 +569,68 @@ TEST_F(ConvertMoe, GptOssMatchesTransformersMath) {
   EXPECT_EQ(Model::load(out())->config().swa_layers, (std::vector<uint8_t>{1, 0}));
 }
 
+// gpt-oss as released (MXFP4 experts, the rest unquantized): the experts
+// are copied as GGUF MXFP4 blocks, which decode exactly to transformers'
+// values, and the model gives transformers' logits.
+TEST_F(ConvertMoe, GptOssMxfp4ExpertsAreCopiedAsMxfp4) {
+  const Shape s = gpt_oss();
+  Weights w = random_weights(s, 41);
+  HfTensors t = hf_tensors(s, w, Layout::Fused);
+  to_mxfp4_experts(s, w, t, 42);
+  nlohmann::json cfg = hf_config(s);
+  cfg["quantization_config"] = {{"quant_method", "mxfp4"},
+                                {"modules_to_not_convert", {"model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                            "model.embed_tokens", "lm_head"}}};
+  write_checkpoint(dir, cfg, t);
+  convert_hf(dir.string(), out());
+  auto g = GgufFile::open(out());
+  const int64_t H = s.dim, I = s.expert_hidden;
+  for (int l = 0; l < s.layers; ++l) {
+    const Layer& L = w.layers[size_t(l)];
+    for (const char* name : {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"}) {
+      SCOPED_TRACE(strfmt("blk.%d.%s", l, name));
+      const GgufTensorInfo* ti = g->find_tensor(strfmt("blk.%d.%s.weight", l, name));
+      ASSERT_TRUE(ti);
+      EXPECT_EQ(ti->type, DType::MXFP4);
+      const bool down = std::string(name) == "ffn_down_exps";
+      const std::vector<Vec>& want = down ? L.down : std::string(name) == "ffn_up_exps" ? L.up : L.gate;
+      EXPECT_EQ(ti->ne, (std::vector<int64_t>{down ? I : H, down ? H : I, s.experts}));
+      Vec got(size_t(ti->n_elements()));
+      dequantize_row(DType::MXFP4, g->tensor_data(*ti), got.data(), ti->n_elements());
+      Vec all;
+      for (const Vec& v : want) all.insert(all.end(), v.begin(), v.end());
+      EXPECT_EQ(got, all);  // exact: the blocks are copied, not re-encoded
+    }
+    EXPECT_EQ(g->find_tensor(strfmt("blk.%d.ffn_gate_exps.bias", l))->type, DType::F32);
+  }
+  expect_logits_match(out(), hf_forward(s, w, kIds), kIds);
+}
+
+TEST_F(ConvertMoe, GptOssMxfp4BlocksMissingOrNotBytesAreErrors) {
+  const Shape s = gpt_oss();
+  Weights w = random_weights(s, 43);
+  HfTensors base = hf_tensors(s, w, Layout::Fused);
+  to_mxfp4_experts(s, w, base, 44);
+  nlohmann::json cfg = hf_config(s);
+  cfg["quantization_config"] = {{"quant_method", "mxfp4"}};
+  const std::string scales = "model.layers.1.mlp.experts.down_proj_scales";
+  HfTensors t = base;
+  t.erase(scales);
+  write_checkpoint(dir, cfg, t);
+  expect_words(error_of([&] { convert_hf(dir.string(), out()); }), {scales, "missing"});
+  t = base;
+  HfTensor& sc = t[scales];
+  sc.values.assign(sc.bytes.begin(), sc.bytes.end());  // the same numbers, stored as F32
+  sc.bytes.clear();
+  fs::remove_all(dir);
+  write_checkpoint(dir, cfg, t);
+  expect_words(error_of([&] { convert_hf(dir.string(), out()); }), {scales, "bytes (U8)"});
+  // The unquantized layout under an mxfp4 configuration: the blocks are missing.
+  fs::remove_all(dir);
+  write_checkpoint(dir, cfg, hf_tensors(s, random_weights(s, 45), Layout::Fused));
+  expect_words(error_of([&] { convert_hf(dir.string(), out()); }), {"gate_up_proj_blocks", "missing"});
+}
+
 TEST_F(ConvertMoe, GptOssWithoutSinksOrWindowWouldDiffer) {
   // The comparison above can fail: the same checkpoint's logits move when
   // the reference drops the window or zeroes the sinks.
@@ -551,8 +658,10 @@ TEST_F(ConvertMoe, ConfigurationsRunlmCannotRunAreErrors) {
     std::vector<std::string> words;
   };
   const std::vector<Case> cases = {
-      {gpt_oss(), [](nlohmann::json& c) { c["quantization_config"] = {{"quant_method", "mxfp4"}}; },
-       {"quantized checkpoint", "mxfp4", "bf16"}},
+      {gpt_oss(), [](nlohmann::json& c) { c["quantization_config"] = {{"quant_method", "gptq"}}; },
+       {"quantized checkpoint", "gptq", "gpt-oss: mxfp4 only", "bf16"}},
+      {mixtral(), [](nlohmann::json& c) { c["quantization_config"] = {{"quant_method", "mxfp4"}}; },
+       {"quantized checkpoint", "mxfp4", "only gpt-oss's mxfp4 experts"}},
       {qwen3moe(), [](nlohmann::json& c) { c["mlp_only_layers"] = {1}; }, {"mlp_only_layers", "not supported"}},
       {qwen3moe(), [](nlohmann::json& c) { c["decoder_sparse_step"] = 2; }, {"decoder_sparse_step"}},
       {qwen3moe(), [](nlohmann::json& c) { c["use_sliding_window"] = true; }, {"use_sliding_window"}},
