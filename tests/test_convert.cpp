@@ -186,6 +186,24 @@ TEST(ConvertSafetensors, RejectsBadHeaders) {
   EXPECT_NE(e.find("too small"), std::string::npos) << e;
 }
 
+// U8 tensors (gpt-oss's MXFP4 blocks and scales) are read as packed bytes:
+// their data as stored, never as numbers.
+TEST(ConvertSafetensors, U8TensorsArePackedBytes) {
+  TempDir dir;
+  const std::string bytes = "\x01\x80\xff\x10";
+  write_bytes(dir / "u8.safetensors",
+              safetensors_image(R"({"b": {"dtype": "U8", "shape": [2, 2], "data_offsets": [0, 4]}})", bytes));
+  auto f = SafetensorsFile::open(dir / "u8.safetensors");
+  const SafetensorsTensor* t = f->find("b");
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->dtype, DType::I8);
+  EXPECT_EQ(t->nbytes, 4u);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(t->data), 4), bytes);
+  float v[4];
+  const std::string e = error_of([&] { t->read_f32(0, 4, v); });
+  EXPECT_NE(e.find("packed bytes (U8)"), std::string::npos) << e;
+}
+
 TEST(ConvertSafetensors, ShardedDirectory) {
   TempDir dir;
   const std::vector<float> x = {1, 2, 3, 4}, y = {5, 6};
