@@ -302,12 +302,32 @@ std::string read_chat_template(const std::string& dir) {
   return "";
 }
 
+// A Gemma3ForConditionalGeneration tensor's name in the text model's
+// naming: the language model's tensors under language_model.model. (as
+// released) or model.language_model. (as transformers saves it since 4.52)
+// become model.; the vision tower's and the projector's are dropped (nullopt);
+// any other stays as it is, to be refused as unconvertible if unknown.
+std::optional<std::string> multimodal_text_name(const std::string& name) {
+  auto starts = [&](const char* p) { return name.rfind(p, 0) == 0; };
+  for (const char* p : {"vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector."})
+    if (starts(p)) return std::nullopt;
+  if (starts("language_model.model.")) return "model." + name.substr(21);
+  if (starts("language_model.lm_head.")) return name.substr(15);
+  if (starts("model.language_model.")) return "model." + name.substr(21);
+  return name;
+}
+
 }  // namespace
 
 ConvertResult convert_hf(const std::string& dir, const std::string& out_path, std::optional<DType> type,
                          const std::string& tokenizer_model) {
   const HfConfig cfg = read_hf_config(dir + "/config.json");
   const auto st = SafetensorsModel::open_dir(dir);
+  if (cfg.text_of_multimodal) {
+    const size_t n_vision = st->rename(multimodal_text_name);
+    std::fprintf(stderr, "%s: %s: the text model; the vision tower and projector (%zu tensors) are left out\n",
+                 dir.c_str(), cfg.architecture.c_str(), n_vision);
+  }
   const SafetensorsTensor& embed = st->get("model.embed_tokens.weight");
 
   ConvertResult result;

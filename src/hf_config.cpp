@@ -26,6 +26,16 @@ constexpr double kGptOssSwigluLimit = 7.0;
 constexpr double kGptOssSwigluAlpha = 1.702;
 // Mixtral is the llama layer with experts: no row of its own in models/arch.h.
 constexpr const char* kMixtralClass = "MixtralForCausalLM";
+// Gemma 3 as released at 4B, 12B and 27B: a vision tower beside the text
+// model, whose configuration is text_config. That is saved holding only what
+// differs from Gemma3TextConfig's defaults, so they are filled in first.
+constexpr const char* kGemma3MultimodalClass = "Gemma3ForConditionalGeneration";
+const char* const kGemma3TextDefaults = R"({
+  "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+  "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+  "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "tie_word_embeddings": true, "rope_theta": 1000000.0,
+  "query_pre_attn_scalar": 256, "sliding_window": 4096, "rope_local_base_freq": 10000.0,
+  "sliding_window_pattern": 6})";
 
 const json* member(const json& j, const char* key) {
   auto it = j.find(key);
@@ -180,6 +190,20 @@ HfConfig parse_hf_config(const std::string& text, const std::string& src) {
   HfConfig c;
 
   const json* archs = member(j, "architectures");
+  if (archs && archs->is_array() && archs->size() == 1 && (*archs)[0] == kGemma3MultimodalClass) {
+    // The text model alone, as llama.cpp's converter writes it (the vision
+    // tower goes to its separate mmproj file).
+    const json* text = member(j, "text_config");
+    RUNLM_CHECK(text && text->is_object(), "%s: %s without a text_config object", src.c_str(), kGemma3MultimodalClass);
+    json t = json::parse(kGemma3TextDefaults);
+    for (auto it = text->begin(); it != text->end(); ++it) t[it.key()] = it.value();
+    for (const char* key : {"torch_dtype", "quantization_config"})
+      if (!t.contains(key) && j.contains(key)) t[key] = j[key];
+    t["architectures"] = {"Gemma3ForCausalLM"};
+    j = std::move(t);
+    archs = member(j, "architectures");
+    c.text_of_multimodal = true;
+  }
   RUNLM_CHECK(archs && archs->is_array(), "%s: missing architectures (supported: %s)", src.c_str(),
               supported_hf_classes().c_str());
   for (const json& a : *archs) {
@@ -192,8 +216,9 @@ HfConfig parse_hf_config(const std::string& text, const std::string& src) {
       c.arch = d->arch;
     }
   }
-  RUNLM_CHECK(!c.architecture.empty(), "%s: architectures %s not supported (supported: %s)", src.c_str(),
-              json_brief(*archs).c_str(), supported_hf_classes().c_str());
+  RUNLM_CHECK(!c.architecture.empty(), "%s: architectures %s not supported (supported: %s, %s (its text model))",
+              src.c_str(), json_brief(*archs).c_str(), supported_hf_classes().c_str(), kGemma3MultimodalClass);
+  if (c.text_of_multimodal) c.architecture = kGemma3MultimodalClass;
   // Packed weights are read in one case: gpt-oss's MXFP4 experts, copied as
   // GGUF MXFP4 blocks (as llama.cpp's converter does). Others (GPTQ, AWQ,
   // fp8...) are refused: the unquantized (bf16/f16/f32) checkpoint converts.

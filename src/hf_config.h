@@ -1,8 +1,9 @@
 // Hugging Face config.json of the checkpoints runlm converts (the classes of
 // models/arch.h: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
 // Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Phi3ForCausalLM,
-// the mixtures of experts Qwen3MoeForCausalLM and GptOssForCausalLM, and
-// MixtralForCausalLM, a Llama with experts), in both the older form
+// the mixtures of experts Qwen3MoeForCausalLM and GptOssForCausalLM,
+// MixtralForCausalLM, a Llama with experts, and the text model of
+// Gemma3ForConditionalGeneration), in both the older form
 // (top-level rope_theta and rope_scaling) and the newer one
 // (rope_parameters). Anything runlm cannot run the same way (other
 // architectures, a rope scaling the family does not have, unexpected biases,
@@ -60,6 +61,10 @@ struct HfConfig {
   // gpt-oss as released: its experts in MXFP4 (quantization_config
   // quant_method "mxfp4"; *_blocks and *_scales tensors), the rest unquantized.
   bool mxfp4_experts = false;
+  // Gemma3ForConditionalGeneration: the text model of a multimodal
+  // checkpoint (text_config; tensors under language_model.), the vision
+  // tower left out.
+  bool text_of_multimodal = false;
   // YaRN (rope_scaling_type "yarn", gpt-oss): rope_scaling_factor and
   // rope_scaling_original_context above, plus these. truncate false is
   // transformers' unrounded correction range, which llama.cpp's GGUF cannot say.

@@ -257,4 +257,20 @@ std::vector<std::string> SafetensorsModel::names() const {
   return out;
 }
 
+size_t SafetensorsModel::rename(const std::function<std::optional<std::string>(const std::string&)>& f) {
+  std::map<std::string, const SafetensorsTensor*> renamed;
+  size_t dropped = 0;
+  for (const auto& [name, t] : index_) {
+    const std::optional<std::string> to = f(name);
+    if (!to) {
+      ++dropped;
+      continue;
+    }
+    RUNLM_CHECK(renamed.emplace(*to, t).second, "%s: two tensors are both read as '%s' ('%s' is one)", dir_.c_str(),
+                to->c_str(), name.c_str());
+  }
+  index_ = std::move(renamed);
+  return dropped;
+}
+
 }  // namespace runlm

@@ -7,8 +7,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -78,6 +80,9 @@ class SafetensorsModel {
   const SafetensorsTensor& get(const std::string& name) const;
   // Sorted tensor names.
   std::vector<std::string> names() const;
+  // Renames every tensor to f(name), or drops it where f gives nullopt;
+  // returns how many were dropped. Two tensors given one name are an Error.
+  size_t rename(const std::function<std::optional<std::string>(const std::string&)>& f);
 
  private:
   SafetensorsModel() = default;

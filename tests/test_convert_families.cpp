@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -36,9 +37,11 @@ using Tensors = std::map<std::string, std::vector<int64_t>>;  // name -> shape (
 
 // A checkpoint directory: config.json, model.safetensors of f32 values
 // (value i of a tensor: a hash of its name and i, in [-0.5, 0.5)),
-// tokenizer.model. Returns every tensor's values.
-std::map<std::string, std::vector<float>> write_checkpoint(const fs::path& dir, const nlohmann::json& config,
-                                                           const Tensors& tensors) {
+// tokenizer.model. Each tensor is stored as stored_name(name) when given
+// (its values still follow name). Returns every tensor's values.
+std::map<std::string, std::vector<float>> write_checkpoint(
+    const fs::path& dir, const nlohmann::json& config, const Tensors& tensors,
+    const std::function<std::string(const std::string&)>& stored_name = {}) {
   fs::create_directories(dir);
   std::ofstream(dir / "config.json") << config.dump();
   fs::copy_file(embedded_model_dir() + "/stories260K-tok512.model", dir / "tokenizer.model",
@@ -52,7 +55,8 @@ std::map<std::string, std::vector<float>> write_checkpoint(const fs::path& dir, 
     std::vector<float>& v = values[name];
     const size_t h = std::hash<std::string>{}(name);
     for (int64_t i = 0; i < n; ++i) v.push_back(float((h + uint64_t(i) * 2654435761u) % 1000) / 1000.0f - 0.5f);
-    header[name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {data.size(), data.size() + v.size() * 4}}};
+    header[stored_name ? stored_name(name) : name] = {
+        {"dtype", "F32"}, {"shape", shape}, {"data_offsets", {data.size(), data.size() + v.size() * 4}}};
     data.append(reinterpret_cast<const char*>(v.data()), v.size() * 4);
   }
   const std::string h = header.dump();
@@ -193,6 +197,66 @@ TEST_F(ConvertFamilies, Gemma2NormsPlusOnePostNormsSoftcapsPattern) {
   bad["hidden_activation"] = "relu";
   std::ofstream(dir / "config.json") << bad.dump();
   expect_words(error_of([&] { convert_dir(dir); }), {"hidden_activation", "relu", "gelu_pytorch_tanh"});
+}
+
+// Gemma 3 as released at 4B-27B, Gemma3ForConditionalGeneration: its text
+// model (text_config holding only what differs from Gemma3TextConfig's
+// defaults; tensors under language_model.model., or model.language_model. as
+// newer transformers save them) converts to the same GGUF, byte for byte,
+// as a Gemma3ForCausalLM checkpoint of the same weights with every default
+// spelled out; the vision tower is left out.
+TEST_F(ConvertFamilies, Gemma3MultimodalConvertsItsTextModel) {
+  Tensors t = llama_like(512, 64, 128, 64, 32, 6, false);
+  for (int l = 0; l < 6; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    t[p + "self_attn.q_norm.weight"] = {32};
+    t[p + "self_attn.k_norm.weight"] = {32};
+    t[p + "pre_feedforward_layernorm.weight"] = {64};
+    t[p + "post_feedforward_layernorm.weight"] = {64};
+  }
+  const nlohmann::json differing = {{"hidden_size", 64}, {"intermediate_size", 128}, {"num_hidden_layers", 6},
+                                    {"num_attention_heads", 2}, {"num_key_value_heads", 1}, {"head_dim", 32},
+                                    {"vocab_size", 512}, {"query_pre_attn_scalar", 32}, {"sliding_window", 16},
+                                    {"rope_scaling", {{"rope_type", "linear"}, {"factor", 8.0}}}};
+  nlohmann::json causal = differing;
+  causal.update({{"architectures", {"Gemma3ForCausalLM"}}, {"torch_dtype", "float32"}, {"rope_theta", 1e6},
+                 {"rope_local_base_freq", 1e4}, {"rms_norm_eps", 1e-6}, {"max_position_embeddings", 131072},
+                 {"sliding_window_pattern", 6}, {"hidden_activation", "gelu_pytorch_tanh"},
+                 {"tie_word_embeddings", true}});
+  // The same stem, so that general.name is the same.
+  write_checkpoint(dir / "causal" / "gemma3", causal, t);
+  const std::string want = read_file(convert_dir(dir / "causal" / "gemma3"));
+
+  nlohmann::json text = differing;
+  text["model_type"] = "gemma3_text";
+  const nlohmann::json multimodal = {{"architectures", {"Gemma3ForConditionalGeneration"}},
+                                     {"model_type", "gemma3"},
+                                     {"torch_dtype", "float32"},
+                                     {"text_config", text},
+                                     {"vision_config", {{"model_type", "siglip_vision_model"}, {"hidden_size", 16}}}};
+  Tensors with_vision = t;
+  with_vision["vision_tower.vision_model.embeddings.patch_embedding.weight"] = {16, 3, 2, 2};
+  with_vision["multi_modal_projector.mm_input_projection_weight"] = {16, 64};
+  for (const bool newer : {false, true}) {
+    SCOPED_TRACE(newer ? "model.language_model." : "language_model.model.");
+    const fs::path d = dir / (newer ? "newer" : "released") / "gemma3";
+    write_checkpoint(d, multimodal, with_vision, [newer](const std::string& name) {
+      const bool vision = name.rfind("model.", 0) != 0;
+      if (newer) return "model." + (vision ? name : "language_model." + name.substr(6));
+      return vision ? name : "language_model." + name;
+    });
+    testing::internal::CaptureStderr();
+    const std::string got = read_file(convert_dir(d));
+    const std::string err = testing::internal::GetCapturedStderr();
+    EXPECT_TRUE(got == want) << "the GGUFs differ";
+    EXPECT_NE(err.find("vision tower and projector (2 tensors) are left out"), std::string::npos) << err;
+  }
+  runs((dir / "causal" / "gemma3" / "out.gguf").string());
+
+  nlohmann::json no_text = multimodal;
+  no_text.erase("text_config");
+  write_checkpoint(dir / "bad", no_text, with_vision);
+  expect_words(error_of([&] { convert_dir(dir / "bad"); }), {"Gemma3ForConditionalGeneration", "text_config"});
 }
 
 TEST_F(ConvertFamilies, Phi3FusedTensorsAndLongrope) {
