@@ -277,28 +277,36 @@ std::string shape_str(const std::vector<int64_t>& v) {
   return s + "]";
 }
 
-// tokenizer_config.json's chat_template: a string, or a list of
-// {name, template} of which the "default" one is taken.
+// The chat template as llama.cpp's converter finds it (gguf-py's
+// SpecialVocab): tokenizer_config.json's chat_template (a string, or the
+// entry named "default" of a list), else chat_template.jinja, else
+// chat_template.json's chat_template (processor-based checkpoints).
 std::string read_chat_template(const std::string& dir) {
-  const std::string path = dir + "/tokenizer_config.json";
-  // Newer checkpoints keep the template in its own file.
-  if (is_regular_file(dir + "/chat_template.jinja")) return read_text(dir + "/chat_template.jinja");
-  if (!is_regular_file(path)) return "";
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(read_text(path));
-  } catch (const nlohmann::json::exception& e) {
-    fail("%s: bad JSON: %s", path.c_str(), e.what());
+  auto parse = [](const std::string& path) {
+    try {
+      return nlohmann::json::parse(read_text(path));
+    } catch (const nlohmann::json::exception& e) {
+      fail("%s: bad JSON: %s", path.c_str(), e.what());
+    }
+  };
+  const std::string config = dir + "/tokenizer_config.json";
+  if (is_regular_file(config)) {
+    const nlohmann::json j = parse(config);
+    const auto ct = j.is_object() ? j.find("chat_template") : j.end();
+    if (ct != j.end() && ct->is_string()) return ct->get<std::string>();
+    if (ct != j.end() && ct->is_array())
+      for (const auto& e : *ct)
+        // value() would throw nlohmann's type_error on a non-string name.
+        if (e.is_object() && e.contains("name") && e["name"].is_string() && e["name"].get<std::string>() == "default" &&
+            e.contains("template") && e["template"].is_string())
+          return e["template"].get<std::string>();
   }
-  if (!j.is_object() || !j.contains("chat_template")) return "";
-  const auto& ct = j["chat_template"];
-  if (ct.is_string()) return ct.get<std::string>();
-  if (ct.is_array())
-    for (const auto& e : ct)
-      // value() would throw nlohmann's type_error on a non-string name.
-      if (e.is_object() && e.contains("name") && e["name"].is_string() && e["name"].get<std::string>() == "default" &&
-          e.contains("template") && e["template"].is_string())
-        return e["template"].get<std::string>();
+  if (is_regular_file(dir + "/chat_template.jinja")) return read_text(dir + "/chat_template.jinja");
+  if (is_regular_file(dir + "/chat_template.json")) {
+    const nlohmann::json j = parse(dir + "/chat_template.json");
+    if (j.is_object() && j.contains("chat_template") && j["chat_template"].is_string())
+      return j["chat_template"].get<std::string>();
+  }
   return "";
 }
 

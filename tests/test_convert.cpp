@@ -556,6 +556,21 @@ TEST(ConvertHf, RejectsMismatchedShapesAndExtraTensors) {
   EXPECT_FLOAT_EQ(g->get_float("llama.rope.scaling.factor"), 2.0f);
   EXPECT_EQ(g->get_string("tokenizer.chat_template"), "{{ messages }}");
   EXPECT_EQ(g->get_int("general.file_type"), 1);
+  // Where the template comes from, in llama.cpp's order: tokenizer_config.json,
+  // else chat_template.jinja, else chat_template.json.
+  write_bytes(dir / "chat_template.jinja", "from the jinja file");
+  write_bytes(dir / "chat_template.json", R"({"chat_template": "from the json file"})");
+  auto template_of_conversion = [&] {
+    convert_hf(dir.str(), dir / "t.gguf", DType::F16, tok);
+    return GgufFile::open(dir / "t.gguf")->get_string_opt("tokenizer.chat_template").value_or("(none)");
+  };
+  EXPECT_EQ(template_of_conversion(), "{{ messages }}");
+  write_bytes(dir / "tokenizer_config.json", R"({"add_bos_token": true})");
+  EXPECT_EQ(template_of_conversion(), "from the jinja file");
+  fs::remove(dir / "chat_template.jinja");
+  EXPECT_EQ(template_of_conversion(), "from the json file");
+  fs::remove(dir / "chat_template.json");
+  EXPECT_EQ(template_of_conversion(), "(none)");
 
   add("model.layers.0.self_attn.q_proj.bias", {8});
   write_bytes(dir / "model.safetensors", safetensors_image(h.dump(), data));
