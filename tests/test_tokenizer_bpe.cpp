@@ -40,9 +40,9 @@ struct Case {
 // test-tokenizer-0's reader: cases separated by "\n__ggml_vocab_test__\n";
 // as there, whatever follows the last separator is a case too (nothing, in
 // these files, whose last case ends with the separator).
-std::vector<Case> read_cases(const std::string& gguf) {
-  const std::string inp = slurp(gguf + ".inp");
-  const std::string out = slurp(gguf + ".out");
+std::vector<Case> read_cases(const std::string& inp_path, const std::string& out_path) {
+  const std::string inp = slurp(inp_path);
+  const std::string out = slurp(out_path);
   const std::string sep = "\n__ggml_vocab_test__\n";
   std::vector<std::string> texts;
   for (size_t pos = 0; pos < inp.size();) {
@@ -62,10 +62,10 @@ std::vector<Case> read_cases(const std::string& gguf) {
     for (int id; ls >> id;) ids.push_back(id);
     lines.push_back(ids);
   }
-  EXPECT_EQ(texts.size(), lines.size()) << gguf;
+  EXPECT_EQ(texts.size(), lines.size()) << inp_path;
   std::vector<Case> cases;
   for (size_t i = 0; i < texts.size() && i < lines.size(); ++i) cases.push_back({texts[i], lines[i]});
-  EXPECT_GT(cases.size(), 30u) << gguf;
+  EXPECT_GT(cases.size(), 30u) << inp_path;
   return cases;
 }
 
@@ -79,7 +79,7 @@ void expect_vectors(const std::string& gguf_path, bool round_trip) {
   auto g = GgufFile::open(gguf_path);
   auto tok = Tokenizer::from_gguf(*g);
   int n = 0;
-  for (const Case& c : read_cases(gguf_path)) {
+  for (const Case& c : read_cases(gguf_path + ".inp", gguf_path + ".out")) {
     EXPECT_EQ(tok->encode(c.text, /*add_bos=*/false, /*parse_special=*/false), c.ids)
         << gguf_path << " text: '" << show(c.text) << "'";
     if (round_trip) {
@@ -169,7 +169,7 @@ void kv_erase(std::vector<GgufKV>& kv, const std::string& key) {
 
 // GPT-2's vocabulary with `added` appended as control tokens (type 3) and
 // `edit` applied to its keys, loaded.
-std::unique_ptr<Tokenizer> gpt2_with_control_tokens(const std::vector<const char*>& added,
+std::unique_ptr<Tokenizer> edited_gpt2_tokenizer(const std::vector<const char*>& added,
                                                     const std::function<void(std::vector<GgufKV>&)>& edit = {}) {
   auto kv = vocab_kv("gpt-2");
   for (const char* t : added) {
@@ -338,6 +338,28 @@ TEST(TokenizerBpe, CleanSpacesFollowsThePreTokenizer) {
   EXPECT_EQ(qwen->decode(qwen->encode("a , b . it 's", false)), "a , b . it 's");
 }
 
+// Every pre-tokenizer runlm names, under GPT-2's vocabulary and merges, on
+// 160 random mixed-script texts, against llama-tokenize's ids for the same
+// vocabulary with tokenizer.ggml.pre set to the name (tests/data/pretokenizers,
+// written by tools/pretokenizer_vectors.py). The shared vectors cover only
+// each vocabulary's own pre-tokenizer; these cover gpt-4o (gpt-oss), tekken
+// (Mistral Nemo) and the others too.
+TEST(TokenizerBpeVectors, EveryPreTokenizerOnGpt2Merges) {
+  RUNLM_REQUIRE_ASSET(test_asset("vocab/ggml-vocab-gpt-2.gguf"));
+  const std::string dir = std::string(RUNLM_SOURCE_DIR) + "/tests/data/pretokenizers/";
+  for (const char* pre : {"default", "gpt-2", "llama-bpe", "qwen2", "qwen35", "deepseek-llm", "deepseek-coder",
+                          "deepseek-v3", "gpt-4o", "tekken", "smollm", "refact", "starcoder"}) {
+    SCOPED_TRACE(pre);
+    auto tok = edited_gpt2_tokenizer({}, [&](std::vector<GgufKV>& kv) {
+      *kv_find(kv, "tokenizer.ggml.pre") = GgufValue::make_string(pre);
+    });
+    const std::vector<Case> cases = read_cases(dir + "random.inp", dir + "gpt2-" + pre + ".out");
+    EXPECT_EQ(cases.size(), 160u);
+    for (const Case& c : cases)
+      EXPECT_EQ(tok->encode(c.text, /*add_bos=*/false, /*parse_special=*/false), c.ids) << "text: '" << show(c.text) << "'";
+  }
+}
+
 TEST(TokenizerBpe, PreTokenizerNames) {
   const std::string names = bpe_supported_pre_names();
   for (const char* n : {"default", "llama-bpe", "llama3", "llama-v3", "qwen2", "qwen35", "gpt-2", "deepseek-llm",
@@ -406,7 +428,7 @@ TEST(TokenizerBpe, EndOfGenerationTextsBecomeControlAsInLlamaCpp) {
   // GPT-2 with <|endoftext|> typed normal and Qwen's FIM separator and the
   // gpt-oss channel marker added: llama.cpp makes the first two control and
   // end of generation, and always renders the marker.
-  auto tok = gpt2_with_control_tokens({"<|file_sep|>", "<|channel|>"}, [](std::vector<GgufKV>& kv) {
+  auto tok = edited_gpt2_tokenizer({"<|file_sep|>", "<|channel|>"}, [](std::vector<GgufKV>& kv) {
     kv_find(kv, "tokenizer.ggml.token_type")->arr[50256] = GgufValue::make_i32(1);
   });
   EXPECT_EQ(tok->token_type(50256), 3);
@@ -432,7 +454,7 @@ TEST(TokenizerBpe, HarmonyEndClosesAMessageNotTheTurn) {
   auto contains = [](const std::vector<std::string>& v, const std::string& s) {
     return std::find(v.begin(), v.end(), s) != v.end();
   };
-  auto harmony = gpt2_with_control_tokens({"<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>"});
+  auto harmony = edited_gpt2_tokenizer({"<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>"});
   const int end = harmony->piece_to_id("<|end|>"), ret = harmony->piece_to_id("<|return|>");
   EXPECT_FALSE(harmony->is_eog(end));
   EXPECT_EQ(harmony->token_to_piece(-1, end), "<|end|>");  // rendered between the messages
@@ -443,7 +465,7 @@ TEST(TokenizerBpe, HarmonyEndClosesAMessageNotTheTurn) {
   EXPECT_TRUE(contains(markers, "<|return|>"));
   EXPECT_TRUE(contains(markers, "<|im_end|>"));  // no token here: watched for spelled out
 
-  auto phi3_like = gpt2_with_control_tokens({"<|end|>"});
+  auto phi3_like = edited_gpt2_tokenizer({"<|end|>"});
   EXPECT_TRUE(phi3_like->is_eog(phi3_like->piece_to_id("<|end|>")));
   EXPECT_TRUE(contains(chat_end_markers(*phi3_like), "<|end|>"));
 }
