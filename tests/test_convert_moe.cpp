@@ -307,6 +307,24 @@ void to_mxfp4_experts(const Shape& s, Weights& w, HfTensors& t, uint32_t seed) {
   }
 }
 
+// A gpt-oss checkpoint as released: MXFP4 experts, the rest f32, and the
+// quantization_config that says so; weights hold the values transformers
+// computes with.
+struct Mxfp4GptOss {
+  Weights weights;
+  HfTensors tensors;
+  nlohmann::json config;
+};
+Mxfp4GptOss mxfp4_gpt_oss(const Shape& s, uint32_t seed) {
+  Mxfp4GptOss m{random_weights(s, seed), {}, hf_config(s)};
+  m.tensors = hf_tensors(s, m.weights, Layout::Fused);
+  to_mxfp4_experts(s, m.weights, m.tensors, seed + 1);
+  m.config["quantization_config"] = {
+      {"quant_method", "mxfp4"},
+      {"modules_to_not_convert", {"model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"}}};
+  return m;
+}
+
 // ---- the model as transformers computes it ---------------------------------
 
 using DVec = std::vector<double>;
@@ -574,14 +592,9 @@ TEST_F(ConvertMoe, GptOssMatchesTransformersMath) {
 // values, and the model gives transformers' logits.
 TEST_F(ConvertMoe, GptOssMxfp4ExpertsAreCopiedAsMxfp4) {
   const Shape s = gpt_oss();
-  Weights w = random_weights(s, 41);
-  HfTensors t = hf_tensors(s, w, Layout::Fused);
-  to_mxfp4_experts(s, w, t, 42);
-  nlohmann::json cfg = hf_config(s);
-  cfg["quantization_config"] = {{"quant_method", "mxfp4"},
-                                {"modules_to_not_convert", {"model.layers.*.self_attn", "model.layers.*.mlp.router",
-                                                            "model.embed_tokens", "lm_head"}}};
-  write_checkpoint(dir, cfg, t);
+  const Mxfp4GptOss m = mxfp4_gpt_oss(s, 41);
+  const Weights& w = m.weights;
+  write_checkpoint(dir, m.config, m.tensors);
   convert_hf(dir.string(), out());
   auto g = GgufFile::open(out());
   const int64_t H = s.dim, I = s.expert_hidden;
@@ -608,11 +621,9 @@ TEST_F(ConvertMoe, GptOssMxfp4ExpertsAreCopiedAsMxfp4) {
 
 TEST_F(ConvertMoe, GptOssMxfp4BlocksMissingOrNotBytesAreErrors) {
   const Shape s = gpt_oss();
-  Weights w = random_weights(s, 43);
-  HfTensors base = hf_tensors(s, w, Layout::Fused);
-  to_mxfp4_experts(s, w, base, 44);
-  nlohmann::json cfg = hf_config(s);
-  cfg["quantization_config"] = {{"quant_method", "mxfp4"}};
+  const Mxfp4GptOss m = mxfp4_gpt_oss(s, 43);
+  const HfTensors& base = m.tensors;
+  const nlohmann::json& cfg = m.config;
   const std::string scales = "model.layers.1.mlp.experts.down_proj_scales";
   HfTensors t = base;
   t.erase(scales);
