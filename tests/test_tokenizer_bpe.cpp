@@ -338,7 +338,8 @@ TEST(TokenizerBpe, CleanSpacesFollowsThePreTokenizer) {
   EXPECT_EQ(qwen->decode(qwen->encode("a , b . it 's", false)), "a , b . it 's");
 }
 
-// Every pre-tokenizer runlm names, under GPT-2's vocabulary and merges, on
+// One name of every pre-tokenizer group runlm has (each group one set of
+// regexes and flags), under GPT-2's vocabulary and merges, on
 // 160 random mixed-script texts, against llama-tokenize's ids for the same
 // vocabulary with tokenizer.ggml.pre set to the name (tests/data/pretokenizers,
 // written by tools/pretokenizer_vectors.py). The shared vectors cover only
@@ -347,8 +348,9 @@ TEST(TokenizerBpe, CleanSpacesFollowsThePreTokenizer) {
 TEST(TokenizerBpeVectors, EveryPreTokenizerOnGpt2Merges) {
   RUNLM_REQUIRE_ASSET(test_asset("vocab/ggml-vocab-gpt-2.gguf"));
   const std::string dir = std::string(RUNLM_SOURCE_DIR) + "/tests/data/pretokenizers/";
-  for (const char* pre : {"default", "gpt-2", "llama-bpe", "qwen2", "qwen35", "deepseek-llm", "deepseek-coder",
-                          "deepseek-v3", "gpt-4o", "tekken", "smollm", "refact", "starcoder"}) {
+  for (const char* pre : {"default", "gpt-2", "llama-bpe", "dbrx", "qwen2", "qwen35", "megrez", "deepseek-llm",
+                          "deepseek-coder", "deepseek-v3", "falcon", "trillion", "starcoder", "refact", "smollm",
+                          "poro-chat", "bloom", "viking", "tekken", "gpt-4o"}) {
     SCOPED_TRACE(pre);
     auto tok = edited_gpt2_tokenizer({}, [&](std::vector<GgufKV>& kv) {
       *kv_find(kv, "tokenizer.ggml.pre") = GgufValue::make_string(pre);

@@ -20,8 +20,11 @@ import sys
 import tarfile
 import tempfile
 
-PRES = ["default", "gpt-2", "llama-bpe", "qwen2", "qwen35", "deepseek-llm", "deepseek-coder", "deepseek-v3", "gpt-4o", "tekken",
-        "smollm", "refact", "starcoder"]
+# One name of every group runlm's table (src/bpe_pretokenizer.cpp) gives one
+# set of regexes and flags, plus a few aliases.
+PRES = ["default", "gpt-2", "llama-bpe", "dbrx", "qwen2", "qwen35", "megrez", "deepseek-llm", "deepseek-coder",
+        "deepseek-v3", "falcon", "trillion", "starcoder", "refact", "smollm", "poro-chat", "bloom", "viking", "tekken",
+        "gpt-4o"]
 SEP = "\n__ggml_vocab_test__\n"
 
 # Pieces that pre-tokenizer regexes treat differently: case runs, contractions
