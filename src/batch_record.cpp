@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "generation.h"
+#include "harmony_reply.h"
 
 namespace runlm {
 
@@ -36,6 +37,9 @@ std::string batch_error_record(const BatchEntry& e, const std::string& error) {
 std::string batch_completion_record(const BatchEntry& e, const Completion& c) {
   json rec = record_head(e);
   rec["text"] = c.text;
+  // A harmony reply (gpt-oss) to a conversation: its answer alone too, as
+  // llama.cpp's server gives it in "content".
+  if (e.is_chat() && is_harmony_reply(c.text)) rec["content"] = harmony_final_text(c.text);
   rec["tokens_in"] = c.n_prompt;
   rec["tokens_out"] = c.tokens.size();
   rec["finish_reason"] = finish_reason_name(c.finish);

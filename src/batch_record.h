@@ -18,7 +18,8 @@ namespace runlm {
 // {"id", "line", "error"}: why the line could not run.
 std::string batch_error_record(const BatchEntry& e, const std::string& error);
 
-// {"id", "line", "text", "tokens_in", "tokens_out", "finish_reason", "timings"}.
+// {"id", "line", "text", "tokens_in", "tokens_out", "finish_reason", "timings"},
+// and "content" (the final answer) for a harmony reply to a conversation.
 std::string batch_completion_record(const BatchEntry& e, const Completion& c);
 
 // {"id", "line", "text": "", "tokens_out": 0, "finish_reason": "not_started"}:

@@ -9,9 +9,11 @@ constexpr std::string_view kChannel = "<|channel|>", kMessage = "<|message|>", k
                            kStart = "<|start|>";
 }  // namespace
 
+bool is_harmony_reply(const std::string& reply) { return std::string_view(reply).substr(0, kChannel.size()) == kChannel; }
+
 std::string harmony_final_text(const std::string& reply) {
+  if (!is_harmony_reply(reply)) return reply;
   const std::string_view text(reply);
-  if (text.substr(0, kChannel.size()) != kChannel) return reply;
   std::string final_text;
   size_t pos = 0;
   while (pos < text.size()) {

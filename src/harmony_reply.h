@@ -15,5 +15,7 @@ namespace runlm {
 // reply has none (cut short in its analysis); the reply itself when it is
 // not in the harmony format (it does not open with "<|channel|>").
 std::string harmony_final_text(const std::string& reply);
+// Whether the reply is in the harmony format (it opens with "<|channel|>").
+bool is_harmony_reply(const std::string& reply);
 
 }  // namespace runlm

@@ -2,6 +2,9 @@
 // the final channel's text alone.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
+#include "batch_record.h"
 #include "harmony_reply.h"
 
 using runlm::harmony_final_text;
@@ -32,6 +35,29 @@ TEST(HarmonyReply, ReplyCutShortInItsAnalysisHasNoAnswer) {
 }
 
 TEST(HarmonyReply, OtherRepliesStayAsTheyAre) {
-  for (const char* r : {"", "Hello there.", " <|channel|>final<|message|>x", "<think>hm</think>Hi"})
+  for (const char* r : {"", "Hello there.", " <|channel|>final<|message|>x", "<think>hm</think>Hi"}) {
+    EXPECT_FALSE(runlm::is_harmony_reply(r));
     EXPECT_EQ(harmony_final_text(r), r);
+  }
+}
+
+// runlm batch: a harmony reply to a conversation also carries its answer
+// alone in "content"; a plain prompt's reply, or a reply in another format,
+// has only "text".
+TEST(HarmonyReply, BatchRecordsCarryTheAnswerOfAConversation) {
+  runlm::BatchEntry chat;
+  chat.messages = {{"user", "Hi"}};
+  runlm::BatchEntry plain;
+  plain.prompt = "Hi";
+  runlm::Completion c;
+  c.text = "<|channel|>analysis<|message|>Greet back.<|end|><|start|>assistant<|channel|>final<|message|>Hello!";
+  auto record = [](const runlm::BatchEntry& e, const runlm::Completion& c) {
+    return nlohmann::json::parse(runlm::batch_completion_record(e, c));
+  };
+  const nlohmann::json r = record(chat, c);
+  EXPECT_EQ(r["text"], c.text);
+  EXPECT_EQ(r["content"], "Hello!");
+  EXPECT_FALSE(record(plain, c).contains("content"));
+  c.text = "Hello!";
+  EXPECT_FALSE(record(chat, c).contains("content"));
 }
