@@ -11,6 +11,18 @@
 
 namespace runlm::test {
 
+std::vector<float> cpu_logits(const std::string& path, const std::vector<int>& ids) {
+  auto model = Model::load(path);
+  EngineOptions eo;
+  eo.device = Device::Cpu;
+  eo.n_threads = 2;
+  eo.n_ctx = static_cast<int>(ids.size());
+  auto engine = make_cpu_engine(*model, eo);
+  std::vector<float> logits(ids.size() * static_cast<size_t>(engine->n_vocab()));
+  engine->forward(ids.data(), static_cast<int>(ids.size()), 0, logits.data(), true);
+  return logits;
+}
+
 std::unique_ptr<Engine> engine_on(Device d, const Model& m, KvLayout kv) {
   EngineOptions eo;
   eo.device = d;

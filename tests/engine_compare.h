@@ -1,10 +1,11 @@
 // Running one model on the CPU and on the GPU engine and comparing them:
 // what the whole-model GPU tests (test_cuda_families.cpp, test_gpu_moe.cpp)
-// share.
+// share, and a whole-model CPU run the CPU tests share.
 #pragma once
 
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine.h"
@@ -15,6 +16,10 @@ namespace runlm::test {
 // An engine of 128 tokens of context on device d; a paged one holds three
 // such sequences.
 std::unique_ptr<Engine> engine_on(Device d, const Model& m, KvLayout kv = KvLayout::Contiguous);
+
+// The logits of every position of ids ([ids.size(), n_vocab]) on a CPU
+// engine (2 threads) of the GGUF at path.
+std::vector<float> cpu_logits(const std::string& path, const std::vector<int>& ids);
 
 // n token ids: BOS, then a fixed walk through the vocabulary.
 std::vector<int> prompt(int n_vocab, int n);

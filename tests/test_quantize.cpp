@@ -19,9 +19,8 @@
 #include "commands.h"
 #include "common.h"
 #include "cpu/quant.h"
-#include "engine.h"
+#include "engine_compare.h"
 #include "gguf.h"
-#include "model.h"
 #include "quantize.h"
 #include "test_support.h"
 
@@ -313,18 +312,7 @@ TEST(QuantizeGguf, DequantizedFileGivesTheSameLogits) {
   TempDir dir;
   const std::string src = random_f32_model(dir);
   const std::vector<int> ids = {1, 37, 402, 11, 250, 3, 97, 480};
-  auto logits_of = [&](const std::string& path) {
-    auto model = Model::load(path);
-    EngineOptions eo;
-    eo.device = Device::Cpu;
-    eo.n_threads = 2;
-    eo.n_ctx = 16;
-    auto engine = make_cpu_engine(*model, eo);
-    std::vector<float> logits(ids.size() * static_cast<size_t>(engine->n_vocab()));
-    engine->forward(ids.data(), static_cast<int>(ids.size()), 0, logits.data(), true);
-    return logits;
-  };
-  const std::vector<float> f32_logits = logits_of(src);
+  const std::vector<float> f32_logits = runlm::test::cpu_logits(src, ids);
   QuantizeOptions requantize;
   requantize.allow_requantize = true;
   for (const char* mix : {"q2_k", "q3_k_m", "q4_k_m", "q5_k_m", "q6_k", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1",
@@ -343,7 +331,7 @@ TEST(QuantizeGguf, DequantizedFileGivesTheSameLogits) {
       n_quantized += dtype_info(gq->find_tensor(t.name)->type).block_size > 1;
     }
     EXPECT_GT(n_quantized, 0);  // the mix did quantize, so D's weights are decoded ones
-    const std::vector<float> lq = logits_of(q), ld = logits_of(d);
+    const std::vector<float> lq = runlm::test::cpu_logits(q, ids), ld = runlm::test::cpu_logits(d, ids);
     ASSERT_EQ(lq.size(), ld.size());
     size_t n_diff = 0;
     for (size_t i = 0; i < lq.size(); ++i) n_diff += std::memcmp(&lq[i], &ld[i], sizeof(float)) != 0;

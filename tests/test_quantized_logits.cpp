@@ -5,26 +5,13 @@
 
 #include <cmath>
 
-#include "engine.h"
-#include "model.h"
+#include "engine_compare.h"
 #include "test_support.h"
 
 using namespace runlm;
 using namespace runlm::test;
 
 namespace {
-
-std::vector<float> logits_of(const std::string& path, const std::vector<int>& ids) {
-  auto model = Model::load(path);
-  EngineOptions eo;
-  eo.device = Device::Cpu;
-  eo.n_threads = 2;
-  eo.n_ctx = 64;
-  auto engine = make_cpu_engine(*model, eo);
-  std::vector<float> logits(ids.size() * model->config().n_vocab);
-  engine->forward(ids.data(), static_cast<int>(ids.size()), 0, logits.data(), true);
-  return logits;
-}
 
 double relative_error(const std::vector<float>& a, const std::vector<float>& ref) {
   double num = 0, den = 0;
@@ -59,10 +46,10 @@ TEST(QuantizedLogits, CloseToF32OnARandom110MModel) {
   RUNLM_REQUIRE_ASSET(shared_model("llama2-tokenizer.model"));
   TempPath f32(".gguf"), q8(".gguf"), q4(".gguf"), q4k(".gguf");
   const std::vector<int> ids = {1, 450, 4996, 17354, 1701, 432, 17204, 975, 278, 17366, 11203, 29889};
-  const auto ref = logits_of(make_model(f32, "f32"), ids);
-  const double e_q8 = relative_error(logits_of(make_model(q8, "q8_0"), ids), ref);
-  const double e_q4k = relative_error(logits_of(make_model(q4k, "q4_k"), ids), ref);
-  const double e_q4 = relative_error(logits_of(make_model(q4, "q4_0"), ids), ref);
+  const auto ref = cpu_logits(make_model(f32, "f32"), ids);
+  const double e_q8 = relative_error(cpu_logits(make_model(q8, "q8_0"), ids), ref);
+  const double e_q4k = relative_error(cpu_logits(make_model(q4k, "q4_k"), ids), ref);
+  const double e_q4 = relative_error(cpu_logits(make_model(q4, "q4_0"), ids), ref);
   std::printf("relative logit error vs f32: q8_0 %.4f, q4_k %.4f, q4_0 %.4f\n", e_q8, e_q4k, e_q4);
   EXPECT_LT(e_q8, 0.025);
   EXPECT_LT(e_q4k, 0.36);
