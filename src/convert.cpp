@@ -93,11 +93,16 @@ struct Emitter {
   DType type;
   ConvertResult& result;
 
+  // Rows of ne[0] values: every dimension after the first.
+  static int64_t n_rows_of(const LlamaTensorSpec& spec) {
+    int64_t n = 1;
+    for (size_t i = 1; i < spec.ne.size(); ++i) n *= spec.ne[i];
+    return n;
+  }
+
   void add(const LlamaTensorSpec& spec, RowSource rows) {
     const DType t = choose_tensor_type(quant_target_for_type(type), spec.name, spec.ne, QuantModelInfo{}, true).type;
-    const int64_t n_cols = spec.ne[0];
-    int64_t n_rows = 1;
-    for (size_t i = 1; i < spec.ne.size(); ++i) n_rows *= spec.ne[i];
+    const int64_t n_cols = spec.ne[0], n_rows = n_rows_of(spec);
     w.add_tensor(spec.name, t, spec.ne, [t, n_cols, n_rows, rows = std::move(rows)](uint8_t* dst) {
       encode_rows_parallel(t, n_cols, n_rows, rows, dst);
     });
@@ -107,9 +112,7 @@ struct Emitter {
 
   // A tensor copied in its packed type (t), row by row, whatever the output type.
   void add_packed(const LlamaTensorSpec& spec, DType t, ByteRowSource rows) {
-    const int64_t n_cols = spec.ne[0];
-    int64_t n_rows = 1;
-    for (size_t i = 1; i < spec.ne.size(); ++i) n_rows *= spec.ne[i];
+    const int64_t n_cols = spec.ne[0], n_rows = n_rows_of(spec);
     const size_t row_bytes = dtype_row_bytes(t, n_cols);
     w.add_tensor(spec.name, t, spec.ne, [n_rows, row_bytes, rows = std::move(rows)](uint8_t* dst) {
       for (int64_t r = 0; r < n_rows; ++r) rows(r, dst + static_cast<size_t>(r) * row_bytes);
