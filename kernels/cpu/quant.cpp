@@ -38,17 +38,7 @@ using namespace quant_detail;
 static_assert(std::endian::native == std::endian::little,
               "GGUF blocks are little endian and are read in place");
 
-namespace {
-
-constexpr const char* kQuantizable =
-    "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, mxfp4";
-
-// ---- k-quant 6-bit scale packing -------------------------------------------
-// 12 bytes hold 8 six-bit scales and 8 six-bit mins: bytes 0-3 keep scales
-// 0-3 in their low 6 bits, bytes 4-7 mins 0-3; scales/mins 4-7 keep their low
-// nibbles in bytes 8-11 (scale low, min high) and their top 2 bits in the
-// spare top bits of bytes 0-3 (scales) and 4-7 (mins).
-inline void unpack_k_scales(const uint8_t* s, uint8_t* sc, uint8_t* mn) {
+void unpack_k_scales(const uint8_t* s, uint8_t* sc, uint8_t* mn) {
   for (int j = 0; j < 4; ++j) {
     sc[j] = s[j] & 63;
     mn[j] = s[j + 4] & 63;
@@ -59,6 +49,13 @@ inline void unpack_k_scales(const uint8_t* s, uint8_t* sc, uint8_t* mn) {
   }
 }
 
+namespace {
+
+constexpr const char* kQuantizable =
+    "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, mxfp4";
+
+// ---- k-quant 6-bit scale packing -------------------------------------------
+// The inverse of unpack_k_scales (quant.h).
 inline void pack_k_scales(const uint8_t* sc, const uint8_t* mn, uint8_t* s) {
   for (int j = 0; j < 4; ++j) {
     s[j] = sc[j];

@@ -38,6 +38,13 @@ struct BlockIQ4_XS { uint16_t d; uint16_t scales_h; uint8_t scales_l[kQK_K / 64]
 // MXFP4 (OCP microscaling): an E8M0 exponent and 32 E2M1 values, 4 bits each.
 struct BlockMXFP4 { uint8_t e; uint8_t qs[kQK / 2]; };
 #pragma pack(pop)
+
+// The 8 six-bit scales and mins of a Q4_K / Q5_K header's 12 scale bytes:
+// bytes 0-3 keep scales 0-3 in their low 6 bits, bytes 4-7 mins 0-3;
+// scales/mins 4-7 keep their low nibbles in bytes 8-11 (scale low, min high)
+// and their top 2 bits in the spare top bits of bytes 0-3 (scales) and 4-7
+// (mins).
+void unpack_k_scales(const uint8_t* s, uint8_t* sc, uint8_t* mn);
 static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(BlockQ5_0) == 22 &&
               sizeof(BlockQ5_1) == 24 && sizeof(BlockQ8_0) == 34 && sizeof(BlockQ4_K) == 144 &&
               sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210 && sizeof(BlockQ2_K) == 84 &&

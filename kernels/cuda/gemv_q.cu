@@ -83,17 +83,14 @@ struct XGlobal {
 // whole steps maps onto itself. Worked out from Codec::x_off (l = lane):
 //   F16/BF16   q = 2l + g                        -> XOR bit 3
 //   Q8_0       q = 4l + g                        -> XOR bits 3-4
-//   Q4_0       q = 8l + g                        -> XOR bits 3-5
-//   Q4_K/Q5_K  q = 16c + 4b + g (+8), l%8 = 2c+b -> XOR bits 4-5
-//   Q6_K       q = 32h + 8a + 4b + g (+16)       -> XOR bits 3 and 5
+//   Q4_0, K    q = 8l + g                        -> XOR bits 3-5
 //   F32        q = l                             -> none
 template <DType kT>
 __device__ __forceinline__ int x_swizzle(int q) {
   if constexpr (kT == DType::F16 || kT == DType::BF16) return q ^ ((q >> 3) & 1);
   else if constexpr (kT == DType::Q8_0) return q ^ ((q >> 3) & 3);
-  else if constexpr (kT == DType::Q4_0) return q ^ ((q >> 3) & 7);
-  else if constexpr (kT == DType::Q4_K || kT == DType::Q5_K) return q ^ ((q >> 4) & 3);
-  else if constexpr (kT == DType::Q6_K) return q ^ (((q >> 3) & 1) | ((q >> 4) & 2));
+  else if constexpr (kT == DType::Q4_0 || kT == DType::Q4_K || kT == DType::Q5_K || kT == DType::Q6_K)
+    return q ^ ((q >> 3) & 7);
   else return q;
 }
 

@@ -32,8 +32,8 @@ __device__ __forceinline__ uint4 ldg16(const int8_t* p) { return __ldg(reinterpr
 // is exactly one x block with one (A, B) (kWhole), else 4 more IDP4A per half
 // against 0x01010101, done once per token and shared by the warp's rows.
 template <DType kT>
-constexpr bool kWholeBlockOf = kT == DType::Q4_1 || kT == DType::Q5_0 || kT == DType::Q5_1 ||
-                               kT == DType::IQ4_NL || kT == DType::IQ4_XS || kT == DType::MXFP4;
+constexpr bool kWholeBlockOf = kT == DType::Q4_1 || kT == DType::Q5_0 || kT == DType::Q5_1 || kT == DType::Q4_K ||
+                               kT == DType::Q5_K || kT == DType::IQ4_NL || kT == DType::IQ4_XS || kT == DType::MXFP4;
 
 template <DType kT>
 struct X8Dot {

@@ -6,12 +6,7 @@
 //   F32/F16/BF16  q: [rows][cols] elements (cols % 8 == 0)
 //   Q8_0          q: [rows][cols] int8,   a: [rows][cols/32] f16 scales
 //   Q4_0          q: [rows][cols/2] bytes (GGUF nibble order), a: f16 scales
-//   Q4_K / Q5_K   q: [rows][cols/256] GGUF blocks as is (144 / 176 bytes,
-//                 both multiples of 16)
-//   Q6_K          q: ql [rows][nb][128], a: qh [rows][nb][64],
-//                 b: scales [rows][nb][16] int8, c: d [rows][nb] f16
-//                 (the 210-byte block is not a multiple of 16, so it is split)
-// The other types are repacked into "32-element units" (element e of a unit
+// Every other type is repacked into "32-element units" (element e of a unit
 // = byte e % 4 of 4-byte group e / 4, the Q4_0 order: group g < 4 is the low
 // nibbles of quant word g, group g >= 4 the high nibbles of word g - 4), with
 // the scales in parts of their own so that a lane's quant load is whole:
@@ -27,8 +22,18 @@
 //                 scale, high nibble min), b: (d, dmin) f16 pairs per 256
 //   Q3_K          q: 2-bit planes, a: high-bit planes (u32 per 32), b: int8
 //                 scale - 32 per 16, c: f16 d per 256
-// These are the GGUF bytes reordered (same size), except Q3_K, whose 6-bit
-// scales are unpacked to a byte each (114 bytes per 256 against 110).
+//   Q4_K          q: nibbles, a: (6-bit scale, 6-bit min) bytes per 32,
+//                 b: (d, dmin) f16 pairs per 256
+//   Q5_K          as Q4_K with b: high-bit planes, c: (d, dmin) per 256
+//   Q6_K          q: nibbles (low 4 bits), a: 2-bit planes (high 2 bits),
+//                 b: int8 scale per 16, c: f16 d per 256
+// These are the GGUF bytes reordered (same size), except where 6-bit scales
+// are unpacked to a byte each: Q3_K (114 bytes per 256 against 110), Q4_K
+// (148 against 144) and Q5_K (180 against 176). The K-quants' GGUF order
+// (sub-blocks interleaved in 64-element chunks, scales packed in 12 bytes)
+// would cost a lane a shared header load, 6-bit unpacking and two scale pairs
+// per unit; in units it is one (A, B) a unit, as Q4_1 (gemv_x8's whole-block
+// dot product).
 //
 // A "unit" is what one lane decodes from one 16-byte load of the quant part:
 // kUnit elements in kUnit/4 groups of 4 consecutive elements, group g
@@ -78,8 +83,9 @@ __host__ __device__ inline PackedLayout packed_layout(DType t, int64_t rows, int
     case DType::BF16: sizes[0] = n * 2; l.unit = 8; break;
     case DType::Q8_0: sizes[0] = n; sizes[1] = n / 32 * 2; l.unit = 16; break;
     case DType::Q4_0: sizes[0] = n / 2; sizes[1] = n / 32 * 2; l.unit = 32; break;
-    case DType::Q4_K: sizes[0] = n / 256 * 144; l.unit = 32; break;
-    case DType::Q5_K: sizes[0] = n / 256 * 176; l.unit = 32; break;
+    case DType::Q4_K: sizes[0] = n / 2; sizes[1] = n / 32 * 2; sizes[2] = n / 256 * 4; l.unit = 32; break;
+    case DType::Q5_K:
+      sizes[0] = n / 2; sizes[1] = n / 32 * 2; sizes[2] = n / 32 * 4; sizes[3] = n / 256 * 4; l.unit = 32; break;
     case DType::Q6_K:
       sizes[0] = n / 2; sizes[1] = n / 4; sizes[2] = n / 16; sizes[3] = n / 256 * 2; l.unit = 32; break;
     case DType::Q4_1: sizes[0] = n / 2; sizes[1] = n / 32 * 4; l.unit = 32; break;
@@ -131,6 +137,13 @@ __device__ __forceinline__ float4 bytes_to_float4(uint32_t w, float bias) {
                      __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7441)) - sub,
                      __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7442)) - sub,
                      __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7443)) - sub);
+}
+
+// 8 bytes of a streamed part (a unit's 2-bit plane), as ld_stream.
+__device__ __forceinline__ uint2 ld_stream8(const void* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
 }
 
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
@@ -230,167 +243,6 @@ struct Codec<DType::Q4_0> {
     return bytes_to_float4(g < 4 ? (w & 0x0F0F0F0Fu) : ((w >> 4) & 0x0F0F0F0Fu), 8.0f);
   }
   __device__ static float scale(const Raw& r) { return r.d; }
-};
-
-// 6-bit scale j and min j of a k-quant header (kernels/cpu/quant.cpp
-// unpack_k_scales); s = header bytes 4..15 as words y, z, w of h.
-__device__ __forceinline__ void k_scale_min(const uint4& h, int j, float* sc, float* mn) {
-  const uint4 s = make_uint4(h.y, h.z, h.w, 0);
-  if (j < 4) {
-    *sc = static_cast<float>(byte_of(s, j) & 63);
-    *mn = static_cast<float>(byte_of(s, j + 4) & 63);
-  } else {
-    *sc = static_cast<float>((byte_of(s, j + 4) & 0xF) | ((byte_of(s, j - 4) >> 6) << 4));
-    *mn = static_cast<float>((byte_of(s, j + 4) >> 4) | ((byte_of(s, j) >> 6) << 4));
-  }
-}
-
-// Unit j (0..7) of a super-block covers chunk c = j/2, bytes l0 = 16*(j%2)
-// .. +16 of the chunk's 32 qs bytes: elements 64c + l0 + [0,16) (low
-// nibbles, sub-block 2c) and 64c + 32 + l0 + [0,16) (high, sub-block 2c+1).
-struct KRaw {
-  uint4 q;
-  uint4 qh;  // Q5_K only
-  float d1, m1, d2, m2;
-  int c2;    // 2c: the qh bit of the low half (Q5_K)
-};
-
-__device__ __forceinline__ void k_fill_scales(KRaw& r, const uint4& h, int c) {
-  const float d = __half2float(__ushort_as_half(static_cast<unsigned short>(h.x & 0xFFFF)));
-  const float dmin = __half2float(__ushort_as_half(static_cast<unsigned short>(h.x >> 16)));
-  float sc, mn;
-  k_scale_min(h, 2 * c, &sc, &mn);
-  r.d1 = d * sc;
-  r.m1 = dmin * mn;
-  k_scale_min(h, 2 * c + 1, &sc, &mn);
-  r.d2 = d * sc;
-  r.m2 = dmin * mn;
-  r.c2 = 2 * c;
-}
-
-__device__ __forceinline__ int k_x_off(int u, int g) {
-  const int j = u & 7, c = j >> 1, l0 = (j & 1) * 16;
-  return (u >> 3) * 256 + 64 * c + l0 + (g < 4 ? 4 * g : 32 + 4 * (g - 4));
-}
-
-template <>
-struct Codec<DType::Q4_K> {
-  static constexpr int kUnit = 32;
-  static constexpr bool kUnitScale = false;
-  using Raw = KRaw;
-  __device__ static Raw load(const WView& w, int64_t row, int u) {
-    const int j = u & 7, c = j >> 1, l0 = (j & 1) * 16;
-    const uint8_t* blk = w.q + (row * (w.cols / 256) + (u >> 3)) * 144;
-    Raw r;
-    r.q = ld_stream(blk + 16 + 32 * c + l0);
-    // The header is shared by the 8 lanes of a super-block: keep it in L1.
-    const uint4 h = __ldg(reinterpret_cast<const uint4*>(blk));
-    k_fill_scales(r, h, c);
-    return r;
-  }
-  __device__ static int x_off(int u, int g) { return k_x_off(u, g); }
-  __device__ static float4 decode(const Raw& r, int g) {
-    const uint32_t w = word_of(r.q, g & 3);
-    const float4 q = bytes_to_float4(g < 4 ? (w & 0x0F0F0F0Fu) : ((w >> 4) & 0x0F0F0F0Fu), 0.0f);
-    const float d = g < 4 ? r.d1 : r.d2, m = g < 4 ? r.m1 : r.m2;
-    return make_float4(fmaf(d, q.x, -m), fmaf(d, q.y, -m), fmaf(d, q.z, -m), fmaf(d, q.w, -m));
-  }
-  __device__ static float scale(const Raw&) { return 1.0f; }
-  static constexpr bool kSignedLevels = false;
-  __device__ static uint32_t levels(const Raw& r, int g) {
-    const uint32_t w = word_of(r.q, g & 3);
-    return g < 4 ? (w & 0x0F0F0F0Fu) : ((w >> 4) & 0x0F0F0F0Fu);
-  }
-  __device__ static float2 ab(const Raw& r, int h) { return h == 0 ? make_float2(r.d1, -r.m1) : make_float2(r.d2, -r.m2); }
-};
-
-// As Q4_K plus the 5th bit: element 64c + l has bit 2c of qh[l], element
-// 64c + 32 + l bit 2c + 1; a unit needs qh[l0 .. l0 + 16), one 16-byte load.
-template <>
-struct Codec<DType::Q5_K> {
-  static constexpr int kUnit = 32;
-  static constexpr bool kUnitScale = false;
-  using Raw = KRaw;
-  __device__ static Raw load(const WView& w, int64_t row, int u) {
-    const int j = u & 7, c = j >> 1, l0 = (j & 1) * 16;
-    const uint8_t* blk = w.q + (row * (w.cols / 256) + (u >> 3)) * 176;
-    Raw r;
-    r.q = ld_stream(blk + 48 + 32 * c + l0);
-    r.qh = __ldg(reinterpret_cast<const uint4*>(blk + 16 + l0));
-    const uint4 h = __ldg(reinterpret_cast<const uint4*>(blk));
-    k_fill_scales(r, h, c);
-    return r;
-  }
-  __device__ static int x_off(int u, int g) { return k_x_off(u, g); }
-  __device__ static float4 decode(const Raw& r, int g) {
-    const uint32_t w = word_of(r.q, g & 3), hb = word_of(r.qh, g & 3);
-    const uint32_t lo = g < 4 ? (w & 0x0F0F0F0Fu) : ((w >> 4) & 0x0F0F0F0Fu);
-    const uint32_t hi = ((hb >> (g < 4 ? r.c2 : r.c2 + 1)) & 0x01010101u) << 4;
-    const float4 q = bytes_to_float4(lo | hi, 0.0f);
-    const float d = g < 4 ? r.d1 : r.d2, m = g < 4 ? r.m1 : r.m2;
-    return make_float4(fmaf(d, q.x, -m), fmaf(d, q.y, -m), fmaf(d, q.z, -m), fmaf(d, q.w, -m));
-  }
-  __device__ static float scale(const Raw&) { return 1.0f; }
-  static constexpr bool kSignedLevels = false;
-  __device__ static uint32_t levels(const Raw& r, int g) {
-    const uint32_t w = word_of(r.q, g & 3), hb = word_of(r.qh, g & 3);
-    const uint32_t lo = g < 4 ? (w & 0x0F0F0F0Fu) : ((w >> 4) & 0x0F0F0F0Fu);
-    return lo | (((hb >> (g < 4 ? r.c2 : r.c2 + 1)) & 0x01010101u) << 4);
-  }
-  __device__ static float2 ab(const Raw& r, int h) { return h == 0 ? make_float2(r.d1, -r.m1) : make_float2(r.d2, -r.m2); }
-};
-
-// Unit j (0..7) of a super-block: half h = j/4, a = (j/2)%2, l0 = 16*(j%2):
-// ql bytes 64h + 32a + l0 + [0,16) give elements 128h + 32a + l0 + [0,16)
-// (low nibbles, qh bits 2a) and 128h + 32(a+2) + l0 + [0,16) (high nibbles,
-// qh bits 2a + 4), qh bytes 32h + l0 + [0,16). value = (d * scale) * (q - 32).
-template <>
-struct Codec<DType::Q6_K> {
-  static constexpr int kUnit = 32;
-  static constexpr bool kUnitScale = false;
-  struct Raw {
-    uint4 ql, qh;
-    float ds_lo, ds_hi;
-    int sh;  // 2a
-  };
-  __device__ static Raw load(const WView& w, int64_t row, int u) {
-    const int j = u & 7, h = j >> 2, a = (j >> 1) & 1, l0 = (j & 1) * 16;
-    const int64_t blk = row * (w.cols / 256) + (u >> 3);
-    Raw r;
-    r.ql = ld_stream(w.q + blk * 128 + 64 * h + 32 * a + l0);
-    r.qh = ld_stream(w.a + blk * 64 + 32 * h + l0);
-    const uint4 sc = __ldg(reinterpret_cast<const uint4*>(w.b + blk * 16));
-    const float d = __half2float(reinterpret_cast<const __half*>(w.c)[blk]);
-    const int s_lo = 8 * h + 2 * a + l0 / 16, s_hi = s_lo + 4;
-    r.ds_lo = d * static_cast<float>(static_cast<int8_t>(byte_of(sc, s_lo)));
-    r.ds_hi = d * static_cast<float>(static_cast<int8_t>(byte_of(sc, s_hi)));
-    r.sh = 2 * a;
-    return r;
-  }
-  __device__ static int x_off(int u, int g) {
-    const int j = u & 7, h = j >> 2, a = (j >> 1) & 1, l0 = (j & 1) * 16;
-    return (u >> 3) * 256 + 128 * h + (g < 4 ? 32 * a + l0 + 4 * g : 32 * (a + 2) + l0 + 4 * (g - 4));
-  }
-  __device__ static float4 decode(const Raw& r, int g) {
-    const uint32_t w = word_of(r.ql, g & 3), hb = word_of(r.qh, g & 3);
-    const uint32_t lo = g < 4 ? (w & 0x0F0F0F0Fu) : ((w >> 4) & 0x0F0F0F0Fu);
-    const uint32_t hi = ((hb >> (g < 4 ? r.sh : r.sh + 4)) & 0x03030303u) << 4;
-    const float4 q = bytes_to_float4(lo | hi, 32.0f);
-    const float ds = g < 4 ? r.ds_lo : r.ds_hi;
-    return make_float4(ds * q.x, ds * q.y, ds * q.z, ds * q.w);
-  }
-  __device__ static float scale(const Raw&) { return 1.0f; }
-  // Unsigned levels 0..63 with value = ds * level - 32 ds (ds * 32 exact).
-  static constexpr bool kSignedLevels = false;
-  __device__ static uint32_t levels(const Raw& r, int g) {
-    const uint32_t w = word_of(r.ql, g & 3), hb = word_of(r.qh, g & 3);
-    const uint32_t lo = g < 4 ? (w & 0x0F0F0F0Fu) : ((w >> 4) & 0x0F0F0F0Fu);
-    return lo | (((hb >> (g < 4 ? r.sh : r.sh + 4)) & 0x03030303u) << 4);
-  }
-  __device__ static float2 ab(const Raw& r, int h) {
-    const float ds = h == 0 ? r.ds_lo : r.ds_hi;
-    return make_float2(ds, -32.0f * ds);
-  }
 };
 
 // ---- the 32-element-unit types (Q4_0 element order, see the top) -----------
@@ -518,6 +370,62 @@ struct Codec<DType::Q5_1> : Unit32Decode<Codec<DType::Q5_1>> {
   }
   __device__ static uint32_t levels(const Raw& r, int g) { return nibble_levels(r.q, g) | plane_bits(r.hb, g) << 4; }
   __device__ static float2 ab(const Raw& r, int) { return make_float2(half_bits_to_float(r.dm), half_bits_to_float(r.dm >> 16)); }
+};
+
+// value = (d sc) * q - (dmin m): the unit is GGUF sub-block u % 8 with its
+// 6-bit scale and min unpacked (a: scale byte, min byte), (d, dmin) per 256.
+__device__ __forceinline__ float2 k_unit_ab(uint32_t sm, uint32_t dd) {
+  return make_float2(half_bits_to_float(dd) * static_cast<float>(sm & 0xFF),
+                     -(half_bits_to_float(dd >> 16) * static_cast<float>((sm >> 8) & 0xFF)));
+}
+
+template <>
+struct Codec<DType::Q4_K> : Unit32Decode<Codec<DType::Q4_K>> {
+  static constexpr int kUnit = 32;
+  static constexpr bool kUnitScale = false;
+  static constexpr bool kSignedLevels = false;
+  struct Raw { uint4 q; float2 ab; };
+  __device__ static Raw load(const WView& w, int64_t row, int u) {
+    const int64_t i = unit_index(w, row, u);
+    return {ld_nibble_unit(w, row, u), k_unit_ab(ld_u16(w.a, i), ld_u32(w.b, i >> 3))};
+  }
+  __device__ static uint32_t levels(const Raw& r, int g) { return nibble_levels(r.q, g); }
+  __device__ static float2 ab(const Raw& r, int) { return r.ab; }
+};
+
+// As Q4_K, q = nibble | high bit << 4 (a bit plane per unit, as Q5_1).
+template <>
+struct Codec<DType::Q5_K> : Unit32Decode<Codec<DType::Q5_K>> {
+  static constexpr int kUnit = 32;
+  static constexpr bool kUnitScale = false;
+  static constexpr bool kSignedLevels = false;
+  struct Raw { uint4 q; uint32_t hb; float2 ab; };
+  __device__ static Raw load(const WView& w, int64_t row, int u) {
+    const int64_t i = unit_index(w, row, u);
+    return {ld_nibble_unit(w, row, u), ld_u32(w.b, i), k_unit_ab(ld_u16(w.a, i), ld_u32(w.c, i >> 3))};
+  }
+  __device__ static uint32_t levels(const Raw& r, int g) { return nibble_levels(r.q, g) | plane_bits(r.hb, g) << 4; }
+  __device__ static float2 ab(const Raw& r, int) { return r.ab; }
+};
+
+// Half h of unit u is GGUF sub-block 2u + h (16 elements) with its int8
+// scale s; level q = nibble | 2 high bits << 4 (a 2-bit plane),
+// value = (d s) * (q - 32) = fma(d s, q, -32 d s), one rounding either way.
+template <>
+struct Codec<DType::Q6_K> : Unit32Decode<Codec<DType::Q6_K>> {
+  static constexpr int kUnit = 32;
+  static constexpr bool kUnitScale = false;
+  static constexpr bool kSignedLevels = false;
+  struct Raw { uint4 q; uint2 hi; uint32_t sc; float d; };
+  __device__ static Raw load(const WView& w, int64_t row, int u) {
+    const int64_t i = unit_index(w, row, u);
+    return {ld_nibble_unit(w, row, u), ld_stream8(w.a + i * 8), ld_u16(w.b, i), half_bits_to_float(ld_u16(w.c, i >> 3))};
+  }
+  __device__ static uint32_t levels(const Raw& r, int g) { return nibble_levels(r.q, g) | two_bit_levels(r.hi, g) << 4; }
+  __device__ static float2 ab(const Raw& r, int h) {
+    const float ds = r.d * static_cast<float>(static_cast<int8_t>((r.sc >> (8 * h)) & 0xFF));
+    return make_float2(ds, -32.0f * ds);
+  }
 };
 
 // value = d * kIq4nlValues[q].

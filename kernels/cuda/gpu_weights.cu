@@ -53,6 +53,12 @@ void two_bit_plane(const uint8_t* lv, uint8_t* dst) {
   std::memcpy(dst, w, 8);
 }
 
+// The low 4 bits of a 32-element unit's levels as 16 bytes in Q4_0 order:
+// byte j holds element j (low nibble) and element j + 16 (high).
+void nibble_unit(const uint8_t* lv, uint8_t* dst) {
+  for (int j = 0; j < 16; ++j) dst[j] = static_cast<uint8_t>((lv[j] & 0xF) | (lv[j + 16] & 0xF) << 4);
+}
+
 // ggml's Q3_K 6-bit scale j (kernels/cpu/quant_q2_q3_k.cpp), bias removed.
 int q3_k_scale(const uint8_t* s, int j) {
   const int lo = j < 8 ? (s[j] & 0xF) : (s[j - 8] >> 4);
@@ -91,15 +97,60 @@ void repack_row(DType t, const uint8_t* src, int64_t r, int64_t cols, const Pack
       }
       break;
     }
-    case DType::Q4_K: std::memcpy(dst + l.off[0] + r * nb256 * 144, src, nb256 * 144); break;
-    case DType::Q5_K: std::memcpy(dst + l.off[0] + r * nb256 * 176, src, nb256 * 176); break;
+    case DType::Q4_K:
+    case DType::Q5_K: {
+      const bool q5 = t == DType::Q5_K;
+      const size_t bs = dtype_info(t).type_size;
+      for (int64_t i = 0; i < nb256; ++i) {
+        const int64_t k = r * nb256 + i;
+        const uint8_t* b = src + i * bs;  // d, dmin, scales[12], [qh[32],] qs[128]
+        const uint8_t* qh = b + 16;
+        const uint8_t* qs = b + (q5 ? 48 : 16);
+        // Element 64c + l is the low nibble of qs[32c + l], 64c + 32 + l the
+        // high one; Q5_K's 5th bits are bits 2c, 2c + 1 of qh[l].
+        uint8_t lv[256];
+        for (int c = 0; c < 4; ++c)
+          for (int e = 0; e < 32; ++e) {
+            const uint8_t q = qs[32 * c + e];
+            lv[64 * c + e] = (q & 0xF) | (q5 ? ((qh[e] >> (2 * c)) & 1) << 4 : 0);
+            lv[64 * c + 32 + e] = (q >> 4) | (q5 ? ((qh[e] >> (2 * c + 1)) & 1) << 4 : 0);
+          }
+        uint8_t sc[8], mn[8];
+        unpack_k_scales(b + 4, sc, mn);
+        for (int j = 0; j < 8; ++j) {
+          nibble_unit(lv + 32 * j, dst + l.off[0] + (k * 8 + j) * 16);
+          dst[l.off[1] + (k * 8 + j) * 2] = sc[j];
+          dst[l.off[1] + (k * 8 + j) * 2 + 1] = mn[j];
+          if (q5) {
+            uint8_t hb[32];
+            for (int e = 0; e < 32; ++e) hb[e] = lv[32 * j + e] >> 4;
+            const uint32_t p = bit_plane(hb);
+            std::memcpy(dst + l.off[2] + (k * 8 + j) * 4, &p, 4);
+          }
+        }
+        std::memcpy(dst + l.off[q5 ? 3 : 2] + k * 4, b, 4);  // d, dmin
+      }
+      break;
+    }
     case DType::Q6_K: {
       const auto* b = reinterpret_cast<const BlockQ6_K*>(src);
       for (int64_t i = 0; i < nb256; ++i) {
         const int64_t k = r * nb256 + i;
-        std::memcpy(dst + l.off[0] + k * 128, b[i].ql, 128);
-        std::memcpy(dst + l.off[1] + k * 64, b[i].qh, 64);
-        std::memcpy(dst + l.off[2] + k * 16, b[i].scales, 16);
+        // Element 128h + 32g + e: low 4 bits from ql[64h + 32(g % 2) + e]
+        // (low nibble for g < 2), high 2 bits at bits 2g of qh[32h + e].
+        uint8_t lv[256];
+        for (int h = 0; h < 2; ++h)
+          for (int g = 0; g < 4; ++g)
+            for (int e = 0; e < 32; ++e)
+              lv[128 * h + 32 * g + e] = ((b[i].ql[64 * h + 32 * (g & 1) + e] >> (4 * (g >> 1))) & 0xF) |
+                                         ((b[i].qh[32 * h + e] >> (2 * g)) & 3) << 4;
+        for (int j = 0; j < 8; ++j) {
+          uint8_t hi[32];
+          for (int e = 0; e < 32; ++e) hi[e] = lv[32 * j + e] >> 4;
+          nibble_unit(lv + 32 * j, dst + l.off[0] + (k * 8 + j) * 16);
+          two_bit_plane(hi, dst + l.off[1] + (k * 8 + j) * 8);
+        }
+        std::memcpy(dst + l.off[2] + k * 16, b[i].scales, 16);  // scale j: elements 16j.., in order
         std::memcpy(dst + l.off[3] + k * 2, &b[i].d, 2);
       }
       break;
