@@ -11,6 +11,7 @@
 #include "cuda/gpu_ops.h"
 #include "cuda/moe_ops.h"
 #include "cpu/quant.h"
+#include "thread_pool.h"
 
 namespace runlm::gpu {
 
@@ -267,73 +268,48 @@ std::string upload_unsupported_reason(const QMatrix& host) {
   return "";
 }
 
-GpuMatrix upload_matrix(const QMatrix& host) {
-  RUNLM_CHECK(tables_match(), "upload_matrix: the GPU's IQ4 / MXFP4 tables differ from the CPU's");
-  const std::string why = upload_unsupported_reason(host);
-  RUNLM_CHECK(why.empty(), "upload_matrix: %s", why.c_str());
-  const PackedLayout l = packed_layout(host.type, host.rows, host.cols);
-  RUNLM_CHECK(host.rows <= INT32_MAX / 8 && host.cols / l.unit <= INT32_MAX,
-              "upload_matrix: %lld x %lld too large", static_cast<long long>(host.rows),
-              static_cast<long long>(host.cols));
-  RUNLM_CHECK(host.row_bytes >= dtype_row_bytes(host.type, host.cols), "upload_matrix: row_bytes %zu < %zu",
-              host.row_bytes, dtype_row_bytes(host.type, host.cols));
+namespace {
 
+// Repacking is host work proportional to the file (a 7B Q4_K_M is 4 GB):
+// rows go to every core. Rows are disjoint in every part of every layout.
+ThreadPool& repack_pool() {
+  static ThreadPool pool(0);
+  return pool;
+}
+
+// n matrices of host's shape, matrix e's GGUF rows host_stride * e bytes
+// after host.data, into one allocation of n layouts of l.bytes each.
+void* upload_packed(const QMatrix& host, int n, size_t host_stride, const char* who) {
+  RUNLM_CHECK(tables_match(), "%s: the GPU's IQ4 / MXFP4 tables differ from the CPU's", who);
+  const std::string why = upload_unsupported_reason(host);
+  RUNLM_CHECK(why.empty(), "%s: %s", who, why.c_str());
+  RUNLM_CHECK(n >= 1, "%s: %d matrices", who, n);
+  const PackedLayout l = packed_layout(host.type, host.rows, host.cols);
+  RUNLM_CHECK(host.rows <= INT32_MAX / 8 && host.cols / l.unit <= INT32_MAX, "%s: %lld x %lld too large", who,
+              static_cast<long long>(host.rows), static_cast<long long>(host.cols));
+  RUNLM_CHECK(host.row_bytes >= dtype_row_bytes(host.type, host.cols), "%s: row_bytes %zu < %zu", who,
+              host.row_bytes, dtype_row_bytes(host.type, host.cols));
+  const size_t total = l.bytes * static_cast<size_t>(n);  // l.bytes is a multiple of kPartAlign
   // Allocate before repacking so a model that does not fit fails fast.
   size_t free_b = 0, total_b = 0;
   cudaCheck(cudaMemGetInfo(&free_b, &total_b));
   void* p = nullptr;
-  if (l.bytes > free_b || cudaMalloc(&p, l.bytes) != cudaSuccess) {
-    cudaGetLastError();  // clear the allocation error so later checks see none
-    fail("upload_matrix: out of GPU memory for a %s %lld x %lld matrix: needed %zu bytes, free %zu bytes",
-         dtype_name(host.type), static_cast<long long>(host.rows), static_cast<long long>(host.cols), l.bytes,
-         free_b);
-  }
-  try {
-    std::vector<uint8_t> staging(l.bytes, 0);
-    for (int64_t r = 0; r < host.rows; ++r)
-      repack_row(host.type, host.data + host.row_bytes * static_cast<size_t>(r), r, host.cols, l, staging.data());
-    cudaCheck(cudaMemcpy(p, staging.data(), l.bytes, cudaMemcpyHostToDevice));
-  } catch (...) {
-    cudaFree(p);
-    throw;
-  }
-  GpuMatrix m;
-  m.type = host.type;
-  m.rows = host.rows;
-  m.cols = host.cols;
-  m.data = p;
-  m.bytes = l.bytes;
-  return m;
-}
-
-GpuExperts upload_experts(const QMatrix& host, int n_expert, size_t host_stride) {
-  RUNLM_CHECK(tables_match(), "upload_experts: the GPU's IQ4 / MXFP4 tables differ from the CPU's");
-  const std::string why = upload_unsupported_reason(host);
-  RUNLM_CHECK(why.empty(), "upload_experts: %s", why.c_str());
-  RUNLM_CHECK(n_expert >= 1, "upload_experts: %d experts", n_expert);
-  const PackedLayout l = packed_layout(host.type, host.rows, host.cols);
-  RUNLM_CHECK(host.rows <= INT32_MAX / 8 && host.cols / l.unit <= INT32_MAX, "upload_experts: %lld x %lld too large",
-              static_cast<long long>(host.rows), static_cast<long long>(host.cols));
-  RUNLM_CHECK(host.row_bytes >= dtype_row_bytes(host.type, host.cols), "upload_experts: row_bytes %zu < %zu",
-              host.row_bytes, dtype_row_bytes(host.type, host.cols));
-  const size_t total = l.bytes * static_cast<size_t>(n_expert);  // l.bytes is a multiple of kPartAlign
-  size_t free_b = 0, total_b = 0;
-  cudaCheck(cudaMemGetInfo(&free_b, &total_b));
-  void* p = nullptr;
   if (total > free_b || cudaMalloc(&p, total) != cudaSuccess) {
-    cudaGetLastError();
-    fail("upload_experts: out of GPU memory for %d %s experts of %lld x %lld: needed %zu bytes, free %zu bytes",
-         n_expert, dtype_name(host.type), static_cast<long long>(host.rows), static_cast<long long>(host.cols), total,
-         free_b);
+    cudaGetLastError();  // clear the allocation error so later checks see none
+    fail("%s: out of GPU memory for %d %s matri%s of %lld x %lld: needed %zu bytes, free %zu bytes", who, n,
+         dtype_name(host.type), n == 1 ? "x" : "ces", static_cast<long long>(host.rows),
+         static_cast<long long>(host.cols), total, free_b);
   }
   try {
-    // One expert staged at a time: the host holds one expert's repacking, not the tensor's.
+    // One matrix staged at a time: the host holds one expert's repacking, not the tensor's.
     std::vector<uint8_t> staging(l.bytes);
-    for (int e = 0; e < n_expert; ++e) {
+    for (int e = 0; e < n; ++e) {
       std::fill(staging.begin(), staging.end(), uint8_t{0});
       const uint8_t* src = host.data + host_stride * static_cast<size_t>(e);
-      for (int64_t r = 0; r < host.rows; ++r)
-        repack_row(host.type, src + host.row_bytes * static_cast<size_t>(r), r, host.cols, l, staging.data());
+      repack_pool().parallel_for(host.rows, [&](int64_t begin, int64_t end, int) {
+        for (int64_t r = begin; r < end; ++r)
+          repack_row(host.type, src + host.row_bytes * static_cast<size_t>(r), r, host.cols, l, staging.data());
+      });
       cudaCheck(cudaMemcpy(static_cast<uint8_t*>(p) + l.bytes * static_cast<size_t>(e), staging.data(), l.bytes,
                            cudaMemcpyHostToDevice));
     }
@@ -341,14 +317,30 @@ GpuExperts upload_experts(const QMatrix& host, int n_expert, size_t host_stride)
     cudaFree(p);
     throw;
   }
+  return p;
+}
+
+}  // namespace
+
+GpuMatrix upload_matrix(const QMatrix& host) {
+  GpuMatrix m;
+  m.data = upload_packed(host, 1, 0, "upload_matrix");
+  m.type = host.type;
+  m.rows = host.rows;
+  m.cols = host.cols;
+  m.bytes = packed_layout(host.type, host.rows, host.cols).bytes;
+  return m;
+}
+
+GpuExperts upload_experts(const QMatrix& host, int n_expert, size_t host_stride) {
   GpuExperts x;
+  x.data = upload_packed(host, n_expert, host_stride, "upload_experts");
   x.type = host.type;
   x.rows = host.rows;
   x.cols = host.cols;
   x.n = n_expert;
-  x.stride = l.bytes;
-  x.data = p;
-  x.bytes = total;
+  x.stride = packed_layout(host.type, host.rows, host.cols).bytes;
+  x.bytes = x.stride * static_cast<size_t>(n_expert);
   return x;
 }
 
