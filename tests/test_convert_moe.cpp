@@ -120,7 +120,7 @@ Weights random_weights(const Shape& s, uint32_t seed) {
 struct HfTensor {
   std::vector<int64_t> shape;
   Vec values;
-  std::vector<uint8_t> bytes;  // a U8 tensor (MXFP4 blocks, scales) in place of values
+  std::vector<uint8_t> bytes = {};  // a U8 tensor (MXFP4 blocks, scales) in place of values
 };
 using HfTensors = std::map<std::string, HfTensor>;
 
