@@ -11,6 +11,7 @@
 // chosen experts' matrices are read once each; pairs of several tokens that
 // chose the same expert read it again (through L2), which at decode batch
 // sizes is what the dense GEMV's multi-token reuse would have saved.
+#include "cuda/expert_targets.cuh"
 #include "cuda/gemv_x8_kernel.cuh"
 #include "cuda/moe_ops.h"
 
@@ -18,48 +19,9 @@ namespace runlm::gpu {
 
 namespace {
 
-struct ExpertTargets {
-  WView w[kMaxExpertGemvOuts];  // expert 0 of each out
-  size_t stride[kMaxExpertGemvOuts];
-  float* y[kMaxExpertGemvOuts];
-  int n_expert[kMaxExpertGemvOuts];
-};
-
-// Expert e's view: every part of expert e sits stride * e bytes after
-// expert 0's (one upload_matrix layout per expert, upload_experts).
-__device__ __forceinline__ WView expert_view(const ExpertTargets& tg, int i, int e) {
-  WView w = i == 0 ? tg.w[0] : tg.w[1];
-  const size_t off = (i == 0 ? tg.stride[0] : tg.stride[1]) * static_cast<size_t>(e);
-  w.q += off;
-  w.a += off;
-  w.b += off;
-  w.c += off;
-  return w;
-}
-
-ExpertTargets make_expert_targets(const ExpertGemvOut* outs, int n_outs, const char* who) {
-  RUNLM_CHECK(n_outs >= 1 && n_outs <= kMaxExpertGemvOuts, "%s: %d expert sets; supported: 1..%d", who, n_outs,
-              kMaxExpertGemvOuts);
-  ExpertTargets t{};
-  for (int i = 0; i < n_outs; ++i) {
-    const GpuExperts& x = *outs[i].w;
-    RUNLM_CHECK(x.data != nullptr, "%s: experts not uploaded", who);
-    RUNLM_CHECK(x.type == outs[0].w->type && x.cols == outs[0].w->cols && x.rows == outs[0].w->rows,
-                "%s: expert sets of one launch must share type and shape", who);
-    t.w[i] = make_view(expert_matrix(x, 0));
-    t.stride[i] = x.stride;
-    t.y[i] = outs[i].y;
-    t.n_expert[i] = x.n;
-  }
-  return t;
-}
-
-// The pair's expert, or -1 (no work) for an id outside [0, n_expert): the
-// routing kernel writes none, and the output rows are then left as they are.
+// The pair's expert, or -1 (no work): valid_expert.
 __device__ __forceinline__ int pair_expert(const ExpertTargets& tg, int i, const int32_t* experts, int p) {
-  const int e = __ldg(experts + p);
-  const int n = i == 0 ? tg.n_expert[0] : tg.n_expert[1];
-  return e >= 0 && e < n ? e : -1;
+  return valid_expert(tg, i, __ldg(experts + p));
 }
 
 template <DType kT>
@@ -83,7 +45,7 @@ __global__ void __launch_bounds__(kX8Threads)
   for (int r = 0; r < kRows; ++r) acc[r][0] = 0.0f;
   stream_units<kT, kRows, kUnroll, kPrefetchOf<1>>(
       w, rows, lane, [&](const Step<kT, kRows, kUnroll>& st, int u0) { dot_step<kT, 1>(st, w, xt, u0, acc); });
-  float* y = (i == 0 ? tg.y[0] : tg.y[1]) + int64_t(p) * w.rows;
+  float* y = expert_y(tg, i) + int64_t(p) * w.rows;
   reduce_store<1>(acc, w, row0, lane, y);
 }
 
@@ -123,7 +85,7 @@ __global__ void __launch_bounds__(kX8Threads)
       acc[0][0] = fmaf(C::scale(st.raw[k][0]), part, acc[0][0]);
     }
   });
-  float* y = (i == 0 ? tg.y[0] : tg.y[1]) + int64_t(p) * w.rows;
+  float* y = expert_y(tg, i) + int64_t(p) * w.rows;
   reduce_store<1>(acc, w, row0, lane, y);
 }
 
