@@ -707,7 +707,7 @@ class CudaEngine final : public Engine {
     const int k = c.n_expert_used, ne = c.n_expert, pairs = m * k, dim = c.dim;
     const int64_t eh = c.expert_hidden_dim;
     gpu::moe_group(moe_ids_.get(), pairs, ne, moe_offsets_.get(), moe_perm_.get(), moe_row_expert_.get(),
-                   moe_row_of_pair_.get(), stream_);
+                   moe_row_of_pair_.get(), nullptr, nullptr, stream_);
     check(cudaMemcpyAsync(moe_offsets_host_, moe_offsets_.get(), static_cast<size_t>(ne + 1) * sizeof(int32_t),
                           cudaMemcpyDeviceToHost, stream_),
           "copy expert offsets");

@@ -1,13 +1,15 @@
 // The CUDA engine's mixture of experts (kernels/cuda/moe_ops.h) against the
 // CPU: routing against kernels/cpu/moe_routing, the expert GEMV against a
 // double-precision product of the dequantized experts, the experts'
-// activation, the grouping and weighted sum, and whole MoE models (Mixtral,
-// Qwen3-MoE, gpt-oss shapes of make_random_model) on the CUDA engine against
-// the CPU engine. Random inputs from fixed seeds, outputs poisoned with NaN
+// activation, the grouping (and its chunks) and weighted sum, the grouped
+// expert GEMV against the CPU and the per-pair GEMV, and whole MoE models
+// (Mixtral, Qwen3-MoE, gpt-oss shapes of make_random_model) on the CUDA
+// engine against the CPU engine. Random inputs from fixed seeds, outputs poisoned with NaN
 // before each kernel. Skipped in a CPU-only build or without a device.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -58,6 +60,12 @@ double rel_err(const std::vector<float>& a, const std::vector<double>& b) {
     den += b[i] * b[i];
   }
   return std::sqrt(num / den);
+}
+
+uint32_t float_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
 }
 
 // ---- routing ------------------------------------------------------------------
@@ -272,6 +280,31 @@ TEST(GpuMoe, ActivationAddsTheExpertBiasesThenSiluOrSwigluOai) {
   }
 }
 
+// The grouping moe_group computes, on the host: pairs by expert in pair
+// order, and each expert's rows cut into chunks of kMaxChunkPairs.
+struct HostGrouping {
+  std::vector<int32_t> off, perm, row_expert, row_of_pair;
+  std::vector<gpu::MoeChunk> chunks;
+};
+
+HostGrouping host_group(const std::vector<int32_t>& ids, int n_expert) {
+  HostGrouping h;
+  h.off.assign(size_t(n_expert) + 1, 0);
+  h.row_of_pair.resize(ids.size());
+  for (int e = 0; e < n_expert; ++e) {
+    for (size_t p = 0; p < ids.size(); ++p)
+      if (ids[p] == e) {
+        h.row_of_pair[p] = int32_t(h.perm.size());
+        h.perm.push_back(int32_t(p));
+        h.row_expert.push_back(e);
+      }
+    h.off[size_t(e + 1)] = int32_t(h.perm.size());
+    for (int32_t row = h.off[size_t(e)]; row < h.off[size_t(e + 1)]; row += gpu::kMaxChunkPairs)
+      h.chunks.push_back({e, row, std::min(gpu::kMaxChunkPairs, h.off[size_t(e + 1)] - row)});
+  }
+  return h;
+}
+
 TEST(GpuMoe, GroupingGatherAndWeightedSumMatchTheHost) {
   REQUIRE_GPU();
   const int m = 50, k = 3, n_expert = 7, pairs = m * k, dim = 40;
@@ -282,21 +315,12 @@ TEST(GpuMoe, GroupingGatherAndWeightedSumMatchTheHost) {
     std::shuffle(all.begin(), all.end(), rng);
     for (int s = 0; s < k; ++s) ids[size_t(t * k + s)] = all[size_t(s)];
   }
-  // The host's grouping: pairs by expert, in pair order.
-  std::vector<int32_t> off(n_expert + 1, 0), perm, row_expert, row_of_pair(static_cast<size_t>(pairs));
-  for (int e = 0; e < n_expert; ++e) {
-    for (int p = 0; p < pairs; ++p)
-      if (ids[size_t(p)] == e) {
-        row_of_pair[size_t(p)] = int32_t(perm.size());
-        perm.push_back(p);
-        row_expert.push_back(e);
-      }
-    off[size_t(e + 1)] = int32_t(perm.size());
-  }
+  const HostGrouping h = host_group(ids, n_expert);
+  const std::vector<int32_t>&off = h.off, &perm = h.perm, &row_expert = h.row_expert, &row_of_pair = h.row_of_pair;
   auto d_ids = upload(ids);
   DevBuf d_off(size_t(n_expert + 1) * 4), d_perm(size_t(pairs) * 4), d_re(size_t(pairs) * 4), d_rp(size_t(pairs) * 4);
   gpu::moe_group(d_ids->as<int32_t>(), pairs, n_expert, d_off.as<int32_t>(), d_perm.as<int32_t>(),
-                 d_re.as<int32_t>(), d_rp.as<int32_t>(), nullptr);
+                 d_re.as<int32_t>(), d_rp.as<int32_t>(), nullptr, nullptr, nullptr);
   EXPECT_EQ(d_off.get<int32_t>(off.size()), off);
   EXPECT_EQ(d_perm.get<int32_t>(perm.size()), perm);
   EXPECT_EQ(d_re.get<int32_t>(row_expert.size()), row_expert);
@@ -339,6 +363,158 @@ TEST(GpuMoe, GroupingGatherAndWeightedSumMatchTheHost) {
                    out2.as<float>(), nullptr);
   EXPECT_LT(rel_err(out.get<float>(want.size()), want), 1e-6);
   EXPECT_LT(rel_err(out2.get<float>(want.size()), want), 1e-6);
+}
+
+// ---- grouped expert GEMV ---------------------------------------------------------
+
+// (expert, row, n) of each chunk, for comparing lists.
+std::vector<std::array<int32_t, 3>> chunk_fields(const std::vector<gpu::MoeChunk>& chunks) {
+  std::vector<std::array<int32_t, 3>> f;
+  for (const gpu::MoeChunk& c : chunks) f.push_back({c.expert, c.row, c.n});
+  return f;
+}
+
+std::vector<gpu::MoeChunk> get_chunks(const DevBuf& d, size_t n) {
+  const std::vector<uint8_t> raw = d.get<uint8_t>(n * sizeof(gpu::MoeChunk));
+  std::vector<gpu::MoeChunk> c(n);
+  std::memcpy(c.data(), raw.data(), raw.size());
+  return c;
+}
+
+// Experts with 0, 1, 16, 17, 40 pairs (and 5, 33), shuffled over the
+// pairs; then uniform ids over 128 experts at 256 tokens x 8 (Qwen3-MoE's
+// batched decode). The chunk list equals the host's, fits moe_chunk_bound,
+// and covers every pair exactly once in runs of 1..16 of one expert.
+TEST(GpuMoe, ChunkListCutsEachExpertIntoRunsOfAtMost16) {
+  REQUIRE_GPU();
+  std::mt19937 rng(61);
+  std::vector<int32_t> skewed;
+  const int counts[] = {0, 1, 16, 17, 40, 5, 33, 0};
+  for (int e = 0; e < 8; ++e) skewed.insert(skewed.end(), size_t(counts[e]), e);
+  std::shuffle(skewed.begin(), skewed.end(), rng);
+  std::vector<int32_t> uniform(256 * 8);
+  for (auto& e : uniform) e = int32_t(rng() % 128);
+  for (const auto& [ids, n_expert] : {std::pair{skewed, 8}, std::pair{uniform, 128}}) {
+    SCOPED_TRACE(strfmt("%zu pairs over %d experts", ids.size(), n_expert));
+    const int pairs = int(ids.size()), bound = gpu::moe_chunk_bound(pairs, n_expert);
+    const HostGrouping h = host_group(ids, n_expert);
+    auto d_ids = upload(ids);
+    DevBuf d_off(size_t(n_expert + 1) * 4), d_perm(size_t(pairs) * 4), d_re(size_t(pairs) * 4),
+        d_rp(size_t(pairs) * 4), d_chunks(size_t(bound) * sizeof(gpu::MoeChunk)), d_n(4);
+    gpu::moe_group(d_ids->as<int32_t>(), pairs, n_expert, d_off.as<int32_t>(), d_perm.as<int32_t>(),
+                   d_re.as<int32_t>(), d_rp.as<int32_t>(), d_chunks.as<gpu::MoeChunk>(), d_n.as<int32_t>(), nullptr);
+    const int n = d_n.get<int32_t>(1)[0];
+    ASSERT_EQ(n, int(h.chunks.size()));
+    ASSERT_LE(n, bound);
+    const std::vector<gpu::MoeChunk> chunks = get_chunks(d_chunks, size_t(n));
+    EXPECT_EQ(chunk_fields(chunks), chunk_fields(h.chunks));
+    const std::vector<int32_t> perm = d_perm.get<int32_t>(size_t(pairs));
+    std::vector<int> seen(size_t(pairs), 0);
+    for (const gpu::MoeChunk& c : chunks) {
+      ASSERT_GE(c.n, 1);
+      ASSERT_LE(c.n, gpu::kMaxChunkPairs);
+      for (int r = c.row; r < c.row + c.n; ++r) {
+        const int32_t p = perm[size_t(r)];
+        ASSERT_EQ(ids[size_t(p)], c.expert) << "row " << r;
+        ++seen[size_t(p)];
+      }
+    }
+    EXPECT_EQ(seen, std::vector<int>(size_t(pairs), 1));
+  }
+}
+
+// The grouped expert GEMV for every int8-x type: gate and up (one launch,
+// each token's row of x gathered into the grouped order) and down (x per
+// pair), through moe_group's chunks on a grid of moe_chunk_bound. Expert 1
+// takes 33 pairs (chunks of 16, 16, 1), expert 5 none, rows (70) end inside
+// a row block. Against the CPU (2e-2 with int8 x, as the per-pair test) and
+// bit-equal to the per-pair expert_gemv_x8 on the same int8 x: each pair's
+// sum is the same products in the same order (X8Dot, a lane's units in
+// order, the same warp reduction), only the rows a warp shares differ.
+TEST(GpuMoe, GroupedExpertGemvMatchesTheCpuAndThePerPairGemv) {
+  REQUIRE_GPU();
+  const int n_expert = 6, m = 40, k = 2, pairs = m * k;
+  const int64_t rows = 70, cols = 512;
+  std::mt19937 rng(71);
+  std::vector<int32_t> ids(static_cast<size_t>(pairs));
+  for (int t = 0; t < m; ++t) {
+    std::vector<int32_t> others = {0, 2, 3, 4};
+    std::shuffle(others.begin(), others.end(), rng);
+    ids[size_t(t * k)] = t < 33 ? 1 : others[0];
+    ids[size_t(t * k + 1)] = others[1];
+  }
+  const HostGrouping h = host_group(ids, n_expert);
+  const int bound = gpu::moe_chunk_bound(pairs, n_expert);
+  auto d_ids = upload(ids);
+  DevBuf d_off(size_t(n_expert + 1) * 4), d_perm(size_t(pairs) * 4), d_re(size_t(pairs) * 4),
+      d_rp(size_t(pairs) * 4), d_chunks(size_t(bound) * sizeof(gpu::MoeChunk)), d_n(4);
+  gpu::moe_group(d_ids->as<int32_t>(), pairs, n_expert, d_off.as<int32_t>(), d_perm.as<int32_t>(), d_re.as<int32_t>(),
+                 d_rp.as<int32_t>(), d_chunks.as<gpu::MoeChunk>(), d_n.as<int32_t>(), nullptr);
+  ASSERT_EQ(d_n.get<int32_t>(1)[0], int(h.chunks.size()));
+
+  const std::vector<float> x = randn(size_t(m) * cols, 72), xp = randn(size_t(pairs) * cols, 73);
+  auto d_x = upload(x), d_xp = upload(xp);
+  // Grouped int8 x: gathered and quantized (moe_gather_x8), and the per-pair
+  // kernel's x quantized in token / pair order (quantize_x8).
+  DevBuf d_xg8(gpu::x8_bytes(pairs, cols)), d_xpg8(gpu::x8_bytes(pairs, cols));
+  DevBuf d_x8(gpu::x8_bytes(m, cols)), d_xp8(gpu::x8_bytes(pairs, cols));
+  gpu::moe_gather_x8(d_x->as<float>(), d_perm.as<int32_t>(), k, pairs, cols, d_xg8.p, nullptr);
+  gpu::moe_gather_x8(d_xp->as<float>(), d_perm.as<int32_t>(), 1, pairs, cols, d_xpg8.p, nullptr);
+  gpu::quantize_x8(d_x->as<float>(), m, cols, d_x8.p, nullptr);
+  gpu::quantize_x8(d_xp->as<float>(), pairs, cols, d_xp8.p, nullptr);
+  {
+    // The gathered bytes are quantize_x8's rows in the grouped order (the
+    // x8 layout: q [rows][cols], then ds [rows][cols / 32] at the next
+    // 16-byte boundary).
+    const std::vector<uint8_t> g = d_xg8.get<uint8_t>(d_xg8.n), q = d_x8.get<uint8_t>(d_x8.n);
+    const size_t qg = size_t(pairs) * cols, qq = size_t(m) * cols, ds_row = size_t(cols / 32) * 8;
+    const size_t g_ds = (qg + 15) / 16 * 16, q_ds = (qq + 15) / 16 * 16;
+    for (int r = 0; r < pairs; ++r) {
+      const size_t t = size_t(h.perm[size_t(r)] / k);
+      ASSERT_EQ(std::memcmp(&g[size_t(r) * cols], &q[t * cols], size_t(cols)), 0) << "q of row " << r;
+      ASSERT_EQ(std::memcmp(&g[g_ds + size_t(r) * ds_row], &q[q_ds + t * ds_row], ds_row), 0) << "ds of row " << r;
+    }
+  }
+  const size_t n = size_t(pairs) * rows;
+  // Grouped rows back in pair order.
+  auto pair_order = [&](const DevBuf& y) {
+    const std::vector<float> g = y.get<float>(n);
+    std::vector<float> out(n);
+    for (int p = 0; p < pairs; ++p)
+      std::copy_n(&g[size_t(h.row_of_pair[size_t(p)]) * rows], rows, &out[size_t(p) * rows]);
+    return out;
+  };
+  for (DType t : {DType::Q4_0, DType::Q8_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
+                  DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS, DType::MXFP4}) {
+    SCOPED_TRACE(dtype_name(t));
+    ASSERT_TRUE(gpu::gemv_x8_supports(t));
+    const HostExperts hg = make_experts(t, n_expert, rows, cols, 74), hu = make_experts(t, n_expert, rows, cols, 75);
+    gpu::GpuExperts gg = upload_host_experts(hg, t, n_expert, rows, cols);
+    gpu::GpuExperts gu = upload_host_experts(hu, t, n_expert, rows, cols);
+    DevBuf yg(n * 4), yu(n * 4), yd(n * 4), pg(n * 4), pu(n * 4), pd(n * 4);
+    const gpu::ExpertGemvOut gate_up[2] = {{&gg, yg.as<float>()}, {&gu, yu.as<float>()}};
+    const gpu::ExpertGemvOut down{&gg, yd.as<float>()};
+    gpu::grouped_expert_gemv_x8(gate_up, 2, d_xg8.p, pairs, d_chunks.as<gpu::MoeChunk>(), d_n.as<int32_t>(), bound,
+                                nullptr);
+    gpu::grouped_expert_gemv_x8(&down, 1, d_xpg8.p, pairs, d_chunks.as<gpu::MoeChunk>(), d_n.as<int32_t>(), bound,
+                                nullptr);
+    const gpu::ExpertGemvOut per_pair_gate_up[2] = {{&gg, pg.as<float>()}, {&gu, pu.as<float>()}};
+    const gpu::ExpertGemvOut per_pair_down{&gg, pd.as<float>()};
+    gpu::expert_gemv_x8(per_pair_gate_up, 2, d_x8.p, m, d_ids->as<int32_t>(), pairs, k, nullptr);
+    gpu::expert_gemv_x8(&per_pair_down, 1, d_xp8.p, pairs, d_ids->as<int32_t>(), pairs, 1, nullptr);
+    const std::vector<float> got_g = pair_order(yg), got_u = pair_order(yu), got_d = pair_order(yd);
+    EXPECT_LT(rel_err(got_g, ref_expert_gemv(hg, rows, cols, x, ids, k)), 2e-2) << "gate";
+    EXPECT_LT(rel_err(got_u, ref_expert_gemv(hu, rows, cols, x, ids, k)), 2e-2) << "up";
+    EXPECT_LT(rel_err(got_d, ref_expert_gemv(hg, rows, cols, xp, ids, 1)), 2e-2) << "down";
+    const std::vector<float> want_g = pg.get<float>(n), want_u = pu.get<float>(n), want_d = pd.get<float>(n);
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(float_bits(got_g[i]), float_bits(want_g[i])) << "gate pair " << i / rows << " row " << i % rows;
+      ASSERT_EQ(float_bits(got_u[i]), float_bits(want_u[i])) << "up pair " << i / rows << " row " << i % rows;
+      ASSERT_EQ(float_bits(got_d[i]), float_bits(want_d[i])) << "down pair " << i / rows << " row " << i % rows;
+    }
+    gpu::free_experts(gg);
+    gpu::free_experts(gu);
+  }
 }
 
 // ---- whole models ----------------------------------------------------------------

@@ -1,8 +1,9 @@
-// Mixture-of-experts kernels beside the expert GEMV (gpu_ops.h): routing,
+// Mixture-of-experts kernels beside the expert GEMVs (moe_ops.h): routing,
 // the experts' gated activation, the weighted sum of the chosen experts'
-// outputs, and the grouping of (token, slot) pairs by expert for the
-// prefill GEMMs. Every one is an ordinary launch that allocates nothing and
-// reads its sizes from arguments: graph-capturable.
+// outputs, the grouping of (token, slot) pairs by expert (and its chunks)
+// and the gathers of x into the grouped order. Every one is an ordinary
+// launch that allocates nothing and reads its sizes from arguments:
+// graph-capturable.
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -192,12 +193,15 @@ __global__ void moe_combine_kernel(const float* __restrict__ y, const int32_t* _
   }
 }
 
-// One block, a thread per expert: counts, an exclusive scan, then each
-// thread writes its pairs in pair order (stable, deterministic).
+// One block, a thread per expert: counts, an exclusive scan (of the rows
+// and of the chunks), then each thread writes its pairs in pair order
+// (stable, deterministic) and its chunks.
 __global__ void moe_group_kernel(const int32_t* __restrict__ experts, int n_pairs, int n_expert,
                                  int32_t* __restrict__ offsets, int32_t* __restrict__ perm,
-                                 int32_t* __restrict__ expert_of_row, int32_t* __restrict__ row_of_pair) {
+                                 int32_t* __restrict__ expert_of_row, int32_t* __restrict__ row_of_pair,
+                                 MoeChunk* __restrict__ chunks, int32_t* __restrict__ n_chunks) {
   __shared__ int start[kMaxMoeExperts + 1];
+  __shared__ int first_chunk[kMaxMoeExperts + 1];
   const int e = threadIdx.x;
   int count = 0;
   if (e < n_expert)
@@ -206,7 +210,13 @@ __global__ void moe_group_kernel(const int32_t* __restrict__ experts, int n_pair
   __syncthreads();
   if (e == 0) {
     start[0] = 0;
-    for (int i = 1; i <= n_expert; ++i) start[i] += start[i - 1];
+    first_chunk[0] = 0;
+    for (int i = 1; i <= n_expert; ++i) {
+      const int c = start[i];
+      start[i] += start[i - 1];
+      first_chunk[i] = first_chunk[i - 1] + (c + kMaxChunkPairs - 1) / kMaxChunkPairs;
+    }
+    if (n_chunks) *n_chunks = first_chunk[n_expert];
   }
   __syncthreads();
   if (e <= n_expert) offsets[e] = start[e];
@@ -219,6 +229,21 @@ __global__ void moe_group_kernel(const int32_t* __restrict__ experts, int n_pair
       row_of_pair[p] = at;
       ++at;
     }
+  if (chunks)
+    for (int c = first_chunk[e], row = start[e]; row < start[e + 1]; ++c, row += kMaxChunkPairs)
+      chunks[c] = MoeChunk{e, row, min(kMaxChunkPairs, start[e + 1] - row)};
+}
+
+// A warp per 32-value block of the output (cols % 32 == 0, so a block lies
+// in one row), quantized as quantize_x8_kernel.
+__global__ void moe_gather_x8_kernel(const float* __restrict__ x, const int32_t* __restrict__ perm, int div,
+                                     int64_t n, int64_t cols, int8_t* __restrict__ q, float2* __restrict__ ds) {
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x >> 5);
+  const int lane = threadIdx.x & 31;
+  for (int64_t b = blockIdx.x * int64_t(blockDim.x >> 5) + (threadIdx.x >> 5); b * 32 < n; b += warps) {
+    const int64_t i = b * 32 + lane, r = i / cols, c = i - r * cols;
+    warp_quantize_x8(x[int64_t(perm[r] / div) * cols + c], q + i, ds + b);
+  }
 }
 
 __global__ void gather_rows_f16_kernel(const __half* __restrict__ src, const int32_t* __restrict__ idx, int div,
@@ -284,11 +309,24 @@ void moe_combine(const float* y, const int32_t* row_of_pair, const int32_t* expe
 }
 
 void moe_group(const int32_t* experts, int n_pairs, int n_expert, int32_t* offsets, int32_t* perm,
-               int32_t* expert_of_row, int32_t* row_of_pair, Stream stream) {
+               int32_t* expert_of_row, int32_t* row_of_pair, MoeChunk* chunks, int32_t* n_chunks, Stream stream) {
   RUNLM_CHECK(n_expert >= 1 && n_expert <= kMaxMoeExperts, "moe_group: %d experts; supported: 1..%d", n_expert,
               kMaxMoeExperts);
+  RUNLM_CHECK((chunks == nullptr) == (n_chunks == nullptr), "moe_group: chunks and their count go together");
   moe_group_kernel<<<1, kMaxMoeExperts + 32, 0, static_cast<cudaStream_t>(stream)>>>(
-      experts, n_pairs, n_expert, offsets, perm, expert_of_row, row_of_pair);
+      experts, n_pairs, n_expert, offsets, perm, expert_of_row, row_of_pair, chunks, n_chunks);
+  cudaCheckLaunch();
+}
+
+void moe_gather_x8(const float* x, const int32_t* perm, int div, int n_rows, int64_t cols, void* out_x8,
+                   Stream stream) {
+  RUNLM_CHECK(div >= 1, "moe_gather_x8: div=%d", div);
+  RUNLM_CHECK(cols > 0 && cols % kX8Block == 0, "moe_gather_x8: cols=%lld; needs a multiple of 32",
+              static_cast<long long>(cols));
+  const int64_t n = int64_t(n_rows) * cols;
+  if (n <= 0) return;
+  moe_gather_x8_kernel<<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      x, perm, div, n, cols, x8_q(out_x8), x8_ds(out_x8, n_rows, cols));
   cudaCheckLaunch();
 }
 

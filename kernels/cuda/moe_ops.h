@@ -1,10 +1,14 @@
 // The GPU engine's mixture-of-experts operations (kernels/cuda/moe.cu,
-// kernels/cuda/gemv_experts.cu, the expert upload in gpu_weights.cu):
-// expert weights in one allocation per tensor, routing, the expert GEMV of
-// decode, the experts' activation, the weighted sum of their outputs, and
-// the grouping of tokens by expert for the prefill GEMMs. Asynchronous on
-// `stream`, no allocation or synchronisation inside: graph-capturable.
+// kernels/cuda/gemv_experts.cu, kernels/cuda/gemv_expert_groups.cu, the
+// expert upload in gpu_weights.cu): expert weights in one allocation per
+// tensor, routing, the per-pair expert GEMV of single-token decode, the
+// grouping of (token, slot) pairs by expert and the grouped expert GEMV of
+// longer steps, the experts' activation, and the weighted sum of their
+// outputs. Asynchronous on `stream`, no allocation or synchronisation
+// inside: graph-capturable.
 #pragma once
+
+#include <algorithm>
 
 #include "cuda/gpu_ops.h"
 
@@ -85,12 +89,45 @@ void moe_activation_x8(const float* gate, const float* up, const float* gate_b, 
 void moe_combine(const float* y, const int32_t* row_of_pair, const int32_t* experts, const float* weights,
                  const float* down_b, int m, int k, int dim, float* out, Stream stream);
 
+// A run of grouped rows [row, row + n) of one expert, 1 <= n <=
+// kMaxChunkPairs: the unit of work of the grouped expert GEMV, which reads
+// the expert's rows once for all n (the int8-x GEMV takes 1..16 tokens).
+struct MoeChunk {
+  int32_t expert, row, n;
+};
+constexpr int kMaxChunkPairs = 16;
+// The most chunks n_pairs pairs over n_expert experts can make: each expert's
+// pairs cut into ceil(count / 16) chunks, sum <= n_pairs / 16 + n_expert, and
+// never more chunks than pairs. Launches are sized by this, not by the count
+// the device computes, so no count comes to the host.
+inline int moe_chunk_bound(int n_pairs, int n_expert) {
+  return std::min(n_pairs, (n_pairs + kMaxChunkPairs - 1) / kMaxChunkPairs + n_expert);
+}
+
 // Groups the n_pairs (token, slot) pairs by expert, stably: offsets
 // [n_expert + 1] (pairs of expert e at [offsets[e], offsets[e+1])), perm
 // [n_pairs] (the pair at each grouped row), expert_of_row [n_pairs],
-// row_of_pair [n_pairs] (perm's inverse). One block: for prefill steps.
+// row_of_pair [n_pairs] (perm's inverse); with non-null chunks
+// [moe_chunk_bound] and n_chunks [1], each expert's rows cut into chunks of
+// kMaxChunkPairs (the last one shorter), in expert order, and their count.
+// One block.
 void moe_group(const int32_t* experts, int n_pairs, int n_expert, int32_t* offsets, int32_t* perm,
-               int32_t* expert_of_row, int32_t* row_of_pair, Stream stream);
+               int32_t* expert_of_row, int32_t* row_of_pair, MoeChunk* chunks, int32_t* n_chunks, Stream stream);
+// Grouped row i of out_x8 (x8_bytes(n_rows, cols), cols % 32 == 0) = token
+// perm[i] / div's row of x (f32 [*, cols]) quantized as quantize_x8 does:
+// the grouped expert GEMV's int8 x, the same bytes as quantize_x8's.
+void moe_gather_x8(const float* x, const int32_t* perm, int div, int n_rows, int64_t cols, void* out_x8,
+                   Stream stream);
+// The grouped expert GEMV: for each out i (1 or 2 expert sets of one type
+// and shape, a gemv_x8 type), each chunk c < *n_chunks (device memory) and
+// each row r:
+//   y_i[row, r] = sum_c W_i[chunk.expert][r, c] * x[row, c]
+// for the chunk's grouped rows, each CTA reading its chunk's expert rows
+// once for all of them. x int8 (x8_bytes(x_rows, cols)); y [x_rows, rows].
+// The grid covers max_chunks chunks (moe_chunk_bound); CTAs past the real
+// count exit at once.
+void grouped_expert_gemv_x8(const ExpertGemvOut* outs, int n_outs, const void* x8, int x_rows,
+                            const MoeChunk* chunks, const int32_t* n_chunks, int max_chunks, Stream stream);
 // dst[i, :] = src[idx[i] / div, :] for i < n, f16 rows of `width`.
 void gather_rows_f16(const uint16_t* src, const int32_t* idx, int div, int n, int width, uint16_t* dst,
                      Stream stream);
