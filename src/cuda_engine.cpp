@@ -369,7 +369,12 @@ class CudaEngine final : public Engine {
     // other types pay a dequantization pass in the GEMM path and keep the
     // GEMV up to 16.
     const GpuLayer& l0 = w_.layers.front();
-    bool gemm_reads_once = !c.moe();  // the experts' GEMMs wait for a host read of the counts (moe_ffn_gemm)
+    // MoE models keep the GEMV up to 16 tokens. The reason was the experts'
+    // GEMMs, which waited for a host read of the counts (moe_ffn_gemm); int8-x
+    // experts now take the grouped expert GEMV at any length, and whether
+    // their models' dense projections should switch at 4 tokens is to be
+    // measured.
+    bool gemm_reads_once = !c.moe();
     for (const gpu::GpuMatrix* w : {&l0.wq, &l0.wk, &l0.wv, &l0.wo, &l0.w_gate, &l0.w_up, &l0.w_down})
       gemm_reads_once = gemm_reads_once && gemm_reads_weights_once(*w);
     gemv_max_tokens_ = gemm_reads_once ? kMaxGemvTokensGemmOnce : kMaxGemvTokens;
@@ -611,16 +616,26 @@ class CudaEngine final : public Engine {
   // h = rmsnorm(x += xb_); the router's logits (+ bias) pick each token's k
   // experts and weights (gpu::moe_route, on the device); each chosen expert
   // runs its gated FFN (+ biases) on h; xb_ = the weighted sum of their
-  // outputs in slot order. Decode steps (the GEMV path) read only the chosen
-  // experts through the expert GEMV, with the ids in device memory: nothing
-  // waits on the host, so the single-token step stays in the CUDA graph.
-  // Longer steps group the (token, slot) pairs by expert and run one GEMM per
-  // active expert over its rows (moe_ffn_gemm).
+  // outputs in slot order. Three paths, by the step's token count m and
+  // the experts' types (nothing waits on the host except the last):
+  //   m == 1, or a GEMV-length step of experts not all of an int8-x type:
+  //     the per-pair expert GEMV (moe_ffn_gemv), ids in device memory; the
+  //     single-token step runs inside the CUDA graph;
+  //   m > 1 with int8-x experts (experts_grouped): the grouped expert GEMV
+  //     (moe_ffn_grouped), each chunk of up to 16 pairs reading its expert
+  //     once;
+  //   longer steps of the other experts (f32, f16, bf16): one GEMM per
+  //     active expert (moe_ffn_gemm), sized by a host read of the counts.
   void moe_ffn(const GpuLayer& g, int m, bool gemv) {
     const ModelConfig& c = cfg_;
     const int k = c.n_expert_used, ne = c.n_expert, dim = c.dim;
+    const bool grouped = m > 1 && experts_grouped(g);
     bool x8_ready = false;  // mm_.x8() holds h as int8
-    if (gemv) {
+    if (grouped) {
+      // f32 h for the router and for moe_gather_x8, which quantizes it in the
+      // grouped order.
+      norm_for_gemv(g.ffn_norm, xb_.get(), m, false);
+    } else if (gemv) {
       x8_ready = (uses_x8(g.gate_exps.type) || uses_x8(g.up_exps.type)) && dim % 32 == 0;
       norm_for_gemv(g.ffn_norm, xb_.get(), m, x8_ready);
     } else {
@@ -636,8 +651,17 @@ class CudaEngine final : public Engine {
     r.normalize = c.moe_norm_weights;
     r.scale = c.moe_weights_scale;
     gpu::moe_route(moe_logits_.get(), g.router_b.get(), r, m, moe_ids_.get(), moe_w_.get(), stream_);
-    if (gemv) moe_ffn_gemv(g, m);
+    if (grouped) moe_ffn_grouped(g, m);
+    else if (gemv) moe_ffn_gemv(g, m);
     else moe_ffn_gemm(g, m);
+  }
+
+  // Whether a layer's experts take the grouped expert GEMV: all three of an
+  // int8-x type, in blocks of 32 columns.
+  bool experts_grouped(const GpuLayer& g) const {
+    const ModelConfig& c = cfg_;
+    return uses_x8(g.gate_exps.type) && uses_x8(g.up_exps.type) && uses_x8(g.down_exps.type) && c.dim % 32 == 0 &&
+           c.expert_hidden_dim % 32 == 0;
   }
 
   // The router's logits of the m normed rows in xb_ (f32) into moe_logits_.
@@ -672,7 +696,7 @@ class CudaEngine final : public Engine {
     const int k = c.n_expert_used, pairs = m * k;
     const int32_t* ids = moe_ids_.get();
     const gpu::ExpertGemvOut gu[2] = {{&g.gate_exps, moe_gate_.get()}, {&g.up_exps, moe_up_.get()}};
-    const bool one_launch = g.gate_exps.type == g.up_exps.type && g.gate_exps.rows == g.up_exps.rows;
+    const bool one_launch = gate_up_one_launch(g);
     for (int i = 0; i < 2; i += one_launch ? 2 : 1)
       expert_gemv(gu + i, one_launch ? 2 : 1, mm_.x8(), xb_.get(), m, ids, pairs, k);
     const gpu::ExpertGemvOut down{&g.down_exps, moe_y_.get()};
@@ -696,12 +720,46 @@ class CudaEngine final : public Engine {
     else gpu::expert_gemv_f32(outs, n, x, ids, pairs, x_div, stream_);
   }
 
-  // Prefill and batched steps: the pairs grouped by expert on the device
-  // (gpu::moe_group), then per active expert one GEMM over its rows, which
-  // reads (dequantizes) that expert once. The GEMM sizes are the per-expert
-  // counts, so they come to the host: one small copy and a stream sync per
-  // MoE layer, which this path (never graph-captured) accepts for plain
-  // cuBLAS / fused launches sized on the host.
+  // Gate and up share a launch when they have one type and shape.
+  static bool gate_up_one_launch(const GpuLayer& g) {
+    return g.gate_exps.type == g.up_exps.type && g.gate_exps.rows == g.up_exps.rows;
+  }
+
+  // Steps of several tokens with int8-x experts (experts_grouped): the pairs
+  // grouped by expert and cut into chunks of at most 16 on the device
+  // (gpu::moe_group), h quantized into the grouped order (moe_gather_x8),
+  // then gate/up, the activation (over grouped rows, into the down GEMV's
+  // int8 x) and down through the grouped expert GEMV, each chunk reading its
+  // expert once; moe_combine reads y through row_of_pair. The launches are
+  // sized by moe_chunk_bound, the real chunk count stays on the device:
+  // nothing waits on the host.
+  void moe_ffn_grouped(const GpuLayer& g, int m) {
+    const ModelConfig& c = cfg_;
+    const int k = c.n_expert_used, ne = c.n_expert, pairs = m * k;
+    const int max_chunks = gpu::moe_chunk_bound(pairs, ne);
+    gpu::moe_group(moe_ids_.get(), pairs, ne, moe_offsets_.get(), moe_perm_.get(), moe_row_expert_.get(),
+                   moe_row_of_pair_.get(), moe_chunks_.get(), moe_n_chunks_.get(), stream_);
+    gpu::moe_gather_x8(xb_.get(), moe_perm_.get(), k, pairs, c.dim, moe_x8_.get(), stream_);
+    const gpu::ExpertGemvOut gu[2] = {{&g.gate_exps, moe_gate_.get()}, {&g.up_exps, moe_up_.get()}};
+    const bool one_launch = gate_up_one_launch(g);
+    for (int i = 0; i < 2; i += one_launch ? 2 : 1)
+      gpu::grouped_expert_gemv_x8(gu + i, one_launch ? 2 : 1, moe_x8_.get(), pairs, moe_chunks_.get(),
+                                  moe_n_chunks_.get(), max_chunks, stream_);
+    gpu::moe_activation_x8(moe_gate_.get(), moe_up_.get(), g.gate_exps_b.get(), g.up_exps_b.get(),
+                           moe_row_expert_.get(), pairs, c.expert_hidden_dim, moe_activation(), moe_x8_.get(),
+                           stream_);
+    const gpu::ExpertGemvOut down{&g.down_exps, moe_y_.get()};
+    gpu::grouped_expert_gemv_x8(&down, 1, moe_x8_.get(), pairs, moe_chunks_.get(), moe_n_chunks_.get(), max_chunks,
+                                stream_);
+    gpu::moe_combine(moe_y_.get(), moe_row_of_pair_.get(), moe_ids_.get(), moe_w_.get(), g.down_exps_b.get(), m, k,
+                     c.dim, xb_.get(), stream_);
+  }
+
+  // Longer steps of experts not all of an int8-x type (f32, f16, bf16): the
+  // pairs grouped by expert on the device (gpu::moe_group), then per active
+  // expert one GEMM over its rows. The GEMM sizes are the per-expert counts,
+  // so they come to the host: one small copy and a stream sync per MoE
+  // layer, which only this path (never graph-captured) keeps.
   void moe_ffn_gemm(const GpuLayer& g, int m) {
     const ModelConfig& c = cfg_;
     const int k = c.n_expert_used, ne = c.n_expert, pairs = m * k, dim = c.dim;
@@ -748,12 +806,16 @@ class CudaEngine final : public Engine {
     moe_y_.allocate(pairs * c.dim);
     moe_xh_.allocate(pairs * c.dim);
     moe_acth_.allocate(pairs * eh);
-    if (eh % 32 == 0) moe_x8_.allocate(gpu::x8_bytes(static_cast<int>(std::min(m, size_t{kMaxGemvTokens}) * k),
-                                                     static_cast<int64_t>(eh)));
+    // Every pair's int8 x: h (dim) for the grouped gate/up, the activation
+    // (expert_hidden) for down.
+    if (eh % 32 == 0)
+      moe_x8_.allocate(gpu::x8_bytes(static_cast<int>(pairs), static_cast<int64_t>(std::max<size_t>(c.dim, eh))));
     moe_offsets_.allocate(static_cast<size_t>(c.n_expert) + 1);
     moe_perm_.allocate(pairs);
     moe_row_expert_.allocate(pairs);
     moe_row_of_pair_.allocate(pairs);
+    moe_chunks_.allocate(static_cast<size_t>(gpu::moe_chunk_bound(static_cast<int>(pairs), c.n_expert)));
+    moe_n_chunks_.allocate(1);
     check(cudaMallocHost(&moe_offsets_host_, (static_cast<size_t>(c.n_expert) + 1) * sizeof(int32_t)),
           "cudaMallocHost");
   }
@@ -1031,9 +1093,11 @@ class CudaEngine final : public Engine {
   // n_expert]; per (token, slot) pair the expert id and weight; the experts'
   // gate / up [pairs, expert_hidden] f32, down outputs [pairs, dim] f32,
   // grouped inputs [pairs, dim] and activations [pairs, expert_hidden] f16
-  // (GEMM path), the down GEMV's int8 x; the grouping (moe_group).
+  // (GEMM path), the expert GEMVs' int8 x; the grouping and its chunks
+  // (moe_group).
   DeviceBuffer<float> moe_logits_, moe_w_, moe_gate_, moe_up_, moe_y_;
-  DeviceBuffer<int32_t> moe_ids_, moe_offsets_, moe_perm_, moe_row_expert_, moe_row_of_pair_;
+  DeviceBuffer<int32_t> moe_ids_, moe_offsets_, moe_perm_, moe_row_expert_, moe_row_of_pair_, moe_n_chunks_;
+  DeviceBuffer<gpu::MoeChunk> moe_chunks_;
   DeviceBuffer<uint16_t> moe_xh_, moe_acth_;
   DeviceBuffer<uint8_t> moe_x8_;
   int32_t* moe_offsets_host_ = nullptr;  // pinned [n_expert + 1]

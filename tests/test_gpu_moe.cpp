@@ -553,9 +553,11 @@ std::string make_model(const TempPath& out, const MoeFamily& f, const std::strin
   return out.str();
 }
 
-// Prefill of 40 tokens (grouped GEMMs), of 8 (expert GEMV), single-token
-// steps (the captured graph), greedy generation, and three sequences over the
-// paged cache (a long prompt beside short ones).
+// Prefill of 40 tokens and of 8 (int8-x experts: the grouped expert GEMV,
+// experts of 16 or more pairs in several chunks; f32 experts: the per-expert
+// GEMMs and the per-pair GEMV), single-token steps (the per-pair GEMV in the
+// captured graph), greedy generation, and three sequences over the paged
+// cache (a long prompt beside short ones: batched steps, grouped).
 void check_moe_family(const MoeFamily& f, const std::string& type) {
   SCOPED_TRACE(std::string(f.preset) + " " + type);
   TempPath path(".gguf");
