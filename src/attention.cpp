@@ -125,12 +125,15 @@ const std::vector<AttnBackendInfo>& attn_backends() {
       // dtype only (the engine gathers typed pools to f16 for it).
       // Soft-cap: naive caps the row it materialises; fa2 and fa3 have an
       // instantiation that caps each score tile in registers (kSoftcap).
-      {AttnBackend::Naive, "naive", {}, 256, true, true, true, true, true, 80, 1000, kNaiveLaunch, {}, true},
+      // Sinks: naive joins the sink to the row it materialises; fa2 and fa3
+      // have an instantiation (kSinks) that joins it to each row's final
+      // online-softmax state.
+      {AttnBackend::Naive, "naive", {}, 256, true, true, true, true, true, 80, 1000, kNaiveLaunch, {}, true, true},
       {AttnBackend::Fa2, "fa2", {64, 128, 256}, 256, true, true, true, true, true, 80, 1000, kFa2Launch,
-       {8, 16, 32, 64, 128, 256}, true},
+       {8, 16, 32, 64, 128, 256}, true, true},
       // fa3 is built for sm_90a only (wgmma, setmaxnreg): that code runs on 9.0 alone.
       {AttnBackend::Fa3, "fa3", {64, 128, 256}, 256, true, true, true, true, true, 90, 90, kFa3Launch,
-       {8, 16, 32, 64, 128, 256}, false},
+       {8, 16, 32, 64, 128, 256}, false, true},
   };
   return kTable;
 }
@@ -173,6 +176,7 @@ std::string attn_unsupported_reason(AttnBackend b, const AttnParams& p, int sm) 
   if (p.causal && !r.causal) return strfmt("%s: causal unsupported", r.name);
   if (p.window_left >= 0 && !r.window) return strfmt("%s: window unsupported", r.name);
   if (p.softcap > 0.0f && !r.softcap) return strfmt("%s: softcap=%g unsupported", r.name, p.softcap);
+  if (p.sinks && !r.sinks) return strfmt("%s: attention sinks unsupported", r.name);
   if (p.block_tables && !r.block_sizes.empty()) {
     bool ok = false;
     for (int bs : r.block_sizes) ok |= bs == p.block_size;

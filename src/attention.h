@@ -15,9 +15,16 @@
 //   - softcap = c > 0 (Gemma 2's attention logit soft-cap): each scaled score
 //     s = scale * q.k becomes c * tanh(s / c) before the mask and the
 //     softmax; 0 = none. Every backend takes it (AttnBackendInfo::softcap).
-//   - a query row that sees no key at all gets out = 0 and lse = -inf.
+//   - sinks (gpt-oss's learned attention sinks; nullptr = none): one logit
+//     s_h per query head that joins head h's softmax without a value,
+//     unscaled and never soft-capped: p_j = exp(s_j - m) / (sum_k exp(s_k -
+//     m) + exp(s_h - m)), m the max over the visible scores and s_h
+//     (ggml_soft_max_ext with sinks). Every backend takes it
+//     (AttnBackendInfo::sinks).
+//   - a query row that sees no key at all gets out = 0 and lse = -inf (with
+//     sinks: lse = s_h, the sink alone).
 //   - lse (optional) is the natural-log sum of exp(s) per row over its visible
-//     keys, s the (soft-capped) scaled score.
+//     keys, s the (soft-capped) scaled score, and the sink's exp(s_h).
 //
 // Paged K/V (optional, block_tables != nullptr): k and v point to one layer's
 // f16/bf16 pools of src/paged_kv.h instead of contiguous rows. The pools hold
@@ -79,6 +86,7 @@ struct AttnParams {
   float scale = 0.0f;           // softmax scale, usually 1/sqrt(head_dim)
   float softcap = 0;            // attention logit soft-cap c: s -> c * tanh(s / c); 0 = none
   void* stream = nullptr;       // cudaStream_t
+  const float* sinks = nullptr; // [n_heads] f32 device, attention sink logits (see above); nullptr = none
   // Paged K/V (see the top of this file); block_tables == nullptr: contiguous.
   const int32_t* block_tables = nullptr;  // [batch, max_blocks_per_seq] page indices, device
   int max_blocks_per_seq = 0;   // row stride of block_tables
@@ -109,6 +117,7 @@ struct AttnBackendInfo {
   AttnLaunchFn launch;           // nullptr when built without CUDA
   std::vector<int> block_sizes;  // paged K/V: the block_size values it reads; empty = any >= 1
   bool kv_types;                 // reads typed pools (bf16, q8_0, q4_0, fp8 K/V with dtype f16) in place
+  bool sinks;                    // takes AttnParams::sinks
 };
 
 // The table, one row per concrete backend (Auto excluded), fastest last.

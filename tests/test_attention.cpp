@@ -42,6 +42,7 @@ struct Problem {
   bool causal = false;
   int window_left = -1;
   float softcap = 0.0f;  // AttnParams::softcap
+  std::vector<float> sinks;  // AttnParams::sinks, [n_heads]; empty = none
   std::vector<float> q, k, v;
   int total_q() const { return cu_q.back(); }
   int total_k() const { return cu_k.back(); }
@@ -110,12 +111,14 @@ void run_ref(const Problem& p, std::vector<float>& out, std::vector<float>& lse)
   r.window_left = p.window_left;
   r.scale = p.scale();
   r.softcap = p.softcap;
+  r.sinks = p.sinks.empty() ? nullptr : p.sinks.data();
   attention_ref(r);
 }
 
 // An independent statement of the semantics: dense score matrix over the
 // whole sequence, mask written from the key's distance to the last key, exp
-// without max subtraction (fine for the small scores used here).
+// without max subtraction (fine for the small scores used here), a head's
+// sink one more term of the denominator.
 void dense_formula(const Problem& p, std::vector<double>& out, std::vector<double>& lse) {
   out.assign(p.q.size(), 0.0);
   lse.assign(size_t(p.total_q()) * p.n_heads, 0.0);
@@ -128,6 +131,7 @@ void dense_formula(const Problem& p, std::vector<double>& out, std::vector<doubl
         const int qi = p.cu_q[b] + i;
         double z = 0;
         std::vector<double> o(d, 0.0);
+        const double sink = p.sinks.empty() ? 0.0 : std::exp(double(p.sinks[h]));
         for (int j = 0; j < sk; ++j) {
           // Query i is (sq-1-i) rows before the last query, which sits with
           // the last key: it may see keys up to (sq-1-i) before the last key.
@@ -144,8 +148,8 @@ void dense_formula(const Problem& p, std::vector<double>& out, std::vector<doubl
           z += w;
           for (int c = 0; c < d; ++c) o[c] += w * p.v[(size_t(p.cu_k[b] + j) * p.n_kv_heads + g) * d + c];
         }
-        for (int c = 0; c < d; ++c) out[(size_t(qi) * p.n_heads + h) * d + c] = z > 0 ? o[c] / z : 0.0;
-        lse[size_t(h) * p.total_q() + qi] = z > 0 ? std::log(z) : -INFINITY;
+        for (int c = 0; c < d; ++c) out[(size_t(qi) * p.n_heads + h) * d + c] = z > 0 ? o[c] / (z + sink) : 0.0;
+        lse[size_t(h) * p.total_q() + qi] = z + sink > 0 ? std::log(z + sink) : -INFINITY;
       }
     }
   }
@@ -361,6 +365,44 @@ Problem make_softcap_problem(const SoftcapCase& c, int hd, DType t, uint32_t see
   return p;
 }
 
+// Problems with attention sinks (AttnParams::sinks, gpt-oss): per-head
+// sink logits uniform in [sink_lo, sink_hi] against scores ~N(0, 1), [-2, 4]
+// where rows are short, [0, 6] where every row sees 100+ keys (a sink of
+// e^4 against a sum of ~100 e^0.5 would move the output too little); gpt-oss
+// layers (GQA, causal, full and a 128-token sliding window, chunked-prefill
+// offsets), non-causal, rows that see no key (out 0, lse = the sink), sinks
+// that dominate every row (e^10..e^12 against a sum of scores' exp of a few
+// hundred: the output shrinks ~100-fold and the relative bound then tests
+// the sink's share itself), and sinks with a soft-cap.
+struct SinkCase {
+  AttnShapeCase shape;
+  float sink_lo, sink_hi, softcap;
+};
+
+const std::vector<SinkCase>& sink_cases() {
+  static const std::vector<SinkCase> k = {
+      {{"gptoss_full_gqa", {130, 63, 257}, {130, 63, 257}, 8, 2, true, -1}, -2.0f, 4.0f, 0.0f},
+      {{"gptoss_sliding128_offset", {300, 5}, {650, 400}, 8, 2, true, 127}, 0.0f, 6.0f, 0.0f},
+      {{"mha_noncausal_offset", {64, 10}, {300, 90}, 2, 2, false, -1}, 0.0f, 6.0f, 0.0f},
+      {{"causal_q_longer_than_k", {100, 30}, {60, 31}, 2, 1, true, -1}, -2.0f, 4.0f, 0.0f},
+      {{"sink_dominates", {130, 63}, {130, 200}, 4, 2, true, -1}, 10.0f, 12.0f, 0.0f},
+      {{"sinks_and_softcap_window", {300, 5}, {650, 400}, 4, 2, true, 100}, 0.0f, 6.0f, 2.0f},
+  };
+  return k;
+}
+
+// The problem of sink case c at head_dim hd, inputs rounded to t.
+Problem make_sink_problem(const SinkCase& c, int hd, DType t, uint32_t seed) {
+  const AttnShapeCase& s = c.shape;
+  Problem p = make_problem(s.lq, s.lk, s.n_heads, s.n_kv_heads, hd, s.causal, s.window_left, seed, &t);
+  std::mt19937 rng(seed + 1);
+  std::uniform_real_distribution<float> u(c.sink_lo, c.sink_hi);
+  p.sinks.resize(size_t(s.n_heads));
+  for (float& x : p.sinks) x = u(rng);
+  p.softcap = c.softcap;
+  return p;
+}
+
 // Relative L2 distance of two outputs.
 double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
   double num = 0, den = 0;
@@ -421,6 +463,42 @@ TEST(AttentionRef, SoftcapMatchesDenseFormula) {
       dense_formula(p, eo, el);
       for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], eo[i], 1e-5) << "cap " << cap << " elem " << i;
       for (size_t i = 0; i < lse.size(); ++i) ASSERT_NEAR(lse[i], el[i], 1e-5) << "cap " << cap << " lse " << i;
+    }
+}
+
+// Sinks: the reference against the dense formula (the sink one more term of
+// the denominator), with and without a window, rows that see no key (lse =
+// the sink), small and dominating sinks.
+TEST(AttentionRef, SinksMatchDenseFormula) {
+  uint32_t seed = 70;
+  for (float lo : {-2.0f, 3.0f})
+    for (int wl : {-1, 2}) {
+      Problem p = make_problem({5, 6}, {3, 6}, 4, 2, 8, true, wl, seed++);  // sequence 0's first rows see no key
+      std::mt19937 rng(seed);
+      std::uniform_real_distribution<float> u(lo, lo + 6.0f);
+      p.sinks.resize(4);
+      for (float& x : p.sinks) x = u(rng);
+      std::vector<float> out, lse;
+      run_ref(p, out, lse);
+      std::vector<double> eo, el;
+      dense_formula(p, eo, el);
+      for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], eo[i], 1e-6) << "sinks from " << lo << " elem " << i;
+      for (size_t i = 0; i < lse.size(); ++i) ASSERT_NEAR(lse[i], el[i], 1e-5) << "sinks from " << lo << " lse " << i;
+      for (int h = 0; h < 4; ++h) EXPECT_EQ(lse[size_t(h) * p.total_q()], p.sinks[size_t(h)]) << "row without keys";
+    }
+}
+
+// Every sink case moves the output well past the GPU tests' bound (relative
+// L2 1e-2): a backend that ignored the sinks would fail them.
+TEST(AttentionRef, SinkCasesAreSensitive) {
+  for (const SinkCase& c : sink_cases())
+    for (int hd : {64, 256}) {
+      Problem p = make_sink_problem(c, hd, DType::BF16, 950u + hd);
+      std::vector<float> with, without, lse;
+      run_ref(p, with, lse);
+      p.sinks.clear();
+      run_ref(p, without, lse);
+      EXPECT_GT(rel_l2(without, with), 0.05) << c.shape.name << " d" << hd;
     }
 }
 
@@ -552,6 +630,29 @@ TEST(AttentionDispatch, SoftcapSupported) {
   p.n_heads = 8;
   p.n_kv_heads = 4;
   for (const AttnBackendInfo& r : attn_backends()) EXPECT_TRUE(r.softcap) << r.name;
+  for (DType t : {DType::F16, DType::BF16}) {
+    p.dtype = t;
+#ifdef RUNLM_CUDA
+    for (AttnBackend b : {AttnBackend::Naive, AttnBackend::Fa2, AttnBackend::Fa3})
+      EXPECT_EQ(attn_unsupported_reason(b, p, 90), "") << attn_backend_name(b);
+#else
+    EXPECT_NE(attn_unsupported_reason(AttnBackend::Fa2, p, 90).find("built without CUDA"), std::string::npos);
+#endif
+  }
+}
+
+// Sinks are in every backend's row: a gpt-oss-like prefill (head_dim 64,
+// GQA 8:1, a 128-token window) runs on each of them on sm_90.
+TEST(AttentionDispatch, SinksSupported) {
+  AttnParams p;
+  const float sinks[8] = {};
+  p.head_dim = 64;
+  p.sinks = sinks;  // only tested for null
+  p.causal = true;
+  p.window_left = 127;
+  p.n_heads = 64;
+  p.n_kv_heads = 8;
+  for (const AttnBackendInfo& r : attn_backends()) EXPECT_TRUE(r.sinks) << r.name;
   for (DType t : {DType::F16, DType::BF16}) {
     p.dtype = t;
 #ifdef RUNLM_CUDA
@@ -817,6 +918,8 @@ GpuRun run_gpu(AttnBackend b, const Problem& p, DType t, const PagedKv* paged = 
   ck(cudaMemcpy(dck.p, p.cu_k.data(), dck.n, cudaMemcpyHostToDevice), "upload cu_k");
   ck(cudaMemset(dout.p, 0xff, dout.n), "poison out");
   ck(cudaMemset(dlse.p, 0xff, dlse.n), "poison lse");
+  DevBuf dsinks(p.sinks.size() * 4);
+  if (!p.sinks.empty()) ck(cudaMemcpy(dsinks.p, p.sinks.data(), dsinks.n, cudaMemcpyHostToDevice), "upload sinks");
   DevBuf dtab(paged ? paged->tables.size() * 4 : 0);
   if (paged) ck(cudaMemcpy(dtab.p, paged->tables.data(), dtab.n, cudaMemcpyHostToDevice), "upload block tables");
   AttnParams a;
@@ -842,6 +945,7 @@ GpuRun run_gpu(AttnBackend b, const Problem& p, DType t, const PagedKv* paged = 
   a.window_left = p.window_left;
   a.scale = p.scale();
   a.softcap = p.softcap;
+  a.sinks = p.sinks.empty() ? nullptr : static_cast<const float*>(dsinks.p);
   if (paged) {
     a.block_tables = static_cast<const int32_t*>(dtab.p);
     a.max_blocks_per_seq = paged->max_blocks;
@@ -1169,6 +1273,133 @@ TEST(AttentionPagedGpuSoftcap, MatchesReference) {
           probe.block_tables = tkv.tables.data();
           probe.block_size = tkv.block_size;
           probe.k_type = probe.v_type = kt;
+          const std::string unsupported = attn_unsupported_reason(b, probe, sm);
+          if (!unsupported.empty()) {
+            EXPECT_EQ(b, AttnBackend::Fa3) << unsupported;
+            EXPECT_THROW(run_gpu(b, decoded, f16, &tkv), Error);
+            continue;
+          }
+          expect_matches_ref(run_gpu(b, decoded, f16, &tkv), tref);
+        }
+      }
+    }
+}
+
+// ---------------------------------------------------------------- sinks on the GPU
+
+// The reference of sink case ci at (dtype, head_dim), computed once.
+const RefResult& cached_sink_ref(DType t, int hd, int ci) {
+  static std::map<std::tuple<int, int, int>, std::unique_ptr<RefResult>> cache;
+  const auto key = std::make_tuple(int(t), hd, ci);
+  auto it = cache.find(key);
+  if (it != cache.end()) return *it->second;
+  auto r = std::make_unique<RefResult>();
+  r->prob = make_sink_problem(sink_cases()[ci], hd, t, 8000u + 17u * ci + hd + (t == DType::BF16 ? 0u : 7u));
+  run_ref(r->prob, r->out, r->lse);
+  return *cache.emplace(key, std::move(r)).first->second;
+}
+
+using SinkParam = std::tuple<AttnBackend, DType, int, int>;  // backend, dtype, head_dim, case
+
+class AttentionGpuSinks : public ::testing::TestWithParam<SinkParam> {};
+
+// Contiguous K/V, outputs and lse poisoned (run_gpu), against the reference
+// with sinks: relative L2 < 1e-2, lse within 2e-3 (the sink's share
+// included; the sink itself where a row sees no key). AttentionRef.
+// SinkCasesAreSensitive checks that the sinks move every case's output by
+// more than 5x that bound.
+TEST_P(AttentionGpuSinks, MatchesReference) {
+  std::string why;
+  if (!have_cuda_device(&why)) GTEST_SKIP() << why;
+  const auto [backend, t, hd, ci] = GetParam();
+  const RefResult& ref = cached_sink_ref(t, hd, ci);
+  AttnParams probe;
+  probe.head_dim = hd;
+  probe.dtype = t;
+  probe.causal = ref.prob.causal;
+  probe.window_left = ref.prob.window_left;
+  probe.softcap = ref.prob.softcap;
+  probe.sinks = ref.prob.sinks.data();  // only tested for null
+  const std::string unsupported = attn_unsupported_reason(backend, probe, device_sm());
+  if (!unsupported.empty()) {
+    try {
+      run_gpu(backend, ref.prob, t);
+      FAIL() << "dispatch ran an unsupported combination: " << unsupported;
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()), unsupported);
+    }
+    return;
+  }
+  expect_matches_ref(run_gpu(backend, ref.prob, t), ref);
+}
+
+std::string sink_param_name(const ::testing::TestParamInfo<SinkParam>& info) {
+  const auto [backend, t, hd, ci] = info.param;
+  return std::string(attn_backend_name(backend)) + "_" + dtype_name(t) + "_d" + std::to_string(hd) + "_" +
+         sink_cases()[ci].shape.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Sinks, AttentionGpuSinks,
+                         ::testing::Combine(::testing::Values(AttnBackend::Naive, AttnBackend::Fa2, AttnBackend::Fa3),
+                                            ::testing::Values(DType::BF16, DType::F16), ::testing::Values(64, 128, 256),
+                                            ::testing::Range(0, 6)),
+                         sink_param_name);
+
+// Sinks on paged K/V: pools in the dtype (f16 and bf16, every backend, page
+// sizes 16 and 64) and typed pools read in place (q8_0/q8_0, q4_0/fp8,
+// bf16/q8_0 under f16: naive and fa2; fa3 must refuse them), the sliding
+// and the soft-capped cases (released pages) at head_dims 64, 128, 256,
+// outputs poisoned, against the reference with sinks (on the decoded values
+// for the typed pools).
+TEST(AttentionPagedGpuSinks, MatchesReference) {
+  std::string why;
+  if (!have_cuda_device(&why)) GTEST_SKIP() << why;
+  const int sm = device_sm();
+  for (int ci : {1, 5})  // gptoss_sliding128_offset, sinks_and_softcap_window
+    for (int hd : {64, 128, 256}) {
+      for (DType t : {DType::F16, DType::BF16}) {
+        const Problem p = make_sink_problem(sink_cases()[ci], hd, t, 8500u + 13u * ci + hd + unsigned(t));
+        RefResult ref;
+        ref.prob = p;
+        run_ref(p, ref.out, ref.lse);
+        for (int bs : {16, 64}) {
+          const PagedKv kv = make_paged(p, t, bs, 8600u + ci + hd + bs);
+          for (AttnBackend b : {AttnBackend::Naive, AttnBackend::Fa2, AttnBackend::Fa3}) {
+            SCOPED_TRACE(std::string(attn_backend_name(b)) + " " + dtype_name(t) + " pool bs" + std::to_string(bs) +
+                         " d" + std::to_string(hd) + " " + sink_cases()[ci].shape.name);
+            AttnParams probe;
+            probe.head_dim = hd;
+            probe.dtype = t;
+            probe.softcap = p.softcap;
+            probe.sinks = p.sinks.data();
+            probe.block_tables = kv.tables.data();  // only tested for null
+            probe.block_size = kv.block_size;
+            if (!attn_unsupported_reason(b, probe, sm).empty()) continue;  // fa3 off sm_90
+            expect_matches_ref(run_gpu(b, p, t, &kv), ref);
+          }
+        }
+      }
+      const DType f16 = DType::F16;
+      const Problem p = make_sink_problem(sink_cases()[ci], hd, f16, 8700u + 13u * ci + hd);
+      for (const auto& [kt, vt] : std::vector<std::pair<KvType, KvType>>{
+               {KvType::Q8_0, KvType::Q8_0}, {KvType::Q4_0, KvType::FP8}, {KvType::BF16, KvType::Q8_0}}) {
+        Problem decoded;
+        const PagedKv tkv = make_typed_paged(p, kt, vt, 16, 8800u + ci + hd, &decoded);
+        RefResult tref;
+        tref.prob = decoded;
+        run_ref(decoded, tref.out, tref.lse);
+        for (AttnBackend b : {AttnBackend::Naive, AttnBackend::Fa2, AttnBackend::Fa3}) {
+          SCOPED_TRACE(std::string(attn_backend_name(b)) + " K" + kv_type_name(kt) + " V" + kv_type_name(vt) +
+                       " pool d" + std::to_string(hd) + " " + sink_cases()[ci].shape.name);
+          AttnParams probe;
+          probe.head_dim = hd;
+          probe.dtype = f16;
+          probe.softcap = p.softcap;
+          probe.sinks = p.sinks.data();
+          probe.block_tables = tkv.tables.data();
+          probe.block_size = tkv.block_size;
+          probe.k_type = kt;
+          probe.v_type = vt;
           const std::string unsupported = attn_unsupported_reason(b, probe, sm);
           if (!unsupported.empty()) {
             EXPECT_EQ(b, AttnBackend::Fa3) << unsupported;

@@ -51,12 +51,15 @@ void ref_row(const AttnRefParams& p, int b, int64_t row, int h, float* out_row, 
   }
   std::vector<double> o(static_cast<size_t>(d), 0.0);
   if (mx == -std::numeric_limits<double>::infinity()) {
-    // No visible key: defined as out = 0, lse = -inf (as the kernels do).
+    // No visible key: defined as out = 0, lse = -inf, or the sink's logit
+    // with one (as the kernels do).
     for (int c = 0; c < d; ++c) out_row[c] = 0.0f;
-    if (lse_out) *lse_out = -std::numeric_limits<float>::infinity();
+    if (lse_out) *lse_out = p.sinks ? p.sinks[h] : -std::numeric_limits<float>::infinity();
     return;
   }
-  double sum = 0;
+  // The sink joins the max and the denominator, and has no value.
+  if (p.sinks) mx = std::max(mx, static_cast<double>(p.sinks[h]));
+  double sum = p.sinks ? std::exp(p.sinks[h] - mx) : 0.0;
   for (int64_t j = 0; j < sk; ++j) {
     if (s[j] == -std::numeric_limits<double>::infinity()) continue;
     const double w = std::exp(s[j] - mx);

@@ -1,6 +1,6 @@
 // CPU reference for prefill attention: plain loops, float inputs, float64
 // accumulation. Same semantics as src/attention.h (varlen, GQA/MQA,
-// bottom-right causal, left window, scale, lse); the GPU backends are tested
+// bottom-right causal, left window, scale, soft-cap, sinks, lse); the GPU backends are tested
 // against it.
 #pragma once
 
@@ -22,6 +22,7 @@ struct AttnRefParams {
   int window_left = -1;
   float scale = 0.0f;
   float softcap = 0.0f;  // > 0: each scaled score becomes softcap * tanh(score / softcap) before the mask
+  const float* sinks = nullptr;  // [n_heads] host, attention sink logits (src/attention.h); nullptr = none
 };
 
 // Whether query i of a sequence (seqlen_q queries, seqlen_k keys) sees key j.

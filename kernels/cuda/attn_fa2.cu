@@ -26,12 +26,16 @@
 // Soft-cap (AttnParams::softcap > 0): a separate instantiation (kSoftcap)
 // caps each tile's raw scores (softcap_tanh) before the mask; every mode,
 // head dim, window and KV type the kernel runs takes it.
+// Sinks (AttnParams::sinks): likewise an instantiation of their own
+// (kSinks), which joins the head's sink to each row's final state in the
+// epilogue (attn_state_add_sink); the main loop is unchanged.
 #include <cfloat>
 #include <cstdlib>
 #include <type_traits>
 
 #include "cuda/attn_kernels.h"
 #include "cuda/attn_softcap.cuh"
+#include "cuda/attn_state.h"
 #include "cuda/common.cuh"
 #include "cuda/kv_codec.cuh"
 #include "cuda/mma_sm80.cuh"
@@ -58,6 +62,7 @@ struct Fa2Args {
   int log2_bs;                  // paged only: log2(block_size)
   int n_m_blocks, n_hb;         // query blocks of the longest sequence; (head, sequence) pairs
   int order;                    // Fa2Order: which query block(s), head and sequence a CTA takes
+  const float* sinks;           // kSinks only: [n_heads] sink logits
 };
 
 // CTA -> (query block(s), head, sequence). Under causal masking a query
@@ -347,8 +352,9 @@ __device__ __forceinline__ float exp_row(float (&s)[kNT][4], int hr, float scale
 
 // kSoftcap: the attention logit soft-cap (attention.h) is a template switch
 // so that the kernels without it compile as before: d128 runs at the
-// register limit, where any change to the loop moves ptxas's spills.
-template <typename T, int D, Fa2Mode kMode, bool kSoftcap>
+// register limit, where any change to the loop moves ptxas's spills. kSinks
+// (attention sinks) is one for the same reason.
+template <typename T, int D, Fa2Mode kMode, bool kSoftcap, bool kSinks>
 __global__ void __launch_bounds__(Fa2Traits<D>::kWarps * 32, Fa2Traits<D>::kMinBlocks)
     attn_fa2_fwd(Fa2ArgsOf<kMode> a) {
   constexpr bool kPaged = kMode != Fa2Mode::kContig, kTyped = kMode == Fa2Mode::kTyped;
@@ -629,7 +635,7 @@ __global__ void __launch_bounds__(Fa2Traits<D>::kWarps * 32, Fa2Traits<D>::kMinB
       }
     }
 
-    // Epilogue: finish the row sums across the quad, normalise, store.
+    // Epilogue: finish the row sums across the quad, join the sink, normalise, store.
     T* og = static_cast<T*>(a.out) + (int64_t(q_start) * a.n_heads + h) * D;
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
@@ -638,7 +644,13 @@ __global__ void __launch_bounds__(Fa2Traits<D>::kWarps * 32, Fa2Traits<D>::kMinB
         float l = l_run[mt][hr];
         l += __shfl_xor_sync(0xffffffffu, l, 1);
         l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // no visible key: out = 0
+        float m = m_run[mt][hr];
+        float inv;
+        if constexpr (kSinks) {
+          inv = attn_state_add_sink(m, l, a.sinks[h] * kLog2e) / l;  // l >= 1 after the join
+        } else {
+          inv = l > 0.0f ? 1.0f / l : 0.0f;  // no visible key: out = 0
+        }
         const int i = m0 + (warp * kMT + mt) * 16 + g + hr * 8;
         if (i < sq) {
           T* orow = og + int64_t(i) * q_stride;
@@ -647,7 +659,7 @@ __global__ void __launch_bounds__(Fa2Traits<D>::kWarps * 32, Fa2Traits<D>::kMinB
             *reinterpret_cast<uint32_t*>(orow + dt * 8 + t4 * 2) =
                 Tr::pack2(o[mt][dt][hr * 2] * inv, o[mt][dt][hr * 2 + 1] * inv);
           if (a.lse && t4 == 0)
-            a.lse[int64_t(h) * a.total_q + q_start + i] = l > 0.0f ? (m_run[mt][hr] + log2f(l)) * kLn2 : -INFINITY;
+            a.lse[int64_t(h) * a.total_q + q_start + i] = l > 0.0f ? (m + log2f(l)) * kLn2 : -INFINITY;
         }
       }
     }
@@ -703,7 +715,7 @@ int fa2_order(const AttnParams& p, int n_m_blocks) {
   return order == kFa2OrderPair && !fa2_two_pass(p) ? kFa2OrderLpt : order;
 }
 
-template <typename T, int D, Fa2Mode kMode, bool kSoftcap>
+template <typename T, int D, Fa2Mode kMode, bool kSoftcap, bool kSinks>
 void launch_fa2(const AttnParams& p) {
   constexpr int BM = fa2_bm<D>();
   size_t smem = fa2_smem_bytes<D>();
@@ -720,7 +732,7 @@ void launch_fa2(const AttnParams& p) {
                                      p.cu_seqlens_k, p.total_q, p.n_heads, p.n_kv_heads, p.window_left, p.causal,
                                      kSoftcap ? 1.0f : p.scale * kLog2e, kSoftcap ? p.scale / p.softcap : 0.0f,
                                      kSoftcap ? p.softcap * kLog2e : 0.0f, p.block_tables, p.max_blocks_per_seq,
-                                     log2_bs, n_m, p.n_heads * p.batch, fa2_order(p, n_m)};
+                                     log2_bs, n_m, p.n_heads * p.batch, fa2_order(p, n_m), p.sinks};
   const int64_t units = int64_t(a.order == kFa2OrderPair ? (n_m + 1) / 2 : n_m) * a.n_hb;
   RUNLM_CHECK(units < (int64_t(1) << 31), "fa2: %lld CTAs unsupported; supported: < 2^31",
               static_cast<long long>(units));
@@ -738,17 +750,18 @@ void launch_fa2(const AttnParams& p) {
                 "fa2: paged K=%s V=%s at head_dim=%d need %zu bytes of shared memory; this device has %d",
                 kv_type_name(a.k_type), kv_type_name(a.v_type), D, smem, max_smem);
   }
-  cudaCheck(cudaFuncSetAttribute(attn_fa2_fwd<T, D, kMode, kSoftcap>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 int(smem)));
-  attn_fa2_fwd<T, D, kMode, kSoftcap>
+  cudaCheck(cudaFuncSetAttribute(attn_fa2_fwd<T, D, kMode, kSoftcap, kSinks>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  attn_fa2_fwd<T, D, kMode, kSoftcap, kSinks>
       <<<grid, Fa2Traits<D>::kWarps * 32, smem, static_cast<cudaStream_t>(p.stream)>>>(a);
   cudaCheckLaunch();
 }
 
 template <typename T, int D, Fa2Mode kMode>
 void launch_fa2_cap(const AttnParams& p) {
-  if (p.softcap > 0.0f) return launch_fa2<T, D, kMode, true>(p);
-  return launch_fa2<T, D, kMode, false>(p);
+  if (p.softcap > 0.0f)
+    return p.sinks ? launch_fa2<T, D, kMode, true, true>(p) : launch_fa2<T, D, kMode, true, false>(p);
+  return p.sinks ? launch_fa2<T, D, kMode, false, true>(p) : launch_fa2<T, D, kMode, false, false>(p);
 }
 
 template <typename T, int D>

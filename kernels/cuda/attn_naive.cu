@@ -1,7 +1,8 @@
 // attn_naive: the simple GPU reference. One CTA per (query row, head): it
 // materialises that row of S = scale * q K^T in shared memory (one warp per
 // key; soft-capped when p.softcap > 0), takes a max-subtracted softmax over
-// it and sums P V, all in fp32.
+// it (the head's sink, when p.sinks is set, joins its max and sum) and sums
+// P V, all in fp32.
 // No tiling: every CTA re-reads its sequence's K and V, so it is
 // memory-bound and slow on long sequences; it exists to be obviously right.
 // Paged K/V (attention.h): each key row's address goes through the block
@@ -35,6 +36,7 @@ struct NaiveArgs {
   bool causal;
   float scale;
   float softcap;                // 0 = none
+  const float* sinks;           // [n_heads] or nullptr: none
   const int32_t* block_tables;  // nullptr: contiguous K/V
   int max_blocks_per_seq, block_size;
   bool typed;                   // typed pools: k_type / v_type in layouts lk / lv
@@ -133,12 +135,14 @@ __global__ void __launch_bounds__(kNaiveThreads) attn_naive_kernel(NaiveArgs a) 
 
   if (n == 0) {  // no visible key: out = 0, lse = -inf
     for (int c = threadIdx.x; c < d; c += kNaiveThreads) out[c] = Tr::from_float(0.0f);
-    if (a.lse && threadIdx.x == 0) a.lse[int64_t(h) * a.total_q + row] = -INFINITY;
+    if (a.lse && threadIdx.x == 0) a.lse[int64_t(h) * a.total_q + row] = a.sinks ? a.sinks[h] : -INFINITY;
     return;
   }
+  // The sink (attention.h) joins the max and the sum; it has no value.
+  const float sink = a.sinks ? a.sinks[h] : -INFINITY;
   float mx = -FLT_MAX;
   for (int j = threadIdx.x; j < n; j += kNaiveThreads) mx = fmaxf(mx, s[j]);
-  mx = block_reduce(mx, true, scratch);
+  mx = fmaxf(block_reduce(mx, true, scratch), sink);
   float sum = 0.0f;
   for (int j = threadIdx.x; j < n; j += kNaiveThreads) {
     const float e = expf(s[j] - mx);
@@ -146,6 +150,7 @@ __global__ void __launch_bounds__(kNaiveThreads) attn_naive_kernel(NaiveArgs a) 
     sum += e;
   }
   sum = block_reduce(sum, false, scratch);  // its barriers also publish s[]
+  if (a.sinks) sum += expf(sink - mx);
   const float inv = 1.0f / sum;
   for (int c = threadIdx.x; c < d; c += kNaiveThreads) {
     float acc = 0.0f;
@@ -173,7 +178,7 @@ void launch_typed(const AttnParams& p) {
   if (p.max_seqlen_q == 0) return;
   cudaCheck(cudaFuncSetAttribute(attn_naive_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   NaiveArgs a{p.q, p.k, p.v, p.out, p.lse, p.cu_seqlens_q, p.cu_seqlens_k, p.total_q, p.n_heads, p.n_kv_heads,
-              p.head_dim, p.window_left, p.causal, p.scale, p.softcap, p.block_tables, p.max_blocks_per_seq,
+              p.head_dim, p.window_left, p.causal, p.scale, p.softcap, p.sinks, p.block_tables, p.max_blocks_per_seq,
               p.block_size, false, KvType::F16, KvType::F16, KvPoolLayout{}, KvPoolLayout{}};
   if (p.block_tables && attn_kv_typed(p)) {
     RUNLM_CHECK(p.dtype == DType::F16, "naive: paged K/V types K=%s V=%s with dtype %s unsupported; supported: dtype f16",

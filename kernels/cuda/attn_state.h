@@ -37,4 +37,18 @@ RUNLM_HD void attn_state_merge(float& m_a, float& d_a, float m_b, float d_b, flo
   m_a = m;
 }
 
+// Joins an attention sink (gpt-oss: a learned logit per query head that
+// takes a share of the softmax and has no value; ggml_soft_max_ext's sinks)
+// to the final state of a row, in the state's log2 units (sink * log2(e)):
+// (m, d) become the state over the keys and the sink, and the return value
+// is the factor for o (o * factor / d is then the row's output). A row
+// that saw no key (-inf, 0) gets m = sink, d = 1 and factor 0: output 0.
+RUNLM_HD float attn_state_add_sink(float& m, float& d, float sink) {
+  const float m_new = fmaxf(m, sink);
+  const float scale = exp2f(m - m_new);  // 0 when m = -inf
+  d = d * scale + exp2f(sink - m_new);
+  m = m_new;
+  return scale;
+}
+
 }  // namespace runlm

@@ -21,6 +21,9 @@
 // Soft-cap (AttnParams::softcap > 0) is a template switch (kSoftcap), so the
 // kernels without it compile as before: the consumers' scores are
 // capped (softcap_tanh) before the mask and the online softmax (mainloop.cuh).
+// Sinks (AttnParams::sinks) are one too (kSinks): the epilogue joins the
+// head's sink to each row's final state (OnlineSoftmax::finish); the main
+// loop is unchanged.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -46,7 +49,7 @@ namespace {
 using namespace fa3;
 using namespace sm90;
 
-template <typename T, int D, int BN, bool kPaged, bool kSoftcap>
+template <typename T, int D, int BN, bool kPaged, bool kSoftcap, bool kSinks>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_fa3_fwd(const __grid_constant__ CUtensorMap tmQ, const __grid_constant__ CUtensorMap tmK,
                  const __grid_constant__ CUtensorMap tmV, const Args a) {
@@ -109,7 +112,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         consumer_mma_block<T, D, BN, kPaged, kSoftcap>(base, a, r, wgc, q_iter, pipe, o, sm);
         ++q_iter;
       }
-      epilogue_store<T, D, L::BN>(a, r, w.head, wgc, o, sm);
+      epilogue_store<T, D, L::BN, kSinks>(a, r, w.head, wgc, o, sm);
     }
   }
 #endif
@@ -151,7 +154,7 @@ int choose_heads_per_group(int n_heads, int n_kv_heads, int batch, int max_seqle
   return static_cast<int>(std::min<int64_t>(n_hb, std::max<int64_t>(1, g)));
 }
 
-template <typename T, int D, int BN, bool kPaged, bool kSoftcap>
+template <typename T, int D, int BN, bool kPaged, bool kSoftcap, bool kSinks>
 void launch_fa3(const AttnParams& p) {
   using L = Layout<D, BN>;
   if (p.max_seqlen_q == 0) return;
@@ -184,6 +187,7 @@ void launch_fa3(const AttnParams& p) {
   a.scale_log2 = kSoftcap ? 1.0f : p.scale * kLog2e;
   a.cap_in = kSoftcap ? p.scale / p.softcap : 0.0f;
   a.cap_out = kSoftcap ? p.softcap * kLog2e : 0.0f;
+  a.sinks = p.sinks;
   a.n_m_blocks = ceil_div(p.max_seqlen_q, L::BM);
   a.batch = p.batch;
   a.heads_per_group =
@@ -202,16 +206,23 @@ void launch_fa3(const AttnParams& p) {
   cudaCheck(cudaGetDevice(&dev));
   cudaCheck(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   const int grid = int(tiles < sms ? tiles : sms);
-  const auto kernel = attn_fa3_fwd<T, D, BN, kPaged, kSoftcap>;
+  const auto kernel = attn_fa3_fwd<T, D, BN, kPaged, kSoftcap, kSinks>;
   cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(L::kAlloc)));
   kernel<<<grid, kThreads, L::kAlloc, static_cast<cudaStream_t>(p.stream)>>>(tq, tk, tv, a);
   cudaCheckLaunch();
 }
 
+// The instantiation for p's soft-cap (at tile width BN) and sinks.
+template <typename T, int D, int BN, bool kPaged, bool kSoftcap>
+void launch_fa3_sinks(const AttnParams& p) {
+  if (p.sinks) return launch_fa3<T, D, BN, kPaged, kSoftcap, true>(p);
+  return launch_fa3<T, D, BN, kPaged, kSoftcap, false>(p);
+}
+
 template <typename T, int D, int BN, bool kPaged>
 void launch_fa3_cap(const AttnParams& p) {
-  if (p.softcap > 0.0f) return launch_fa3<T, D, BN, kPaged, true>(p);
-  return launch_fa3<T, D, BN, kPaged, false>(p);
+  if (p.softcap > 0.0f) return launch_fa3_sinks<T, D, BN, kPaged, true>(p);
+  return launch_fa3_sinks<T, D, BN, kPaged, false>(p);
 }
 
 template <typename T, bool kPaged>
@@ -227,8 +238,8 @@ void launch_fa3_paged(const AttnParams& p) {
       // Soft-capped problems keep 128-key tiles too: the 176-key tile's
       // soft-capped consumers spilled 72 bytes (paged; ptxas -v), the 128-key
       // one none. Not timed against each other.
-      if (p.softcap > 0.0f) return launch_fa3<T, 128, 128, kPaged, true>(p);
-      return launch_fa3<T, 128, DefaultBN<128>::value, kPaged, false>(p);
+      if (p.softcap > 0.0f) return launch_fa3_sinks<T, 128, 128, kPaged, true>(p);
+      return launch_fa3_sinks<T, 128, DefaultBN<128>::value, kPaged, false>(p);
     case 256: return launch_fa3_cap<T, 256, DefaultBN<256>::value, kPaged>(p);
     default: fail("fa3: head_dim=%d unsupported; supported: head_dim {64,128,256}", p.head_dim);
   }

@@ -82,6 +82,7 @@ struct Args {
   bool causal;
   float scale_log2;      // softmax scale * log2(e); 1 under soft-cap (the capped scores are in base 2)
   float cap_in, cap_out;  // soft-cap only: s -> cap_out * tanh(s * cap_in), scale / cap and cap * log2(e)
+  const float* sinks;     // kSinks only: [n_heads] sink logits
   int n_m_blocks, batch;
   int heads_per_group;  // see StaticTileScheduler
   bool snake;           // see StaticTileScheduler

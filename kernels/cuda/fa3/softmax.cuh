@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "cuda/attn_state.h"
 #include "cuda/common.cuh"
 
 namespace runlm {
@@ -51,15 +52,22 @@ struct OnlineSoftmax {
     }
   }
 
-  // Final row sums; returns 1/l (0 for rows that saw no key) and writes the
-  // natural-log lse (-inf for those rows).
-  __device__ __forceinline__ void finish(float (&inv)[2], float (&lse)[2]) {
+  // Final row sums; returns the factor of O (1/l, 0 for rows that saw no
+  // key) and writes the natural-log lse (-inf for those rows). kSinks: the
+  // sink (sink_log2, the head's sink logit * log2 e) joins each row's
+  // state first (attn_state_add_sink), so O's factor is 2^(m - m') / l'.
+  template <bool kSinks>
+  __device__ __forceinline__ void finish(float (&inv)[2], float (&lse)[2], float sink_log2) {
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
       float s = l[hr];
       s += __shfl_xor_sync(0xffffffffu, s, 1);
       s += __shfl_xor_sync(0xffffffffu, s, 2);
-      inv[hr] = s > 0.0f ? 1.0f / s : 0.0f;
+      if constexpr (kSinks) {
+        inv[hr] = attn_state_add_sink(m[hr], s, sink_log2) / s;  // s >= 1 after the join
+      } else {
+        inv[hr] = s > 0.0f ? 1.0f / s : 0.0f;
+      }
       lse[hr] = s > 0.0f ? (m[hr] + log2f(s)) * kLn2 : -INFINITY;
     }
   }
