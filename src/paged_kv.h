@@ -136,7 +136,9 @@ struct PagedKvView {
 // at position seq_lens[s] - n_q(s) + i and attends causally to keys at
 // positions [max(0, p - window + 1) (window > 0) or 0, p]. softcap > 0 caps
 // each scaled score s at softcap * tanh(s / softcap) before the mask and the
-// softmax (Gemma 2's attention logit soft-cap); 0 = none.
+// softmax (Gemma 2's attention logit soft-cap); 0 = none. sinks (gpt-oss;
+// nullptr = none): head h's sink logit joins its softmax without a value,
+// unscaled and uncapped (src/attention.h).
 struct PagedDecodeParams {
   const float* q = nullptr;          // [total_q, n_heads, head_dim] f32, rotated
   float* out = nullptr;              // [total_q, n_heads, head_dim] f32
@@ -149,6 +151,7 @@ struct PagedDecodeParams {
   int window = 0;                    // 0 = full attention
   float scale = 0;
   float softcap = 0;                 // 0 = none
+  const float* sinks = nullptr;      // [n_heads] attention sink logits; nullptr = none
   PagedKvView kv;
 };
 

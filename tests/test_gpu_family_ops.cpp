@@ -203,7 +203,7 @@ TEST(GpuFamilyOps, RopeIntoQuantizedKvPool) {
 // rope_ext'd in f32, scores q.k * scale, then cap * tanh(s / cap) when
 // capped, softmax and the V sum in double. The GPU differs by its fp32
 // sums: 1e-3. The step's cache rows must hold the rotated keys (f16).
-TEST(GpuFamilyOps, DecodeAttentionRopeEveryRopeVariantAndSoftcap) {
+TEST(GpuFamilyOps, DecodeAttentionRopeEveryRopeVariantSoftcapAndSinks) {
   REQUIRE_GPU();
   const int n_heads = 4, n_kv = 2, n = 3, pos0 = 37, max_ctx = 64;
   uint32_t seed = 500;
@@ -213,73 +213,84 @@ TEST(GpuFamilyOps, DecodeAttentionRopeEveryRopeVariantAndSoftcap) {
     for (const RopeCase& rc : rope_cases(hd, factors)) {
       for (float cap : {0.0f, 2.5f}) {
         for (int window : {0, 16}) {
-          SCOPED_TRACE(std::string(rc.name) + " head_dim " + std::to_string(hd) + " softcap " + std::to_string(cap) +
-                       " window " + std::to_string(window));
-          const float scale = 1.0f / std::sqrt(float(hd)) * 2.0f;  // scores of several units: the cap bites
-          const std::vector<float> q = randn(size_t(n) * q_dim, ++seed);
-          const std::vector<float> k = randn(size_t(n) * kv_dim, ++seed);
-          const std::vector<float> v = randn(size_t(n) * kv_dim, ++seed);
-          std::vector<float> cache_k = randn(size_t(max_ctx) * kv_dim, ++seed);
-          std::vector<float> cache_v = randn(size_t(max_ctx) * kv_dim, ++seed);
-          std::vector<uint16_t> hk(cache_k.size()), hv(cache_v.size());
-          for (size_t i = 0; i < hk.size(); ++i) {
-            hk[i] = fp32_to_fp16(cache_k[i]);
-            hv[i] = fp32_to_fp16(cache_v[i]);
-            cache_k[i] = fp16_to_fp32(hk[i]);
-            cache_v[i] = fp16_to_fp32(hv[i]);
-          }
-          // The reference cache: the step's rows rotated and rounded.
-          std::vector<float> qr = q;
-          for (int t = 0; t < n; ++t) {
-            std::vector<float> kt(k.begin() + long(size_t(t) * kv_dim), k.begin() + long(size_t(t + 1) * kv_dim));
-            rope_ext(kt.data(), n_kv, hd, pos0 + t, rc.spec);
-            rope_ext(qr.data() + size_t(t) * q_dim, n_heads, hd, pos0 + t, rc.spec);
-            for (int e = 0; e < kv_dim; ++e) {
-              cache_k[size_t(pos0 + t) * kv_dim + e] = round_f16(kt[size_t(e)]);
-              cache_v[size_t(pos0 + t) * kv_dim + e] = round_f16(v[size_t(t) * kv_dim + e]);
+          for (bool with_sinks : {false, true}) {
+            SCOPED_TRACE(std::string(rc.name) + " head_dim " + std::to_string(hd) + " softcap " + std::to_string(cap) +
+                         " window " + std::to_string(window) + " sinks " + std::to_string(with_sinks));
+            // Sinks uniform in [-2, 4] against scores of a few units, one per head.
+            std::vector<float> sinks;
+            if (with_sinks) {
+              std::mt19937 rng(++seed);
+              std::uniform_real_distribution<float> u(-2.0f, 4.0f);
+              for (int h = 0; h < n_heads; ++h) sinks.push_back(u(rng));
             }
-          }
-          std::vector<float> want(size_t(n) * q_dim);
-          for (int t = 0; t < n; ++t) {
-            const int p = pos0 + t, first = window > 0 ? std::max(0, p - window + 1) : 0;
-            for (int h = 0; h < n_heads; ++h) {
-              const int kvh = h / (n_heads / n_kv);
-              std::vector<double> s;
-              double mx = -INFINITY;
-              for (int j = first; j <= p; ++j) {
-                double dot = 0;
-                for (int e = 0; e < hd; ++e)
-                  dot += double(qr[size_t(t) * q_dim + h * hd + e]) * cache_k[size_t(j) * kv_dim + kvh * hd + e];
-                dot *= scale;
-                if (cap > 0) dot = cap * std::tanh(dot / cap);
-                s.push_back(dot);
-                mx = std::max(mx, dot);
-              }
-              double sum = 0;
-              for (double& x : s) sum += (x = std::exp(x - mx));
-              for (int e = 0; e < hd; ++e) {
-                double acc = 0;
-                for (int j = first; j <= p; ++j) acc += s[size_t(j - first)] * cache_v[size_t(j) * kv_dim + kvh * hd + e];
-                want[size_t(t) * q_dim + h * hd + e] = float(acc / sum);
+            const float scale = 1.0f / std::sqrt(float(hd)) * 2.0f;  // scores of several units: the cap bites
+            const std::vector<float> q = randn(size_t(n) * q_dim, ++seed);
+            const std::vector<float> k = randn(size_t(n) * kv_dim, ++seed);
+            const std::vector<float> v = randn(size_t(n) * kv_dim, ++seed);
+            std::vector<float> cache_k = randn(size_t(max_ctx) * kv_dim, ++seed);
+            std::vector<float> cache_v = randn(size_t(max_ctx) * kv_dim, ++seed);
+            std::vector<uint16_t> hk(cache_k.size()), hv(cache_v.size());
+            for (size_t i = 0; i < hk.size(); ++i) {
+              hk[i] = fp32_to_fp16(cache_k[i]);
+              hv[i] = fp32_to_fp16(cache_v[i]);
+              cache_k[i] = fp16_to_fp32(hk[i]);
+              cache_v[i] = fp16_to_fp32(hv[i]);
+            }
+            // The reference cache: the step's rows rotated and rounded.
+            std::vector<float> qr = q;
+            for (int t = 0; t < n; ++t) {
+              std::vector<float> kt(k.begin() + long(size_t(t) * kv_dim), k.begin() + long(size_t(t + 1) * kv_dim));
+              rope_ext(kt.data(), n_kv, hd, pos0 + t, rc.spec);
+              rope_ext(qr.data() + size_t(t) * q_dim, n_heads, hd, pos0 + t, rc.spec);
+              for (int e = 0; e < kv_dim; ++e) {
+                cache_k[size_t(pos0 + t) * kv_dim + e] = round_f16(kt[size_t(e)]);
+                cache_v[size_t(pos0 + t) * kv_dim + e] = round_f16(v[size_t(t) * kv_dim + e]);
               }
             }
-          }
-          auto dq = upload(q);
-          auto dk = upload(k);
-          auto dv = upload(v);
-          auto dp = upload(std::vector<int>{pos0, pos0 + 1, pos0 + 2});
-          auto kc = upload(hk);
-          auto vc = upload(hv);
-          DevBuf out(want.size() * sizeof(float));
-          gpu::decode_attention_rope(dq->as<float>(), dk->as<float>(), dv->as<float>(), dp->as<int>(), n, n_heads,
-                                     n_kv, hd, rc.spec, kc->as<uint16_t>(), vc->as<uint16_t>(), window, scale, max_ctx,
-                                     out.as<float>(), nullptr, nullptr, cap);
-          EXPECT_LT(rel_err(out.get<float>(want.size()), want), 1e-3);
-          const std::vector<float> kcf = f16_to_f32(kc->get<uint16_t>(hk.size()));
-          const std::vector<float> vcf = f16_to_f32(vc->get<uint16_t>(hv.size()));
-          for (size_t i = size_t(pos0) * kv_dim; i < size_t(pos0 + n) * kv_dim; ++i) {
-            ASSERT_NEAR(kcf[i], cache_k[i], 2e-3f * std::max(1.0f, std::abs(cache_k[i]))) << i;
-            ASSERT_EQ(vcf[i], cache_v[i]) << i;
+            std::vector<float> want(size_t(n) * q_dim);
+            for (int t = 0; t < n; ++t) {
+              const int p = pos0 + t, first = window > 0 ? std::max(0, p - window + 1) : 0;
+              for (int h = 0; h < n_heads; ++h) {
+                const int kvh = h / (n_heads / n_kv);
+                std::vector<double> s;
+                double mx = -INFINITY;
+                for (int j = first; j <= p; ++j) {
+                  double dot = 0;
+                  for (int e = 0; e < hd; ++e)
+                    dot += double(qr[size_t(t) * q_dim + h * hd + e]) * cache_k[size_t(j) * kv_dim + kvh * hd + e];
+                  dot *= scale;
+                  if (cap > 0) dot = cap * std::tanh(dot / cap);
+                  s.push_back(dot);
+                  mx = std::max(mx, dot);
+                }
+                if (with_sinks) mx = std::max(mx, double(sinks[size_t(h)]));
+                double sum = with_sinks ? std::exp(sinks[size_t(h)] - mx) : 0.0;
+                for (double& x : s) sum += (x = std::exp(x - mx));
+                for (int e = 0; e < hd; ++e) {
+                  double acc = 0;
+                  for (int j = first; j <= p; ++j) acc += s[size_t(j - first)] * cache_v[size_t(j) * kv_dim + kvh * hd + e];
+                  want[size_t(t) * q_dim + h * hd + e] = float(acc / sum);
+                }
+              }
+            }
+            auto dq = upload(q);
+            auto dk = upload(k);
+            auto dv = upload(v);
+            auto dp = upload(std::vector<int>{pos0, pos0 + 1, pos0 + 2});
+            auto kc = upload(hk);
+            auto vc = upload(hv);
+            auto ds = upload(sinks);
+            DevBuf out(want.size() * sizeof(float));
+            gpu::decode_attention_rope(dq->as<float>(), dk->as<float>(), dv->as<float>(), dp->as<int>(), n, n_heads,
+                                       n_kv, hd, rc.spec, kc->as<uint16_t>(), vc->as<uint16_t>(), window, scale, max_ctx,
+                                       out.as<float>(), nullptr, nullptr, cap, with_sinks ? ds->as<float>() : nullptr);
+            EXPECT_LT(rel_err(out.get<float>(want.size()), want), 1e-3);
+            const std::vector<float> kcf = f16_to_f32(kc->get<uint16_t>(hk.size()));
+            const std::vector<float> vcf = f16_to_f32(vc->get<uint16_t>(hv.size()));
+            for (size_t i = size_t(pos0) * kv_dim; i < size_t(pos0 + n) * kv_dim; ++i) {
+              ASSERT_NEAR(kcf[i], cache_k[i], 2e-3f * std::max(1.0f, std::abs(cache_k[i]))) << i;
+              ASSERT_EQ(vcf[i], cache_v[i]) << i;
+            }
           }
         }
       }

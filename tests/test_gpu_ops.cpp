@@ -1170,6 +1170,7 @@ namespace {
 
 struct AttnCase {
   int n, n_heads, n_kv, hd, window, pos0;
+  float sink_lo = 0, sink_hi = 0;  // sink_hi > sink_lo: attention sinks, one per head uniform in [lo, hi]
 };
 
 void check_decode_attention(const AttnCase& c, uint32_t seed) {
@@ -1187,6 +1188,13 @@ void check_decode_attention(const AttnCase& c, uint32_t seed) {
   const std::vector<float> kr = f16_to_f32(kh), vr = f16_to_f32(vh);
   const std::vector<float> q = randn(size_t(c.n) * c.n_heads * c.hd, seed + 2);
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+  std::vector<float> sinks;
+  if (c.sink_hi > c.sink_lo) {
+    std::mt19937 rng(seed + 3);
+    std::uniform_real_distribution<float> u(c.sink_lo, c.sink_hi);
+    for (int h = 0; h < c.n_heads; ++h) sinks.push_back(u(rng));
+  }
+  const float* host_sinks = sinks.empty() ? nullptr : sinks.data();
   // The CPU reference reads an f32 cache (kernels/cpu/ops.h KvLayerView).
   KvLayerView kv;
   kv.k = reinterpret_cast<const uint8_t*>(kr.data());
@@ -1196,8 +1204,9 @@ void check_decode_attention(const AttnCase& c, uint32_t seed) {
   std::vector<float> ref(q.size()), scratch(size_t(c.n_heads) * max_ctx + 2 * kv_row);
   for (int i = 0; i < c.n; ++i)
     attention_one_token(ref.data() + size_t(i) * c.n_heads * c.hd, q.data() + size_t(i) * c.n_heads * c.hd, kv,
-                        c.pos0 + i, c.n_heads, c.n_kv, c.hd, c.window, scale, scratch.data());
+                        c.pos0 + i, c.n_heads, c.n_kv, c.hd, c.window, scale, scratch.data(), 0.0f, host_sinks);
   auto dq = upload(q);
+  auto ds = upload(sinks);
   auto dk = upload(kh);
   auto dv = upload(vh);
   auto dp = upload(std::vector<int>{c.pos0});
@@ -1208,11 +1217,13 @@ void check_decode_attention(const AttnCase& c, uint32_t seed) {
   const bool with_x8 = c.hd % 32 == 0;
   DevBuf x8(with_x8 ? gpu::x8_bytes(c.n, cols) : 0);  // poisoned
   gpu::decode_attention(dq->as<float>(), dk->as<uint16_t>(), dv->as<uint16_t>(), c.n, dp->as<int>(), c.n_heads,
-                        c.n_kv, c.hd, c.window, scale, max_ctx, out.as<float>(), nullptr, with_x8 ? x8.p : nullptr);
+                        c.n_kv, c.hd, c.window, scale, max_ctx, out.as<float>(), nullptr, with_x8 ? x8.p : nullptr,
+                        0.0f, host_sinks ? ds->as<float>() : nullptr);
   const std::vector<float> got = out.get<float>(q.size());
   // Same f16 cache values on both sides: only fp32 ordering and expf differ.
   EXPECT_LT(rel_err(got, ref), 1e-4) << "n=" << c.n << " heads=" << c.n_heads << "/" << c.n_kv << " hd=" << c.hd
-                                     << " window=" << c.window << " pos0=" << c.pos0;
+                                     << " window=" << c.window << " pos0=" << c.pos0 << " sinks " << c.sink_lo << ".."
+                                     << c.sink_hi;
   if (with_x8) {
     const HostX8 want = host_quantize_x8(got);
     const HostX8 got8 = read_x8(x8, c.n, cols);
@@ -1235,6 +1246,22 @@ TEST(GpuOps, DecodeAttentionGqaWindowLongContext) {
       {2, 6, 3, 96, 0, 70},      // head_dim not a power of two
   };
   uint32_t seed = 50;
+  for (const AttnCase& c : cases) check_decode_attention(c, seed += 10);
+}
+
+// Attention sinks (gpt-oss: head_dim 64, GQA, a 128-token window on every
+// other layer) against attention_one_token with sinks: sinks in [-2, 4]
+// against scores ~N(0, 1), and sinks of e^8..e^10 that dominate every row
+// (the output shrinks ~10-100-fold; the relative bound then tests the
+// sink's share).
+TEST(GpuOps, DecodeAttentionSinks) {
+  REQUIRE_GPU();
+  const AttnCase cases[] = {
+      {1, 8, 2, 64, 0, 37, -2.0f, 4.0f},    {4, 8, 2, 64, 128, 300, -2.0f, 4.0f},
+      {2, 8, 8, 128, 16, 100, -2.0f, 4.0f}, {1, 16, 2, 64, 0, small_only() ? 499 : 4999, -2.0f, 4.0f},
+      {3, 8, 2, 64, 0, 200, 8.0f, 10.0f},   {1, 4, 1, 256, 128, 3, 8.0f, 10.0f},
+  };
+  uint32_t seed = 150;
   for (const AttnCase& c : cases) check_decode_attention(c, seed += 10);
 }
 

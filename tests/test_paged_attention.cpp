@@ -44,9 +44,10 @@ namespace {
 
 // Dense attention in double for one query row over keys [first, pos] of a
 // contiguous cache [len][n_kv_heads][hd] of floats.
-// softcap > 0 caps each scaled score at softcap * tanh(score / softcap).
+// softcap > 0 caps each scaled score at softcap * tanh(score / softcap);
+// sink (nullptr: none) is one more logit of the softmax, without a value.
 void dense_row(const float* q, const std::vector<float>& k, const std::vector<float>& v, int n_kv, int hd, int kvh,
-               int first, int pos, double scale, double* out, double softcap = 0) {
+               int first, int pos, double scale, double* out, double softcap = 0, const float* sink = nullptr) {
   std::vector<double> s;
   double mx = -INFINITY;
   for (int t = first; t <= pos; ++t) {
@@ -55,7 +56,8 @@ void dense_row(const float* q, const std::vector<float>& k, const std::vector<fl
     s.push_back(softcap > 0 ? softcap * std::tanh(d * scale / softcap) : d * scale);
     mx = std::max(mx, s.back());
   }
-  double sum = 0;
+  if (sink) mx = std::max(mx, double(*sink));
+  double sum = sink ? std::exp(*sink - mx) : 0.0;
   for (double& x : s) sum += (x = std::exp(x - mx));
   for (int j = 0; j < hd; ++j) {
     double acc = 0;
@@ -66,10 +68,13 @@ void dense_row(const float* q, const std::vector<float>& k, const std::vector<fl
 
 // The reference against dense_row on a tiny case: two sequences, contiguous
 // table (page j of sequence s is s * pages + j), n_q 1 and 3, window on/off,
-// soft-cap off, near the scores' size (0.7) and far above it (50).
+// soft-cap off, near the scores' size (0.7) and far above it (50), without
+// and with sinks (one per head, from a small share to a dominating one).
 TEST(PagedAttentionRef, MatchesDenseFormula) {
   const int n_heads = 4, n_kv = 2, hd = 8, bs = 4;
   const std::vector<int> lens = {7, 13}, nq = {1, 3};
+  const std::vector<float> head_sinks = {-2.0f, 0.5f, 3.0f, 9.0f};
+  for (bool with_sinks : {false, true})
   for (float softcap : {0.0f, 0.7f, 50.0f})
   for (int window : {0, 5}) {
     std::mt19937 rng(11 + window);
@@ -97,6 +102,7 @@ TEST(PagedAttentionRef, MatchesDenseFormula) {
     p.window = window;
     p.scale = 1.0f / std::sqrt(float(hd));
     p.softcap = softcap;
+    p.sinks = with_sinks ? head_sinks.data() : nullptr;
     p.kv.k_pool = kpool.data();
     p.kv.v_pool = vpool.data();
     p.kv.k_type = KvType::F32;
@@ -119,10 +125,11 @@ TEST(PagedAttentionRef, MatchesDenseFormula) {
         for (int h = 0; h < n_heads; ++h) {
           double want[hd];
           const size_t at = (size_t(cu_q[s] + i) * n_heads + h) * hd;
-          dense_row(&q[at], k, v, n_kv, hd, h / (n_heads / n_kv), first, pos, p.scale, want, softcap);
+          dense_row(&q[at], k, v, n_kv, hd, h / (n_heads / n_kv), first, pos, p.scale, want, softcap,
+                    with_sinks ? &head_sinks[size_t(h)] : nullptr);
           for (int j = 0; j < hd; ++j)
-            EXPECT_NEAR(out[at + j], want[j], 1e-5)
-                << "softcap " << softcap << " window " << window << " seq " << s << " q " << i << " h " << h;
+            EXPECT_NEAR(out[at + j], want[j], 1e-5) << "softcap " << softcap << " sinks " << with_sinks << " window "
+                                                    << window << " seq " << s << " q " << i << " h " << h;
         }
       }
     }
@@ -193,6 +200,8 @@ struct Case {
   bool stale_tail = false;  // slots past each sequence's length in its last page: NaN / inf / garbage (stale_tail_slots)
   float score_steps = 0;    // > 0: scores rise in steps of this / 4 along each sequence (step_scores)
   float softcap = 0;        // PagedDecodeParams::softcap
+  bool sinks = false;       // PagedDecodeParams::sinks, one per head uniform in [sink_lo, sink_hi]
+  float sink_lo = -2.0f, sink_hi = 4.0f;
   float q_gain = 1;         // q drawn from [-3, 3] * q_gain (scores ~q_gain in size)
   uint32_t seed = 1;
 };
@@ -205,9 +214,11 @@ struct HostProblem {
   std::vector<int32_t> tables;         // [n_seqs, max_blocks]
   std::vector<int32_t> cu_q;
   std::vector<float> q;                // [total_q, n_heads, hd]
+  std::vector<float> sinks;            // [n_heads] when c.sinks, else empty
 
+  // sk: the sinks where the params are read (host or device); unused without c.sinks.
   PagedDecodeParams params(const void* k, const void* v, const int32_t* tab, const int32_t* lens, const int32_t* cq,
-                           const float* qp, float* out) const {
+                           const float* qp, float* out, const float* sk) const {
     PagedDecodeParams p;
     p.q = qp;
     p.out = out;
@@ -220,6 +231,7 @@ struct HostProblem {
     p.window = c.window;
     p.scale = 1.0f / std::sqrt(float(c.hd));
     p.softcap = c.softcap;
+    p.sinks = c.sinks ? sk : nullptr;
     p.kv.k_pool = k;
     p.kv.v_pool = v;
     p.kv.k_type = c.k_type;
@@ -350,6 +362,11 @@ HostProblem make_problem(const Case& c) {
   hp.q.resize(size_t(hp.total_q) * c.n_heads * c.hd);
   for (float& x : hp.q) x = 3.0f * c.q_gain * u(rng);
   if (c.score_steps > 0) step_scores(c, hp.tables, hp.max_blocks, hp.lk, hp.kpool, hp.q, rng);
+  if (c.sinks) {
+    std::uniform_real_distribution<float> us(c.sink_lo, c.sink_hi);
+    hp.sinks.resize(size_t(c.n_heads));
+    for (float& x : hp.sinks) x = us(rng);
+  }
   return hp;
 }
 
@@ -371,7 +388,7 @@ void place_contents_of(const HostProblem& b, const Case& c, HostProblem& a) {
 std::vector<float> reference(const HostProblem& hp) {
   std::vector<float> out(hp.q.size(), NAN);
   PagedDecodeParams p = hp.params(hp.kpool.data(), hp.vpool.data(), hp.tables.data(), hp.c.lens.data(),
-                                  hp.cu_q.data(), hp.q.data(), out.data());
+                                  hp.cu_q.data(), hp.q.data(), out.data(), hp.sinks.data());
   const int n = p.n_seqs;
   const int n_threads = std::max(1, std::min<int>(n, int(std::thread::hardware_concurrency())));
   std::vector<std::thread> threads;
@@ -448,6 +465,54 @@ std::vector<Case> gemma2_cases() {
   return r;
 }
 
+// Decode with attention sinks (PagedDecodeParams::sinks, gpt-oss): the
+// soft-cap grid's K/V type pairs (every kernel), head_dims 64, 128, 256,
+// full and a 128-token sliding window (gpt-oss's), GQA 16/8, 1 and 2 query
+// tokens; sinks in [-2, 4] against scores ~N(0, 1). Then sinks that
+// dominate every row (e^8..e^10 against ~1100 keys' e^0.5), and sinks with
+// a soft-cap.
+std::vector<Case> sink_cases() {
+  const std::pair<KvType, KvType> pairs[] = {{KvType::F16, KvType::F16},   {KvType::BF16, KvType::BF16},
+                                             {KvType::Q8_0, KvType::Q8_0}, {KvType::Q4_0, KvType::Q4_0},
+                                             {KvType::FP8, KvType::FP8},   {KvType::F16, KvType::Q8_0},
+                                             {KvType::Q8_0, KvType::F16}};
+  std::vector<Case> r;
+  uint32_t seed = 1800;
+  for (auto [kt, vt] : pairs)
+    for (int hd : {64, 128, 256})
+      for (int window : {0, 128}) {
+        Case c;
+        c.lens = {2, 17, 300, 1100};  // >= the query tokens
+        c.nq.assign(c.lens.size(), 1 + int(seed % 2));
+        c.n_heads = 16;
+        c.n_kv = 8;
+        c.hd = hd;
+        c.window = window;
+        c.k_type = kt;
+        c.v_type = vt;
+        c.sinks = true;
+        c.seed = seed++;
+        r.push_back(c);
+      }
+  for (KvType t : {KvType::F16, KvType::Q8_0})
+    for (int hd : {64, 128}) {
+      Case c = r[0];
+      c.k_type = c.v_type = t;
+      c.hd = hd;
+      c.sink_lo = 8.0f;
+      c.sink_hi = 10.0f;
+      c.seed = seed++;
+      r.push_back(c);
+      c.sink_lo = -2.0f;
+      c.sink_hi = 4.0f;
+      c.softcap = 1.0f;
+      c.window = 128;
+      c.seed = seed++;
+      r.push_back(c);
+    }
+  return r;
+}
+
 // Worst per-row relative error ||out - ref|| / ||ref||; any non-finite value
 // counts as infinite.
 double worst_row_error(const std::vector<float>& out, const std::vector<float>& ref, int hd, std::string* where) {
@@ -488,6 +553,21 @@ TEST(PagedAttentionRef, SoftcapCasesAreSensitive) {
     std::string where;
     EXPECT_GT(worst_row_error(reference(plain), reference(capped), c.hd, &where), 5 * 3e-3 * c.q_gain)
         << "hd " << c.hd << " window " << c.window << " q_gain " << c.q_gain;
+  }
+}
+
+// The sinks move some row of the reference's output past the GPU tests'
+// per-row bound (at most 3e-3 on tensor cores) by more than 5x, for every
+// head_dim, window and sink range of sink_cases.
+TEST(PagedAttentionRef, SinkCasesAreSensitive) {
+  for (Case c : sink_cases()) {
+    if (c.k_type != KvType::F16 || c.v_type != KvType::F16) continue;  // the types do not change the scores' size
+    const HostProblem with = make_problem(c);
+    c.sinks = false;
+    const HostProblem without = make_problem(c);
+    std::string where;
+    EXPECT_GT(worst_row_error(reference(without), reference(with), c.hd, &where), 5 * 3e-3)
+        << "hd " << c.hd << " window " << c.window << " sinks from " << c.sink_lo << " softcap " << c.softcap;
   }
 }
 
@@ -633,7 +713,7 @@ void upload(DevBuf& d, const std::vector<T>& h) {
 struct DevProblem {
   const HostProblem& hp;
   size_t ws_bytes;
-  DevBuf k, v, tables, lens, cu_q, q, out, ws;
+  DevBuf k, v, tables, lens, cu_q, q, out, ws, sinks;
   explicit DevProblem(const HostProblem& h)
       : hp(h),
         ws_bytes(paged_decode_workspace_bytes(int(h.c.lens.size()), h.total_q, h.c.n_heads, h.c.hd, h.max_seq_len)),
@@ -644,17 +724,19 @@ struct DevProblem {
         cu_q(h.cu_q.size() * 4),
         q(h.q.size() * 4),
         out(h.q.size() * 4),
-        ws(ws_bytes) {
+        ws(ws_bytes),
+        sinks(h.sinks.size() * 4) {
     upload(k, h.kpool);
     upload(v, h.vpool);
     upload(tables, h.tables);
     upload(lens, h.c.lens);
     upload(cu_q, h.cu_q);
     upload(q, h.q);
+    upload(sinks, h.sinks);
   }
   PagedDecodeParams params() const {
     return hp.params(k.p, v.p, tables.as<int32_t>(), lens.as<int32_t>(), cu_q.as<int32_t>(), q.as<float>(),
-                     out.as<float>());
+                     out.as<float>(), sinks.as<float>());
   }
   // Poisons out with NaN (all-ones bits), runs, and returns out.
   std::vector<float> run(int partition, DecodeKernel kernel = DecodeKernel::Auto) {
@@ -669,10 +751,12 @@ struct DevProblem {
 };
 
 std::string describe(const Case& c, int partition) {
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "n_seqs=%zu heads=%d/%d hd=%d bs=%d window=%d kv=%s/%s max_q=%d part=%d seed=%u",
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "n_seqs=%zu heads=%d/%d hd=%d bs=%d window=%d kv=%s/%s max_q=%d part=%d softcap=%g sinks=%s seed=%u",
                 c.lens.size(), c.n_heads, c.n_kv, c.hd, c.bs, c.window, kv_type_name(c.k_type), kv_type_name(c.v_type),
-                *std::max_element(c.nq.begin(), c.nq.end()), partition, c.seed);
+                *std::max_element(c.nq.begin(), c.nq.end()), partition, double(c.softcap),
+                c.sinks ? (std::to_string(c.sink_lo) + ".." + std::to_string(c.sink_hi)).c_str() : "none", c.seed);
   return buf;
 }
 
@@ -1084,6 +1168,14 @@ TEST(PagedAttention, OutOfBoundLengthsGiveNaNRows) {
 TEST(PagedAttention, SoftcapKernelsTypesHeadDimsWindow) {
   REQUIRE_DEVICE();
   for (const Case& c : softcap_cases()) check_case(c, {-1, 0, 256});
+}
+
+// Sinks on every kernel the case runs on (check_case forces each), split
+// (the combine joins the sink) and not (the kernel's own store does),
+// outputs poisoned, against the reference with sinks.
+TEST(PagedAttention, SinksKernelsTypesHeadDimsWindow) {
+  REQUIRE_DEVICE();
+  for (const Case& c : sink_cases()) check_case(c, {-1, 0, 256});
 }
 
 // The Gemma-2-like layers (gemma2_cases) on every kernel that runs them,

@@ -267,7 +267,8 @@ void paged_decode_attention_ref(const PagedDecodeParams& p) {
           const float sc = d * p.scale;
           scores[t - first] = p.softcap > 0 ? p.softcap * std::tanh(sc / p.softcap) : sc;
         }
-        softmax(scores.data(), pos - first + 1);
+        if (p.sinks) softmax_with_sink(scores.data(), pos - first + 1, p.sinks[h]);
+        else softmax(scores.data(), pos - first + 1);
         std::fill(acc.begin(), acc.end(), 0.0f);
         for (int t = first; t <= pos; ++t) {
           load_any(kv.v_pool, kv.v_type, lv, slot_of(t), h / group, vbuf.data());

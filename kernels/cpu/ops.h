@@ -123,6 +123,7 @@ struct PagedDecodeParams;
 // CPU reference of paged decode attention (src/paged_kv.h) over pools of
 // any KV type (K and V each its own; quantized pools in the page layout of
 // src/paged_kv.h, decoded by kernels/cpu/kv_quant), plain loops with fp32
-// accumulation; p.softcap > 0 caps each scaled score as attention_one_token does.
+// accumulation; p.softcap > 0 caps each scaled score and p.sinks (host)
+// joins each head's softmax as attention_one_token does.
 void paged_decode_attention_ref(const PagedDecodeParams& p);
 }  // namespace runlm

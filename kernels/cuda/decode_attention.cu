@@ -32,6 +32,8 @@
 //
 // softcap > 0: each score (after the scale) becomes softcap * tanh(s /
 // softcap), the Gemma-2 attention logit soft-cap, as the CPU engine does.
+// sinks (gpt-oss): head h's sink logit joins the max and the denominator of
+// the final merge (softmax_with_sink); only the epilogue reads it.
 #include <cfloat>
 #include <type_traits>
 
@@ -64,7 +66,7 @@ __global__ void __launch_bounds__(kWarps * 32)
                        const int* __restrict__ pos0, int n_heads, int n_kv_heads, int head_dim, int window,
                        float scale, int max_ctx, float* __restrict__ out, int8_t* __restrict__ out_q,
                        float2* __restrict__ out_ds, const float* __restrict__ k_new, const float* __restrict__ v_new,
-                       RopeTable rope, float softcap) {
+                       RopeTable rope, float softcap, const float* __restrict__ sinks) {
   allow_next_kernel();
   __shared__ float s_m[kWarps], s_l[kWarps];
   __shared__ float s_o[kWarps][kMaxHeadDim];
@@ -228,9 +230,9 @@ __global__ void __launch_bounds__(kWarps * 32)
     if (e < head_dim) s_o[warp][e] = o[j];
   }
   __syncthreads();  // every warp's state is in shared memory before the merge
-  float mx = -INFINITY;
+  float mx = sinks ? sinks[h] : -INFINITY;  // the sink joins the max and the denominator, without a value
   for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_m[w]);
-  float denom = 0.0f, f[kWarps];
+  float denom = sinks ? expf(sinks[h] - mx) : 0.0f, f[kWarps];
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) {
     f[w] = s_m[w] == -INFINITY ? 0.0f : expf(s_m[w] - mx);  // a warp with no keys adds nothing
@@ -256,7 +258,7 @@ template <bool kRope>
 void launch_decode_attention(const float* q, uint16_t* k_cache, uint16_t* v_cache, int n, const int* pos0,
                              int n_heads, int n_kv_heads, int head_dim, int window, float scale, int max_ctx,
                              float* out, Stream stream, void* out_x8, const float* k_new, const float* v_new,
-                             const RopeTable& rope, float softcap) {
+                             const RopeTable& rope, float softcap, const float* sinks) {
   if (n <= 0) return;
   RUNLM_CHECK(n <= kMaxTokens, "decode_attention: n=%d query tokens unsupported; supported: 1..%d", n, kMaxTokens);
   RUNLM_CHECK(n_heads > 0 && n_kv_heads > 0 && n_heads % n_kv_heads == 0,
@@ -277,7 +279,7 @@ void launch_decode_attention(const float* q, uint16_t* k_cache, uint16_t* v_cach
 #define RUNLM_ATTN_LAUNCH(P)                                                                              \
   decode_attn_kernel<P, kRope><<<grid, kWarps * 32, 0, s>>>(q, kc, vc, pos0, n_heads, n_kv_heads, head_dim, \
                                                              window, scale, max_ctx, out, out_q, out_ds, k_new, \
-                                                             v_new, rope, softcap)
+                                                             v_new, rope, softcap, sinks)
   if (head_dim <= 32) RUNLM_ATTN_LAUNCH(1);
   else if (head_dim <= 64) RUNLM_ATTN_LAUNCH(2);
   else if (head_dim <= 128) RUNLM_ATTN_LAUNCH(4);
@@ -290,20 +292,20 @@ void launch_decode_attention(const float* q, uint16_t* k_cache, uint16_t* v_cach
 
 void decode_attention(const float* q, const uint16_t* k_cache, const uint16_t* v_cache, int n, const int* pos0,
                       int n_heads, int n_kv_heads, int head_dim, int window, float scale, int max_ctx,
-                      float* out, Stream stream, void* out_x8, float softcap) {
+                      float* out, Stream stream, void* out_x8, float softcap, const float* sinks) {
   // The kernel writes the cache only in the rope version.
   launch_decode_attention<false>(q, const_cast<uint16_t*>(k_cache), const_cast<uint16_t*>(v_cache), n, pos0, n_heads,
                                  n_kv_heads, head_dim, window, scale, max_ctx, out, stream, out_x8, nullptr, nullptr,
-                                 RopeTable{}, softcap);
+                                 RopeTable{}, softcap, sinks);
 }
 
 void decode_attention_rope(const float* q, const float* k, const float* v, const int* pos, int n, int n_heads,
                            int n_kv_heads, int head_dim, const RopeSpec& rope, uint16_t* k_cache, uint16_t* v_cache,
                            int window, float scale, int max_ctx, float* out, Stream stream, void* out_x8,
-                           float softcap) {
+                           float softcap, const float* sinks) {
   RUNLM_CHECK(head_dim % 2 == 0, "decode_attention_rope: head_dim=%d unsupported; supported: even", head_dim);
   launch_decode_attention<true>(q, k_cache, v_cache, n, pos, n_heads, n_kv_heads, head_dim, window, scale, max_ctx,
-                                out, stream, out_x8, k, v, rope_table(head_dim, rope), softcap);
+                                out, stream, out_x8, k, v, rope_table(head_dim, rope), softcap, sinks);
 }
 
 void decode_attention_rope(const float* q, const float* k, const float* v, const int* pos, int n, int n_heads,

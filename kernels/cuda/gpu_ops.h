@@ -244,10 +244,13 @@ void to_f16(const float* x, uint16_t* out, int64_t n, Stream stream);
 // flash-decoding kernels of paged_attention.h. out_x8 (optional,
 // x8_bytes(n, n_heads * head_dim), head_dim % 32 == 0): out quantized for
 // gemv_x8 as quantize_x8 would, in the same launch. softcap > 0: each
-// score s (after the scale) becomes softcap * tanh(s / softcap).
+// score s (after the scale) becomes softcap * tanh(s / softcap). sinks
+// (device [n_heads], nullptr: none): head h's attention sink logit joins
+// its softmax (kernels/cpu/ops.h softmax_with_sink).
 void decode_attention(const float* q, const uint16_t* k_cache, const uint16_t* v_cache, int n, const int* pos0,
                       int n_heads, int n_kv_heads, int head_dim, int window, float scale, int max_ctx,
-                      float* out, Stream stream, void* out_x8 = nullptr, float softcap = 0.0f);
+                      float* out, Stream stream, void* out_x8 = nullptr, float softcap = 0.0f,
+                      const float* sinks = nullptr);
 
 // rope_and_store_kv (f16 cache, positions pos[0] + i) and decode_attention
 // in one launch: q, k, v are the projections before RoPE (q
@@ -258,7 +261,7 @@ void decode_attention(const float* q, const uint16_t* k_cache, const uint16_t* v
 void decode_attention_rope(const float* q, const float* k, const float* v, const int* pos, int n, int n_heads,
                            int n_kv_heads, int head_dim, const RopeSpec& rope, uint16_t* k_cache, uint16_t* v_cache,
                            int window, float scale, int max_ctx, float* out, Stream stream, void* out_x8 = nullptr,
-                           float softcap = 0.0f);
+                           float softcap = 0.0f, const float* sinks = nullptr);
 // The Llama rotation with base theta, no soft-cap.
 void decode_attention_rope(const float* q, const float* k, const float* v, const int* pos, int n, int n_heads,
                            int n_kv_heads, int head_dim, float theta, float freq_scale, uint16_t* k_cache,

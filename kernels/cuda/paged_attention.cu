@@ -12,8 +12,10 @@
 // prefers 1024-key partitions while they fill a quarter wave.
 //
 // The kernels (select_decode_kernel picks one per launch); each takes a
-// sliding window and the attention logit soft-cap (softcap_log2 in
-// paged_decode_common.cuh) at every head_dim and KV type it runs:
+// sliding window, the attention logit soft-cap (softcap_log2 in
+// paged_decode_common.cuh) and attention sinks (row_output there: joined
+// once, at the no-split store or in the combine) at every head_dim and KV
+// type it runs:
 // - simt (paged_decode_simt.cuh): every K/V type pair and head_dim; kBdx =
 //   head_dim / 8 threads cover a key row with one 16-byte load each, online
 //   softmax per key lane, lanes merged by shuffles and shared memory.
@@ -110,7 +112,7 @@ __global__ void __launch_bounds__(kCombineThreads)
       attn_state_merge(Mt, Dt, s_m[w], s_d[w], sa, sb);
       Ot = Ot * sa + reinterpret_cast<const float*>(&s_o[w][0])[e] * sb;
     }
-    p.out[rid * hd + e] = Ot / Dt;  // Dt = 0 (no key at all) cannot happen for a valid row
+    p.out[rid * hd + e] = row_output(p, h, Mt, Dt, Ot);  // Dt = 0 (no key at all) cannot happen for a valid row
   }
 }
 

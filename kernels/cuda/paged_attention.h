@@ -31,7 +31,7 @@ size_t paged_decode_workspace_bytes(int n_seqs, int total_q, int n_heads, int he
 // Supported: k_type and v_type each f16, bf16, q8_0, q4_0 or fp8; head_dim
 // 8, 16, 32, 64, 128, 256 (32, 64, 128, 256 when either type is quantized);
 // block_size a power of two in 8..256; n_heads a multiple of n_kv_heads;
-// max_q_per_seq 1..16; window and softcap (finite, >= 0) on every kernel.
+// max_q_per_seq 1..16; window, softcap (finite, >= 0) and sinks on every kernel.
 // Anything else throws runlm::Error naming it.
 void paged_decode_attention(const PagedDecodeParams& p, void* workspace, size_t workspace_bytes, void* stream);
 

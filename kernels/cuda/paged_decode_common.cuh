@@ -54,6 +54,26 @@ struct SoftcapLog2 {
   }
 };
 
+// ------------------------------------------------------------ sinks
+
+// PagedDecodeParams::sinks join a row where its output is written, once:
+// the no-split stores and the combine (split rows), never the partial
+// states. A runtime switch rather than a template one: it runs after the
+// main loop. merge_warps_and_store makes the sink the first state of its
+// merge ((logit * log2 e, 1), no value: the merge takes it into the max and
+// the denominator); the combine and rows8_store_warp join it to the final
+// state with row_output. Each form was the one that kept the kernels'
+// registers (ptxas -v, nvcc 13.0): all but one SIMT instance (+1, under
+// its bound).
+
+// One output element of a row from its final state (M, D, O) in base 2:
+// O / D, with a sink joined to the state first (attn_state_add_sink).
+__device__ __forceinline__ float row_output(const PagedDecodeParams& p, int head, float M, float D, float O) {
+  if (!p.sinks) return O / D;  // D > 0: a valid row attends at least to its own position
+  const float scale = attn_state_add_sink(M, D, p.sinks[head] * kLog2e);
+  return O * scale / D;
+}
+
 // ------------------------------------------------------------ shared geometry
 
 // What both kernels derive from a sequence's device-side lengths: the same
@@ -171,15 +191,19 @@ __device__ __forceinline__ void merge_warps_and_store(const PagedDecodeParams& p
   const int n_rows = min(R, c.rows - c.chunk * R);
   for (int idx = threadIdx.x; idx < n_rows * HD; idx += kThreads) {
     const int r = idx / HD, e = idx % HD;
+    // Row r's global index, recomputed (a kernel's register arrays need a constant index).
+    const int rho = c.chunk * R + r;
     float M = -INFINITY, D = 0.0f, O = 0.0f;
+    if (p.sinks && partition_size == 0) {  // the sink as the first state (see row_output)
+      M = p.sinks[c.kvh * c.group + rho % c.group] * kLog2e;
+      D = 1.0f;
+    }
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
       float sa, sb;
       attn_state_merge(M, D, s_m[w][r], s_d[w][r], sa, sb);
       O = O * sa + s_o[w][r][e] * sb;
     }
-    // Row r's global index, recomputed (a kernel's register arrays need a constant index).
-    const int rho = c.chunk * R + r;
     const int64_t rid = int64_t(c.sr.q0 + rho / c.group) * p.n_heads + c.kvh * c.group + rho % c.group;
     if (partition_size == 0) {
       p.out[rid * HD + e] = O / D;  // D > 0: a valid row attends at least to its own position

@@ -69,10 +69,11 @@ __device__ __forceinline__ void rows8_store_warp(const PagedDecodeParams& p, con
     const int64_t rid = int64_t(c.sr.q0 + rho / c.group) * p.n_heads + c.kvh * c.group + rho % c.group;
     if (partition_size == 0) {
       float* out = p.out + rid * HD;
+      const int head = int(rid % p.n_heads);
 #pragma unroll
       for (int mt = 0; mt < NS; ++mt)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) out[VL::v_dim(g, mt, h)] = o[mt][cc + 2 * h] / D;  // D > 0 for a valid row
+        for (int h = 0; h < 2; ++h) out[VL::v_dim(g, mt, h)] = row_output(p, head, M, D, o[mt][cc + 2 * h]);
     } else {
       const int64_t at = rid * ws_parts + c.part;
 #pragma unroll
