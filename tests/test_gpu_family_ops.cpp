@@ -1,11 +1,13 @@
 // The GPU ops the model families need (kernels/cuda/gpu_ops.h) against the
 // CPU references of kernels/cpu/ops.h: RoPE of every RopeSpec (NeoX halves,
-// partial rotation, per-pair factors, attention factor) in the KV store and
-// in decode_attention_rope, the attention soft-cap of decode_attention_rope,
+// partial rotation, per-pair factors, attention factor, YaRN) in the KV store
+// and in decode_attention_rope, the attention soft-cap and sinks of
+// decode_attention_rope,
 // q/k/v biases with per-head q/k RMSNorm, GeGLU (f32, f16, int8 x), the
 // logit soft-cap and the scaled embedding. Random inputs from fixed seeds,
 // outputs poisoned (0xFF bytes: NaN as f32 and f16) before each run.
-// Skipped in a CPU-only build or without a device.
+// Skipped in a CPU-only build or without a device, except the host-side
+// check of rope.cuh's table against rope_ext.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,6 +21,7 @@
 #include "common.h"
 #include "cpu/ops.h"
 #include "cpu/quant.h"
+#include "cuda/rope.cuh"
 #include "dtype.h"
 
 #ifdef RUNLM_CUDA
@@ -33,6 +36,72 @@ using namespace runlm;
 #ifdef RUNLM_CUDA
 using namespace runlm::test;
 #endif
+
+namespace {
+
+// YaRN as gpt-oss's GGUF gives it (layer_rope_specs): factor 32 over 4096
+// original positions, beta_fast 32, beta_slow 1, theta 150000, NeoX, and
+// the per-pair divisors where `factors` is set.
+RopeSpec yarn_spec(int n_rot, float theta, float freq_scale, const float* factors) {
+  RopeSpec s;
+  s.neox = true;
+  s.n_rot = n_rot;
+  s.theta = theta;
+  s.freq_scale = freq_scale;
+  s.factors = factors;
+  s.ext_factor = 1.0f;
+  rope_yarn_corr_dims(n_rot, 4096, theta, 32.0f, 1.0f, s.corr_dims);
+  return s;
+}
+
+}  // namespace
+
+// rope.cuh's table (what every rotating kernel reads) reproduces rope_ext's
+// YaRN rotation: random heads turned at random positions with cos(pos * f)
+// and sin(pos * f) times the table's attn_factor, as the kernels do (angle
+// in double), against rope_ext: 1e-5 relative. YaRN must also move the
+// result (against the same spec without it) far beyond that. Host only:
+// runs without a device.
+TEST(RopeTable, YarnMatchesRopeExt) {
+  std::mt19937 rng(77);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> upos(0, 131071);
+  for (int hd : {64, 128}) {
+    std::vector<float> factors(static_cast<size_t>(hd / 2));
+    for (size_t i = 0; i < factors.size(); ++i) factors[i] = 1.0f + 0.25f * float(i % 5);
+    for (const RopeSpec& spec :
+         {yarn_spec(hd, 150000.0f, 1.0f / 32, nullptr), yarn_spec(hd / 2, 10000.0f, 0.25f, nullptr),
+          yarn_spec(hd, 150000.0f, 1.0f / 32, factors.data())}) {
+      const gpu::RopeTable t = gpu::rope_table(hd, spec);
+      RopeSpec plain = spec;
+      plain.ext_factor = 0.0f;
+      for (int trial = 0; trial < 20; ++trial) {
+        const int pos = trial == 0 ? 0 : upos(rng);
+        std::vector<float> x(static_cast<size_t>(hd));
+        for (float& e : x) e = u(rng);
+        std::vector<float> want = x, unblended = x, got = x;
+        rope_ext(want.data(), 1, hd, pos, spec);
+        rope_ext(unblended.data(), 1, hd, pos, plain);
+        const int half = t.n_rot / 2;
+        for (int i = 0; i < half; ++i) {
+          const double angle = double(pos) * t.f[i];
+          const float c = float(std::cos(angle)) * t.attn_factor, s = float(std::sin(angle)) * t.attn_factor;
+          const int e0 = t.neox ? i : 2 * i, e1 = t.neox ? i + half : 2 * i + 1;
+          got[size_t(e0)] = x[size_t(e0)] * c - x[size_t(e1)] * s;
+          got[size_t(e1)] = x[size_t(e0)] * s + x[size_t(e1)] * c;
+        }
+        double num = 0, den = 0, moved = 0;
+        for (int e = 0; e < hd; ++e) {
+          num += (double(got[size_t(e)]) - want[size_t(e)]) * (double(got[size_t(e)]) - want[size_t(e)]);
+          den += double(want[size_t(e)]) * want[size_t(e)];
+          moved += (double(unblended[size_t(e)]) - want[size_t(e)]) * (double(unblended[size_t(e)]) - want[size_t(e)]);
+        }
+        EXPECT_LT(std::sqrt(num / den), 1e-5) << "hd " << hd << " n_rot " << spec.n_rot << " pos " << pos;
+        EXPECT_GT(std::sqrt(moved / den), 1e-2) << "YaRN must differ from plain scaling, pos " << pos;
+      }
+    }
+  }
+}
 
 #ifndef RUNLM_CUDA
 
@@ -89,6 +158,11 @@ std::vector<RopeCase> rope_cases(int head_dim, const std::vector<float>& factors
   s.attn_factor = 1.0f;
   s.theta = 500000.0f;
   cs.push_back({"adjacent, rope_freqs factors (llama3)", s});
+  cs.push_back({"neox, YaRN factor 32 (gpt-oss)", yarn_spec(head_dim, 150000.0f, 1.0f / 32, nullptr)});
+  s = yarn_spec(head_dim / 2, 10000.0f, 0.25f, nullptr);
+  s.neox = false;
+  s.attn_factor = 0.9f;
+  cs.push_back({"adjacent partial, YaRN factor 4, attention factor", s});
   for (auto& c : cs) {
     if (c.spec.n_rot == 0) c.spec.n_rot = head_dim;  // the CPU's rope_ext needs it explicit
   }

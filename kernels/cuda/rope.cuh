@@ -8,9 +8,12 @@
 // first n_rot dimensions of a head turns by pos * freq_scale *
 // theta^(-2i/n_rot) / factors[i], cos and sin times attn_factor; the pairs
 // are adjacent (2i, 2i+1) or NeoX halves (i, i + n_rot/2); dimensions from
-// n_rot on are kept as they are.
+// n_rot on are kept as they are. YaRN (ext_factor != 0) is rope_ext's too:
+// its angle blend is linear in pos, so it folds into the per-pair frequency,
+// and its magnitude factor into attn_factor.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 
 #include "common.h"
@@ -25,6 +28,10 @@ constexpr int kMaxRopePairs = 128;  // head_dim <= 256
 // computed in double on the host. The per-pair divisors of rope_freqs and
 // longrope are folded in here rather than read from a device array: the
 // table is passed to every launch anyway, and the kernels read nothing more.
+// YaRN likewise: rope_ext's angle pos * f_interp * (1 - mix_i) + pos *
+// f_extrap * mix_i (f_extrap the frequency without freq_scale, mix_i its
+// ramp) is pos times one frequency, and its cos/sin factor 1 + 0.1 ln(1 /
+// freq_scale) multiplies attn_factor (both rounded as rope_ext rounds them).
 struct RopeTable {
   double f[kMaxRopePairs];
   int n_rot = 0;   // rotated dimensions of a head (even, <= head_dim)
@@ -40,10 +47,17 @@ inline RopeTable rope_table(int head_dim, const RopeSpec& spec) {
               head_dim, 2 * kMaxRopePairs);
   t.neox = spec.neox ? 1 : 0;
   t.attn_factor = spec.attn_factor;
+  if (spec.ext_factor != 0.0f) t.attn_factor *= 1.0f + 0.1f * std::log(1.0f / spec.freq_scale);
   for (int i = 0; i < t.n_rot / 2; ++i) {
-    t.f[i] = static_cast<double>(spec.freq_scale) *
-             std::pow(static_cast<double>(spec.theta), -static_cast<double>(2 * i) / t.n_rot);
-    if (spec.factors) t.f[i] /= static_cast<double>(spec.factors[i]);
+    double extrap = std::pow(static_cast<double>(spec.theta), -static_cast<double>(2 * i) / t.n_rot);
+    if (spec.factors) extrap /= static_cast<double>(spec.factors[i]);
+    t.f[i] = static_cast<double>(spec.freq_scale) * extrap;
+    if (spec.ext_factor != 0.0f) {
+      const float y =
+          (static_cast<float>(i) - spec.corr_dims[0]) / std::max(0.001f, spec.corr_dims[1] - spec.corr_dims[0]);
+      const float ramp_mix = (1.0f - std::min(1.0f, std::max(0.0f, y))) * spec.ext_factor;
+      t.f[i] = t.f[i] * (1.0 - ramp_mix) + extrap * ramp_mix;
+    }
   }
   return t;
 }
