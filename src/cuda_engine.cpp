@@ -555,7 +555,7 @@ class CudaEngine final : public Engine {
   // after them. Per layer, as the CPU engine (src/cpu_engine.cpp):
   //   h = rmsnorm(x); q, k, v = Wq h [+ bq], Wk h [+ bk], Wv h [+ bv];
   //   [per-head rmsnorm of q and k]; rope + store K/V;
-  //   x += [post_norm](Wo attention(q, K, V));
+  //   x += [post_norm](Wo attention(q, K, V, [sinks]) [+ bo]);
   //   h = rmsnorm(x); x += [post_norm](Wdown (act(Wgate h) * Wup h)),
   // the bracketed parts where the model has them, act SiLU or GELU-tanh.
   // Each residual add is folded into the RMSNorm after it (rmsnorm_fused;
@@ -580,6 +580,7 @@ class CudaEngine final : public Engine {
       const bool att_x8 = attend(l, s, gemv);
       if (gemv) project_gemv({{&g.wo, xb_.get()}}, att_.get(), m, att_x8);
       else gpu::gemm(g.wo, atth_.get(), xb_.get(), m, mm_.scratch(), stream_);
+      if (c.attn_out_bias) gpu::add_bias_rows(xb_.get(), g.bo.get(), m, c.dim, stream_);
       if (c.post_norms) post_norm(g.attn_post_norm, m);
       // Feed-forward block.
       if (c.moe()) {
@@ -846,10 +847,11 @@ class CudaEngine final : public Engine {
         // RoPE and the K/V store inside the attention launch; the int8 x of
         // a Q4_0/Q8_0 wo comes out of the attention kernel itself.
         const bool att_x8 = uses_x8(w_.layers[l].wo) && c.head_dim % 32 == 0;
-        // This kernel is the engine's own and takes the attention soft-cap.
+        // This kernel is the engine's own and takes the attention soft-cap and sinks.
         gpu::decode_attention_rope(q_.get(), k_.get(), v_.get(), s.positions, m, c.n_heads, c.n_kv_heads,
                                    c.head_dim, rope_[size_t(l)], k_cache(l), v_cache(l), window(l), c.attn_scale(),
-                                   n_ctx_, att_.get(), stream_, att_x8 ? mm_.x8() : nullptr, c.attn_softcap);
+                                   n_ctx_, att_.get(), stream_, att_x8 ? mm_.x8() : nullptr, c.attn_softcap,
+                                   sinks(l));
         return att_x8;
       }
       case KvMode::ContiguousPrefill: {
@@ -915,6 +917,7 @@ class CudaEngine final : public Engine {
       p.kv.n_kv_heads = c.n_kv_heads;
       p.kv.head_dim = c.head_dim;
       p.softcap = c.attn_softcap;
+      p.sinks = sinks(l);
       paged_decode_attention(p, decode_ws_.get(), decode_ws_.size(), stream_);
       if (!gemv) gpu::to_f16(att_.get(), atth_.get(), static_cast<int64_t>(plan.dec_tokens) * c.q_dim(), stream_);
     }
@@ -962,6 +965,7 @@ class CudaEngine final : public Engine {
     p.scale = c.attn_scale();
     p.stream = stream_;
     p.softcap = c.attn_softcap;
+    p.sinks = sinks(l);
     return p;
   }
 
@@ -1053,6 +1057,8 @@ class CudaEngine final : public Engine {
   std::vector<float> rope_factors_;  // the per-pair divisors in use (rope_freqs, longrope's long or short), or empty
   std::vector<RopeSpec> rope_;       // per layer (layer_rope_specs); factors point into rope_factors_
   int window(int layer) const { return windows_[size_t(layer)]; }
+  // A layer's attention sinks on the device ([n_heads]), nullptr without them.
+  const float* sinks(int layer) const { return cfg_.attn_sinks ? w_.layers[size_t(layer)].sinks.get() : nullptr; }
   // AttnParams::window_left of a layer: keys [q - window_left, q], -1 = all.
   int window_left(int layer) const { return window(layer) > 0 ? window(layer) - 1 : -1; }
   GpuWeights w_;  // upload_gpu_weights

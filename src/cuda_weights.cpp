@@ -115,6 +115,8 @@ void upload_gpu_weights(const Model& model, GpuWeights& gw) {
       upload_vector_into(lw.bk, g.bk);
       upload_vector_into(lw.bv, g.bv);
     }
+    if (cfg.attn_out_bias) upload_vector_into(lw.bo, g.bo);
+    if (cfg.attn_sinks) upload_vector_into(lw.sinks, g.sinks);
     if (cfg.qk_norm) {
       upload_vector_into(lw.q_norm, g.q_norm);
       upload_vector_into(lw.k_norm, g.k_norm);

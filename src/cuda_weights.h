@@ -28,6 +28,8 @@ struct GpuLayer {
   DeviceBuffer<float> attn_norm, ffn_norm;
   // Present where the model's layer has them (ModelConfig's flags), else empty.
   DeviceBuffer<float> bq, bk, bv;                     // qkv_bias
+  DeviceBuffer<float> bo;                             // attn_out_bias, [dim]
+  DeviceBuffer<float> sinks;                          // attn_sinks, [n_heads]
   DeviceBuffer<float> q_norm, k_norm;                 // qk_norm, [head_dim]
   DeviceBuffer<float> attn_post_norm, ffn_post_norm;  // post_norms
   GemmGroup qkv, kv, gate_up;  // kv: when q's shape differs (GQA)

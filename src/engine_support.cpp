@@ -14,9 +14,6 @@ constexpr int kCudaMaxExperts = 256;
 
 std::vector<std::string> cuda_engine_missing_features(const ModelConfig& c) {
   std::vector<std::string> f;
-  if (c.rope_yarn) f.push_back("YaRN RoPE");
-  if (c.attn_sinks) f.push_back("attention sinks");
-  if (c.attn_out_bias) f.push_back("attention output bias");
   // The experts' kernels (kernels/cuda/moe_ops.h) take SiLU and swiglu_oai,
   // at most kCudaMaxExperts experts of which at most 32 chosen per token.
   if (c.ffn_act == FfnActivation::SwigluOai && !c.moe()) f.push_back("clamped SwiGLU (swiglu_oai) outside experts");

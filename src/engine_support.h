@@ -13,9 +13,10 @@
 
 namespace runlm {
 
-// What of c's layer the CUDA engine does not implement: the attention logit
-// soft-cap (Gemma 2; its prefill and paged attention kernels take none yet),
-// and a head dimension past its RoPE and decode attention kernels' 256.
+// What of c's layer the CUDA engine does not implement: the experts'
+// activations and counts its MoE kernels do not take, gpt-oss's clamped
+// SwiGLU outside experts, and a head dimension past its RoPE and decode
+// attention kernels' 256.
 std::vector<std::string> cuda_engine_missing_features(const ModelConfig& c);
 
 // "the CUDA engine does not implement FEATURES (architecture ARCH) yet; use

@@ -2,9 +2,9 @@
 // CPU references of kernels/cpu/ops.h: RoPE of every RopeSpec (NeoX halves,
 // partial rotation, per-pair factors, attention factor, YaRN) in the KV store
 // and in decode_attention_rope, the attention soft-cap and sinks of
-// decode_attention_rope,
-// q/k/v biases with per-head q/k RMSNorm, GeGLU (f32, f16, int8 x), the
-// logit soft-cap and the scaled embedding. Random inputs from fixed seeds,
+// decode_attention_rope, the attention output bias, q/k/v biases with
+// per-head q/k RMSNorm, GeGLU (f32, f16, int8 x), the logit soft-cap and the
+// scaled embedding. Random inputs from fixed seeds,
 // outputs poisoned (0xFF bytes: NaN as f32 and f16) before each run.
 // Skipped in a CPU-only build or without a device, except the host-side
 // check of rope.cuh's table against rope_ext.
@@ -394,6 +394,27 @@ TEST(GpuFamilyOps, DecodeAttentionSoftcapChangesLargeScores) {
   const std::vector<float> ua = a.get<float>(q.size()), ub = b.get<float>(q.size());
   EXPECT_GT(rel_err(ub, ua), 1e-2) << "a soft-cap of 1 on scores of tens must change the output";
   for (float x : ub) ASSERT_TRUE(std::isfinite(x));
+}
+
+// ---- the attention output bias --------------------------------------------------------
+
+// add_bias_rows (attn_output.bias after wo) against the host sum, exact:
+// one f32 add each. Rows of 1, 7 and 300 tokens, a width not a multiple of
+// the block size.
+TEST(GpuFamilyOps, AddBiasRows) {
+  REQUIRE_GPU();
+  const int64_t cols = 2880 + 3;
+  const std::vector<float> bias = randn(size_t(cols), 950);
+  for (int rows : {1, 7, 300}) {
+    const std::vector<float> x = randn(size_t(rows) * cols, 951 + unsigned(rows));
+    std::vector<float> want = x;
+    for (int r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) want[size_t(r * cols + c)] += bias[size_t(c)];
+    auto dx = upload(x);
+    auto db = upload(bias);
+    gpu::add_bias_rows(dx->as<float>(), db->as<float>(), rows, cols, nullptr);
+    EXPECT_EQ(dx->get<float>(want.size()), want) << rows << " rows";
+  }
 }
 
 // ---- q/k/v biases and per-head q/k RMSNorm -------------------------------------------

@@ -1,7 +1,8 @@
 // Small fused ops of the forward pass: embedding lookup (any weight type,
 // optionally scaled), RMSNorm (a front for norm_quant.cu's kernel), q/k/v
 // biases with the per-head q/k RMSNorm, RoPE fused with the KV-cache store,
-// SwiGLU and GeGLU, the logit soft-cap, f32 -> f16 and the residual add. Each is one pass over its data;
+// SwiGLU and GeGLU, the logit soft-cap, f32 -> f16, the residual add and a
+// bias added to every row (attn_output.bias). Each is one pass over its data;
 // all are memory-bound and simple, checked against kernels/cpu.
 #include <algorithm>
 #include <cmath>
@@ -244,6 +245,11 @@ __global__ void add_kernel(float* x, const float* __restrict__ y, int64_t n) {
     x[i] += y[i];
 }
 
+__global__ void add_bias_rows_kernel(float* x, const float* __restrict__ bias, int64_t n, int64_t cols) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] += bias[i % cols];
+}
+
 // Grid-stride kernels need no more blocks than fill the GPU several times.
 unsigned elementwise_blocks(int64_t n) {
   constexpr int64_t kMaxBlocks = 4096;
@@ -365,6 +371,14 @@ void to_f16(const float* x, uint16_t* out, int64_t n, Stream stream) {
 void add_inplace(float* x, const float* y, int64_t n, Stream stream) {
   if (n <= 0) return;
   add_kernel<<<elementwise_blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, y, n);
+  cudaCheckLaunch();
+}
+
+void add_bias_rows(float* x, const float* bias, int n_rows, int64_t n_cols, Stream stream) {
+  const int64_t n = int64_t(n_rows) * n_cols;
+  if (n <= 0) return;
+  add_bias_rows_kernel<<<elementwise_blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(x, bias, n,
+                                                                                                  n_cols);
   cudaCheckLaunch();
 }
 

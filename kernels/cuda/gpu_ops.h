@@ -271,6 +271,10 @@ void decode_attention_rope(const float* q, const float* k, const float* v, const
 // x += y (the residual add), f32.
 void add_inplace(float* x, const float* y, int64_t n, Stream stream);
 
+// x[r, c] += bias[c] for x [n_rows, n_cols] f32 (the attention output
+// projection's bias, gpt-oss), as kernels/cpu's add_rows.
+void add_bias_rows(float* x, const float* bias, int n_rows, int64_t n_cols, Stream stream);
+
 // ---- batching helpers (kernels/cuda/batch_ops.cu) ---------------------------
 
 // Copies the K and V of sequences out of a paged pool into contiguous
