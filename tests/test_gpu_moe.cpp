@@ -545,6 +545,8 @@ constexpr double kLogitTolerance = 2e-2;      // f32 weights (tests/test_cuda_fa
 // moves the logits further. Measured on an H100 (2026-11-27): qwen3moe q8_0
 // 4.5e-2 of max |logit|, with the greedy tokens equal.
 constexpr double kInt8LogitTolerance = 6e-2;
+// Decode steps (of 16) that int8 x may move past it by a routing flip.
+constexpr size_t kRoutingFlipSteps = 2;
 constexpr int kGreedyTokens = 16;
 
 std::string make_model(const TempPath& out, const MoeFamily& f, const std::string& type) {
@@ -583,15 +585,25 @@ void check_moe_family(const MoeFamily& f, const std::string& type) {
   }
   {
     std::vector<float> lc(nv, NAN), lg(nv, NAN);
-    double worst = 0;
+    std::vector<double> errs;
     for (int p = 8; p < 24; ++p) {
       const int tok = (p * 53 + 7) % c.n_vocab;
       std::fill(lg.begin(), lg.end(), NAN);
       cpu->forward(&tok, 1, p, lc.data(), false);
       gpu->forward(&tok, 1, p, lg.data(), false);
-      worst = std::max(worst, relative_max_diff(lg, lc));
+      errs.push_back(relative_max_diff(lg, lc));
     }
-    EXPECT_LT(worst, tolerance) << "single-token decode steps";
+    std::sort(errs.begin(), errs.end());
+    // f32: every step. int8 x: all but kRoutingFlipSteps, where two experts
+    // are nearly tied and the rounding picks the other one (see
+    // kInt8LogitTolerance). gpt-oss's mxfp4_moe file: at position 21 the
+    // layer-1 router's 2nd and 3rd experts are 9e-3 apart; the CPU engine
+    // with the inputs of its quantized matmuls rounded to int8 as the GPU's
+    // (an experiment, not kept) takes the 3rd there, which moves that step's
+    // logits by 0.354 of max |logit| (the other steps 0.8-1.5e-2); the GPU's
+    // worst step was 0.362 (H200, 2026-11-29).
+    const size_t flips = type == "f32" ? 0 : kRoutingFlipSteps;
+    EXPECT_LT(errs[errs.size() - 1 - flips], tolerance) << "single-token decode steps (worst " << errs.back() << ")";
   }
   const std::vector<int> ids = prompt(c.n_vocab, 24);
   const std::vector<int> want = greedy(*engine_on(Device::Cpu, *m), *m, ids, kGreedyTokens);
