@@ -1172,6 +1172,29 @@ TEST(AttentionGpuFa3Loop, DefaultTileChoices) {
 
 // ---------------------------------------------------------------- soft-cap on the GPU
 
+// The backend on ref's problem at (t, hd): where the dispatch rules the
+// combination out, its refusal word for word; else its output against ref.
+void expect_refusal_or_match(AttnBackend backend, DType t, int hd, const RefResult& ref) {
+  AttnParams probe;
+  probe.head_dim = hd;
+  probe.dtype = t;
+  probe.causal = ref.prob.causal;
+  probe.window_left = ref.prob.window_left;
+  probe.softcap = ref.prob.softcap;
+  probe.sinks = ref.prob.sinks.empty() ? nullptr : ref.prob.sinks.data();  // only tested for null
+  const std::string unsupported = attn_unsupported_reason(backend, probe, device_sm());
+  if (!unsupported.empty()) {
+    try {
+      run_gpu(backend, ref.prob, t);
+      FAIL() << "dispatch ran an unsupported combination: " << unsupported;
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()), unsupported);
+    }
+    return;
+  }
+  expect_matches_ref(run_gpu(backend, ref.prob, t), ref);
+}
+
 // The reference of soft-cap case ci at (dtype, head_dim), computed once.
 const RefResult& cached_softcap_ref(DType t, int hd, int ci) {
   static std::map<std::tuple<int, int, int>, std::unique_ptr<RefResult>> cache;
@@ -1196,24 +1219,7 @@ TEST_P(AttentionGpuSoftcap, MatchesReference) {
   std::string why;
   if (!have_cuda_device(&why)) GTEST_SKIP() << why;
   const auto [backend, t, hd, ci] = GetParam();
-  const RefResult& ref = cached_softcap_ref(t, hd, ci);
-  AttnParams probe;
-  probe.head_dim = hd;
-  probe.dtype = t;
-  probe.causal = ref.prob.causal;
-  probe.window_left = ref.prob.window_left;
-  probe.softcap = ref.prob.softcap;
-  const std::string unsupported = attn_unsupported_reason(backend, probe, device_sm());
-  if (!unsupported.empty()) {
-    try {
-      run_gpu(backend, ref.prob, t);
-      FAIL() << "dispatch ran an unsupported combination: " << unsupported;
-    } catch (const Error& e) {
-      EXPECT_EQ(std::string(e.what()), unsupported);
-    }
-    return;
-  }
-  expect_matches_ref(run_gpu(backend, ref.prob, t), ref);
+  expect_refusal_or_match(backend, t, hd, cached_softcap_ref(t, hd, ci));
 }
 
 std::string softcap_param_name(const ::testing::TestParamInfo<SoftcapParam>& info) {
@@ -1312,25 +1318,7 @@ TEST_P(AttentionGpuSinks, MatchesReference) {
   std::string why;
   if (!have_cuda_device(&why)) GTEST_SKIP() << why;
   const auto [backend, t, hd, ci] = GetParam();
-  const RefResult& ref = cached_sink_ref(t, hd, ci);
-  AttnParams probe;
-  probe.head_dim = hd;
-  probe.dtype = t;
-  probe.causal = ref.prob.causal;
-  probe.window_left = ref.prob.window_left;
-  probe.softcap = ref.prob.softcap;
-  probe.sinks = ref.prob.sinks.data();  // only tested for null
-  const std::string unsupported = attn_unsupported_reason(backend, probe, device_sm());
-  if (!unsupported.empty()) {
-    try {
-      run_gpu(backend, ref.prob, t);
-      FAIL() << "dispatch ran an unsupported combination: " << unsupported;
-    } catch (const Error& e) {
-      EXPECT_EQ(std::string(e.what()), unsupported);
-    }
-    return;
-  }
-  expect_matches_ref(run_gpu(backend, ref.prob, t), ref);
+  expect_refusal_or_match(backend, t, hd, cached_sink_ref(t, hd, ci));
 }
 
 std::string sink_param_name(const ::testing::TestParamInfo<SinkParam>& info) {

@@ -408,22 +408,21 @@ std::vector<float> reference(const HostProblem& hp) {
   return out;
 }
 
-// Soft-capped decode (PagedDecodeParams::softcap): K/V type pairs that
-// reach every kernel (f16 and bf16 pairs: mma_f16 at 64 / 128, simt at 256;
-// quantized pairs: tma_sm90 at 128 on sm_90, mma_quant_sm80, mma_sm80 at
-// 256; mixed pairs: mma_sm80), head_dims 64, 128, 256, with and without a
-// window, GQA 16/8 (n_kv_heads a multiple of 8 for tma_sm90), 1 and 2 query
-// tokens. A cap of 1 against scores of ~N(0, 1) bends most of them.
-std::vector<Case> softcap_cases() {
+// One decode case per K/V type pair that reaches every kernel (f16 and
+// bf16 pairs: mma_f16 at 64 / 128, simt at 256; quantized pairs: tma_sm90
+// at 128 on sm_90, mma_quant_sm80, mma_sm80 at 256; mixed pairs:
+// mma_sm80), head_dims 64, 128, 256 and each of `windows` (0: none), GQA
+// 16/8 (n_kv_heads a multiple of 8 for tma_sm90), 1 or 2 query tokens;
+// seeds from `seed` on, one per case.
+std::vector<Case> kernel_grid(uint32_t seed, std::initializer_list<int> windows) {
   const std::pair<KvType, KvType> pairs[] = {{KvType::F16, KvType::F16},   {KvType::BF16, KvType::BF16},
                                              {KvType::Q8_0, KvType::Q8_0}, {KvType::Q4_0, KvType::Q4_0},
                                              {KvType::FP8, KvType::FP8},   {KvType::F16, KvType::Q8_0},
                                              {KvType::Q8_0, KvType::F16}};
   std::vector<Case> r;
-  uint32_t seed = 1600;
   for (auto [kt, vt] : pairs)
     for (int hd : {64, 128, 256})
-      for (int window : {0, 300}) {
+      for (int window : windows) {
         Case c;
         c.lens = {2, 17, 300, 1100};  // >= the query tokens
         c.nq.assign(c.lens.size(), 1 + int(seed % 2));
@@ -433,10 +432,17 @@ std::vector<Case> softcap_cases() {
         c.window = window;
         c.k_type = kt;
         c.v_type = vt;
-        c.softcap = 1.0f;
         c.seed = seed++;
         r.push_back(c);
       }
+  return r;
+}
+
+// Soft-capped decode (PagedDecodeParams::softcap): kernel_grid with and
+// without a window. A cap of 1 against scores of ~N(0, 1) bends most of them.
+std::vector<Case> softcap_cases() {
+  std::vector<Case> r = kernel_grid(1600, {0, 300});
+  for (Case& c : r) c.softcap = 1.0f;
   return r;
 }
 
@@ -465,35 +471,14 @@ std::vector<Case> gemma2_cases() {
   return r;
 }
 
-// Decode with attention sinks (PagedDecodeParams::sinks, gpt-oss): the
-// soft-cap grid's K/V type pairs (every kernel), head_dims 64, 128, 256,
-// full and a 128-token sliding window (gpt-oss's), GQA 16/8, 1 and 2 query
-// tokens; sinks in [-2, 4] against scores ~N(0, 1). Then sinks that
-// dominate every row (e^8..e^10 against ~1100 keys' e^0.5), and sinks with
-// a soft-cap.
+// Decode with attention sinks (PagedDecodeParams::sinks, gpt-oss):
+// kernel_grid, full and a 128-token sliding window (gpt-oss's); sinks in
+// [-2, 4] against scores ~N(0, 1). Then sinks that dominate every row
+// (e^8..e^10 against ~1100 keys' e^0.5), and sinks with a soft-cap.
 std::vector<Case> sink_cases() {
-  const std::pair<KvType, KvType> pairs[] = {{KvType::F16, KvType::F16},   {KvType::BF16, KvType::BF16},
-                                             {KvType::Q8_0, KvType::Q8_0}, {KvType::Q4_0, KvType::Q4_0},
-                                             {KvType::FP8, KvType::FP8},   {KvType::F16, KvType::Q8_0},
-                                             {KvType::Q8_0, KvType::F16}};
-  std::vector<Case> r;
-  uint32_t seed = 1800;
-  for (auto [kt, vt] : pairs)
-    for (int hd : {64, 128, 256})
-      for (int window : {0, 128}) {
-        Case c;
-        c.lens = {2, 17, 300, 1100};  // >= the query tokens
-        c.nq.assign(c.lens.size(), 1 + int(seed % 2));
-        c.n_heads = 16;
-        c.n_kv = 8;
-        c.hd = hd;
-        c.window = window;
-        c.k_type = kt;
-        c.v_type = vt;
-        c.sinks = true;
-        c.seed = seed++;
-        r.push_back(c);
-      }
+  std::vector<Case> r = kernel_grid(1800, {0, 128});
+  for (Case& c : r) c.sinks = true;
+  uint32_t seed = 1800 + uint32_t(r.size());
   for (KvType t : {KvType::F16, KvType::Q8_0})
     for (int hd : {64, 128}) {
       Case c = r[0];
